@@ -1,0 +1,92 @@
+"""The kernel contract: what every GEMM / quant backend declares and implements.
+
+A kernel answers two questions before it is used, each with a reason a user can read:
+`is_supported(platform)` (can it run on this machine at all?) and `can_implement(key)` (can it
+compute this scheme at these sizes?). `qfuse.kernels.registry.choose_kernel` walks a priority
+list and asks both; the ops call `scaled_mm` / the quant methods of the kernel that was chosen.
+
+Operand conventions (the ops normalise to these before a kernel sees them):
+- `a`: quantized activation [M, K] (int8, uint8 is never passed: the passes shift it to int8, or fp8);
+- `b`: quantized weight, logically [K, N], any strides (a `w.t()` view of a stored [N, K] weight);
+- `scale_a`: None, one value, or [M, 1]; `scale_b`: None, one value, or [1, N];
+- `azp_a`: None, one value, or [M, 1] integer zero point of the activation;
+- result: (a - azp_a) @ b * scale_a * scale_b + bias, cast to `out_dtype`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from qfuse.kernels import reference_math
+from qfuse.platform import Platform
+from qfuse.schemes import Granularity, QuantScheme
+
+Verdict = tuple[bool, str]
+OK: Verdict = (True, "")
+
+
+@dataclass(frozen=True)
+class GemmKey:
+    """What a kernel must implement: the scheme, static sizes (None if symbolic), dtypes."""
+
+    scheme: QuantScheme
+    n: int | None
+    k: int | None
+    out_dtype: torch.dtype
+    has_bias: bool
+    device_type: str
+    fused_quant: bool = False  # the kernel gets the float activation and quantizes it itself
+
+
+class Kernel(abc.ABC):
+    """One GEMM backend. Subclasses are stateless; the registry holds one instance of each."""
+
+    name: ClassVar[str]
+    #: Whether the passes should hand this kernel the float activation (qfuse::quant_scaled_mm)
+    #: instead of leaving the activation quantization to Inductor's generated code.
+    fuses_activation_quant: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def is_supported(self, platform: Platform) -> Verdict: ...
+
+    @abc.abstractmethod
+    def can_implement(self, key: GemmKey) -> Verdict: ...
+
+    def prepare_weight(self, b: torch.Tensor) -> torch.Tensor:
+        """Put the [K, N] weight in the layout `scaled_mm` wants (transposes, padding, packing)."""
+        return b
+
+    @abc.abstractmethod
+    def scaled_mm(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        scale_a: torch.Tensor | None,
+        scale_b: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        azp_a: torch.Tensor | None,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor: ...
+
+    # Quantizers: plain torch math unless a kernel has a faster one.
+
+    def dynamic_quant(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
+        return reference_math.dynamic_quant(x, quant_dtype, granularity, eps)
+
+    def dynamic_quant_asymmetric(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
+        return reference_math.dynamic_quant_asymmetric(x, quant_dtype, granularity, eps)
+
+    def static_quant(self, x, scale, zero_point, quant_dtype: torch.dtype):
+        return reference_math.static_quant(x, scale, zero_point, quant_dtype)
+
+    def quant_scaled_mm(self, x, b, scale_a, scale_b, bias, quant_dtype, eps, out_dtype):
+        """Quantize x [M, K] (dynamic per-token if scale_a is None, else static) and run scaled_mm."""
+        if scale_a is None:
+            q, scale_a = self.dynamic_quant(x, quant_dtype, Granularity.PER_TOKEN, eps)
+        else:
+            q = self.static_quant(x, scale_a, None, quant_dtype)
+        return self.scaled_mm(q, b, scale_a, scale_b, bias, None, out_dtype)

@@ -1,0 +1,88 @@
+"""The kernel registry and the one function that chooses a kernel.
+
+Priority lists are per platform; the first kernel that is supported on the machine and can
+implement the key wins. `reference` is in no list: it is slow emulation, used only when forced.
+Every kernel that was passed over is returned with its reason, so debug mode can show it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from qfuse.kernels.base import GemmKey, Kernel
+from qfuse.kernels.reference import ReferenceKernel
+from qfuse.kernels.torch_native import TorchKernel
+from qfuse.platform import Platform
+
+KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (TorchKernel(), ReferenceKernel())}
+
+PRIORITY: dict[str, tuple[str, ...]] = {
+    "cpu": ("torch",),
+    "cuda": ("torch",),
+    "rocm": (),
+    "xpu": (),
+}
+
+
+class KernelUnavailableError(RuntimeError):
+    """A kernel that was asked for by name cannot run this linear."""
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    kernel: Kernel | None
+    rejected: dict[str, str] = field(default_factory=dict)  # kernel name -> why it was not used
+
+    def explain(self) -> str:
+        chosen = self.kernel.name if self.kernel else "none"
+        others = "; ".join(f"{name}: {reason}" for name, reason in self.rejected.items())
+        return f"{chosen}" + (f" (rejected {others})" if others else "")
+
+
+def get_kernel(name: str) -> Kernel:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise KeyError(f"unknown qfuse kernel {name!r}; known kernels: {sorted(KERNELS)}") from None
+
+
+def priority_list(platform: Platform) -> tuple[str, ...]:
+    return PRIORITY["rocm" if platform.is_rocm else platform.device_type]
+
+
+def _verdict(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
+    """Why `kernel` cannot run `key` here, or '' if it can."""
+    for ok, reason in (kernel.is_supported(platform), kernel.can_implement(key)):
+        if not ok:
+            return reason
+    return ""
+
+
+def choose_kernel(
+    key: GemmKey,
+    platform: Platform,
+    *,
+    forced: str | None = None,
+    preference: Sequence[str] = (),
+    disabled: Sequence[str] = (),
+) -> KernelChoice:
+    """The best kernel for `key` on `platform`, and why every other candidate was rejected.
+
+    `forced` names the only kernel to use (raises KernelUnavailableError if it cannot run);
+    `preference` replaces the platform's priority list; `disabled` kernels are skipped.
+    """
+    if forced is not None:
+        kernel = get_kernel(forced)
+        reason = _verdict(kernel, key, platform)
+        if reason:
+            raise KernelUnavailableError(f"forced kernel {forced!r} cannot run {key.scheme.describe()}: {reason}")
+        return KernelChoice(kernel)
+    rejected: dict[str, str] = {}
+    for name in preference or priority_list(platform):
+        kernel = get_kernel(name)
+        reason = "disabled by configuration" if name in disabled else _verdict(kernel, key, platform)
+        if not reason:
+            return KernelChoice(kernel, rejected)
+        rejected[name] = reason
+    return KernelChoice(None, rejected)

@@ -1,0 +1,95 @@
+"""`torch`: PyTorch's own quantized GEMMs, on CPU and CUDA.
+
+    int8  acc = torch._int_mm(a, b)  (int32, exact), then the epilogue in float32:
+          out = (acc - azp_a * colsum(b)) * scale_a * scale_b + bias
+    fp8   CUDA (capability >= 89): torch._scaled_mm, tensor-wise or row-wise scales fused;
+          CPU: a and b upcast to bf16 and torch.mm (fp8 values are exact in bf16). Measured on the
+          development CPU (AMD EPYC, AVX-512, 2 cores, M=256 K=1024 N=2048): torch._scaled_mm
+          14.1 ms, upcast-to-bf16 mm 7.3 ms, upcast-to-fp32 mm 9.7 ms.
+
+Not implemented here (the registry moves on to another kernel): block / per-group scales,
+and CUDA sizes that cuBLAS rejects (int8: K and N multiples of 8; fp8: multiples of 16).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.platform import Platform
+from qfuse.schemes import Granularity
+
+# cuBLASLt's int8 GEMM behind torch._int_mm needs more than 16 rows on CUDA.
+_CUDA_INT_MM_MIN_ROWS = 17
+
+
+def _multiple_of(value: int | None, factor: int) -> bool:
+    return value is not None and value % factor == 0
+
+
+class TorchKernel(Kernel):
+    name = "torch"
+
+    def is_supported(self, platform: Platform) -> Verdict:
+        if platform.device_type == "cpu":
+            return OK
+        if platform.device_type == "cuda" and not platform.is_rocm:
+            return OK
+        return False, f"torch kernel runs on CPU and NVIDIA CUDA only, not on {platform.describe()}"
+
+    def can_implement(self, key: GemmKey) -> Verdict:
+        scheme = key.scheme
+        if scheme.activation_granularity == Granularity.PER_GROUP or scheme.weight_granularity == Granularity.BLOCK:
+            return False, "torch has no block-scaled GEMM (per-group activation / 128x128 weight scales)"
+        if key.device_type == "cuda":
+            factor = 16 if scheme.is_fp8 else 8
+            if not (_multiple_of(key.k, factor) and _multiple_of(key.n, factor)):
+                return False, f"cuBLAS needs static K and N that are multiples of {factor} (K={key.k}, N={key.n})"
+            if scheme.is_fp8 and not scheme.symmetric:
+                return False, "fp8 is symmetric only"
+        return OK
+
+    def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, out_dtype):
+        if a.dtype.is_floating_point:
+            return _fp8_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
+        return _int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, out_dtype)
+
+
+def _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype):
+    out = acc.to(torch.float32)
+    for factor in (scale_a, scale_b):
+        if factor is not None:
+            out = out * factor.to(torch.float32)
+    if bias is not None:
+        out = out + bias.to(torch.float32)
+    return out.to(out_dtype)
+
+
+def _int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, out_dtype):
+    rows = a.shape[0]
+    if a.is_cuda and rows < _CUDA_INT_MM_MIN_ROWS:
+        a = torch.nn.functional.pad(a, (0, 0, 0, _CUDA_INT_MM_MIN_ROWS - rows))
+    acc = torch._int_mm(a, b)[:rows]
+    if azp_a is not None:
+        acc = acc - azp_a.to(torch.int32) * b.to(torch.int32).sum(dim=0, keepdim=True)
+    return _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype)
+
+
+def _fp8_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype):
+    if not a.is_cuda:
+        acc = torch.mm(a.to(torch.bfloat16), b.to(torch.bfloat16))
+        return _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype)
+    b = b.t().contiguous().t()  # cuBLAS wants the weight column-major
+    unit = torch.ones((), device=a.device, dtype=torch.float32)
+    sa = unit if scale_a is None else scale_a.to(torch.float32)
+    sb = unit if scale_b is None else scale_b.to(torch.float32)
+    if sa.numel() == 1 and sb.numel() == 1:
+        return torch._scaled_mm(a, b, sa.reshape(()), sb.reshape(()), bias=bias, out_dtype=out_dtype)
+    if out_dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
+        rows, cols = a.shape[0], b.shape[1]
+        return torch._scaled_mm(
+            a, b, sa.expand(rows, 1).contiguous(), sb.reshape(1, -1).expand(1, cols).contiguous(),
+            bias=bias, out_dtype=out_dtype,
+        )
+    acc = torch._scaled_mm(a, b, unit, unit, out_dtype=torch.float32)
+    return _apply_epilogue(acc, sa, sb, bias, out_dtype)

@@ -1,0 +1,150 @@
+"""`qfuse::scaled_mm` and `qfuse::quant_scaled_mm`: the fused quantized linear.
+
+    scaled_mm(a, b, scale_a, scale_b, bias, azp_a, out_dtype, kernel)
+        = ((a - azp_a) * scale_a) @ (b * scale_b) + bias, cast to out_dtype
+    quant_scaled_mm(x, b, scale_a, scale_b, bias, quant_dtype, eps, out_dtype, kernel)
+        = scaled_mm(quantize(x), ...), quantizing x dynamically per token (scale_a None) or with
+          the given static scale_a, inside the kernel.
+
+Operands: `a` is [..., K] int8 or fp8 (the output is [..., N]); `b` is the weight as a [K, N]
+matrix of the same dtype family, any strides (a `w.t()` view of a stored [N, K] weight is the
+usual case). Scales: `scale_a` one value, one per row of a (any shape with that many elements and
+a trailing 1), or one per row and 128-group of K; `scale_b` one value, [N] / [1, N], or one per
+128x128 block [ceil(K/128), ceil(N/128)]; `bias` [N]; `azp_a` (int8 zero point) one value or one
+per row. `kernel` names the registry kernel the compiler chose for this call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from qfuse.kernels import get_kernel
+from qfuse.schemes import FP8_DTYPE, GROUP_SIZE
+
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_dtypes(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.dtype, op: str) -> None:
+    if a_dtype not in (torch.int8, FP8_DTYPE):
+        raise ValueError(f"qfuse::{op}: quantized activation must be int8 or float8_e4m3fn, got {a_dtype}")
+    if b_dtype != a_dtype:
+        raise ValueError(f"qfuse::{op}: weight dtype {b_dtype} does not match activation dtype {a_dtype}")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"qfuse::{op}: out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+
+
+def _output_shape(a: torch.Tensor, b: torch.Tensor, op: str) -> tuple:
+    if b.dim() != 2:
+        raise ValueError(f"qfuse::{op}: weight must be a [K, N] matrix, got shape {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[0]:
+        raise ValueError(
+            f"qfuse::{op}: activation has K={a.shape[-1]} but the [K, N] weight has {b.shape[0]} rows"
+        )
+    return (*a.shape[:-1], b.shape[1])
+
+
+def _normalize_scale_a(scale: torch.Tensor | None, rows: int, k: int, name: str) -> torch.Tensor | None:
+    """One value -> [], per row -> [M, 1], per row and 128-group -> [M, ceil(K / 128)]."""
+    if scale is None or scale.numel() == 1:
+        return None if scale is None else scale.reshape(())
+    groups = math.ceil(k / GROUP_SIZE)
+    if scale.shape[-1] == 1 and scale.numel() == rows:
+        return scale.reshape(rows, 1)
+    if scale.shape[-1] == groups and scale.numel() == rows * groups:
+        return scale.reshape(rows, groups)
+    raise ValueError(
+        f"{name} of shape {tuple(scale.shape)} is neither one value, one per row ({rows}), "
+        f"nor one per row and 128-group of K ({rows} x {groups})"
+    )
+
+
+def _normalize_scale_b(scale: torch.Tensor | None, k: int, n: int) -> torch.Tensor | None:
+    """One value -> [], per channel -> [1, N], per 128x128 block -> [ceil(K/128), ceil(N/128)]."""
+    if scale is None or scale.numel() == 1:
+        return None if scale is None else scale.reshape(())
+    if scale.dim() <= 2 and scale.shape[-1] == n and scale.numel() == n:
+        return scale.reshape(1, n)
+    blocks = (math.ceil(k / GROUP_SIZE), math.ceil(n / GROUP_SIZE))
+    if tuple(scale.shape) == blocks:
+        return scale
+    raise ValueError(
+        f"scale_b of shape {tuple(scale.shape)} is neither one value, one per output channel ({n}), "
+        f"nor one per 128x128 weight block {blocks}"
+    )
+
+
+def _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, op):
+    """a as [M, K] and the scales in the normalised shapes that kernels receive."""
+    k, n = b.shape
+    a2d = a.reshape(-1, k)
+    rows = a2d.shape[0]
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+        raise ValueError(f"qfuse::{op}: bias must have shape [{n}], got {tuple(bias.shape)}")
+    if azp_a is not None:
+        if azp_a.dtype.is_floating_point:
+            raise ValueError(f"qfuse::{op}: azp_a must be an integer zero point, got {azp_a.dtype}")
+        if azp_a.numel() not in (1, rows):
+            raise ValueError(f"qfuse::{op}: azp_a must have one value or one per row ({rows}), got {tuple(azp_a.shape)}")
+        azp_a = azp_a.reshape(-1, 1) if azp_a.numel() > 1 else azp_a.reshape(())
+    return a2d, _normalize_scale_a(scale_a, rows, k, "scale_a"), _normalize_scale_b(scale_b, k, n), azp_a
+
+
+@torch.library.custom_op("qfuse::scaled_mm", mutates_args=())
+def scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor | None,
+    scale_b: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    azp_a: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    kernel: str,
+) -> torch.Tensor:
+    _check_dtypes(a.dtype, b.dtype, out_dtype, "scaled_mm")
+    out_shape = _output_shape(a, b, "scaled_mm")
+    a2d, scale_a, scale_b, azp_a = _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, "scaled_mm")
+    implementation = get_kernel(kernel)
+    out = implementation.scaled_mm(a2d, implementation.prepare_weight(b), scale_a, scale_b, bias, azp_a, out_dtype)
+    return out.reshape(out_shape)
+
+
+@scaled_mm.register_fake
+def _(a, b, scale_a, scale_b, bias, azp_a, out_dtype, kernel):
+    _check_dtypes(a.dtype, b.dtype, out_dtype, "scaled_mm")
+    return a.new_empty(_output_shape(a, b, "scaled_mm"), dtype=out_dtype)
+
+
+@torch.library.custom_op("qfuse::quant_scaled_mm", mutates_args=())
+def quant_scaled_mm(
+    x: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor | None,
+    scale_b: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    quant_dtype: torch.dtype,
+    eps: float,
+    out_dtype: torch.dtype,
+    kernel: str,
+) -> torch.Tensor:
+    _check_quant_input(x, b, quant_dtype, out_dtype)
+    out_shape = _output_shape(x, b, "quant_scaled_mm")
+    x2d, scale_a, scale_b, _ = _flatten_operands(x, b, scale_a, scale_b, bias, None, "quant_scaled_mm")
+    implementation = get_kernel(kernel)
+    out = implementation.quant_scaled_mm(
+        x2d, implementation.prepare_weight(b), scale_a, scale_b, bias, quant_dtype, eps, out_dtype
+    )
+    return out.reshape(out_shape)
+
+
+def _check_quant_input(x, b, quant_dtype, out_dtype):
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"qfuse::quant_scaled_mm: activation must be floating point, got {x.dtype}")
+    _check_dtypes(quant_dtype, b.dtype, out_dtype, "quant_scaled_mm")
+
+
+@quant_scaled_mm.register_fake
+def _(x, b, scale_a, scale_b, bias, quant_dtype, eps, out_dtype, kernel):
+    _check_quant_input(x, b, quant_dtype, out_dtype)
+    return x.new_empty(_output_shape(x, b, "quant_scaled_mm"), dtype=out_dtype)

@@ -1,0 +1,72 @@
+"""What this machine is: the facts kernels need to say whether they can run.
+
+`Platform` is a frozen snapshot for one device type ("cpu", "cuda", "xpu"). It is computed once
+per device type and cached; tests build their own instances to exercise other machines.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Platform:
+    device_type: str  # "cpu", "cuda" (NVIDIA or ROCm), "xpu"
+    is_rocm: bool = False
+    cuda_capability: tuple[int, int] | None = None  # (major, minor) on NVIDIA and ROCm GPUs
+    cpu_has_avx512_vnni: bool = False
+    cpu_has_amx: bool = False
+    cpu_is_amd_zen: bool = False
+    has_triton: bool = False
+
+    @property
+    def capability(self) -> int:
+        """Compute capability as one number (sm_90 -> 90); 0 when not a GPU."""
+        if self.cuda_capability is None:
+            return 0
+        major, minor = self.cuda_capability
+        return major * 10 + minor
+
+    def describe(self) -> str:
+        if self.device_type == "cuda":
+            vendor = "ROCm" if self.is_rocm else "CUDA"
+            return f"{vendor} GPU (capability {self.capability})"
+        if self.device_type == "cpu":
+            flags = [name for name, on in (("AMX", self.cpu_has_amx), ("AVX-512 VNNI", self.cpu_has_avx512_vnni),
+                                           ("AMD Zen", self.cpu_is_amd_zen)) if on]
+            return "CPU" + (f" ({', '.join(flags)})" if flags else "")
+        return self.device_type.upper()
+
+
+def _cpu_is_amd_zen() -> bool:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            text = cpuinfo.read(65536)
+    except OSError:
+        return False
+    family = re.search(r"^cpu family\s*:\s*(\d+)", text, re.MULTILINE)
+    return "AuthenticAMD" in text and family is not None and int(family.group(1)) >= 23  # Zen is family 17h+
+
+
+@functools.cache
+def current_platform(device_type: str) -> Platform:
+    """The platform of this process for `device_type`."""
+    has_triton = importlib.util.find_spec("triton") is not None
+    if device_type == "cuda":
+        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+        return Platform("cuda", is_rocm=torch.version.hip is not None, cuda_capability=capability,
+                        has_triton=has_triton)
+    if device_type == "cpu":
+        return Platform(
+            "cpu",
+            cpu_has_avx512_vnni=torch.cpu._is_vnni_supported(),
+            cpu_has_amx=torch.cpu._is_amx_tile_supported(),
+            cpu_is_amd_zen=_cpu_is_amd_zen(),
+            has_triton=False,
+        )
+    return Platform(device_type, has_triton=has_triton)

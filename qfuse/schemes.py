@@ -1,0 +1,112 @@
+"""The data model: what a quantized linear is, as a frozen value.
+
+A `QuantScheme` is the key that patterns, ops and kernels share. It says which dtype the
+activation and the weight are quantized to, how fine their scales are, whether the activation
+scale is computed at run time (dynamic) or fixed (static), and whether the activation carries a
+zero point (asymmetric).
+
+Supported granularities:
+
+    role        granularity   scale shape (for an activation [M, K], weight [K, N])
+    ----------  ------------  ---------------------------------------------------
+    activation  PER_TENSOR    one value
+    activation  PER_TOKEN     [M, 1]
+    activation  PER_GROUP     [M, K / 128]        (1 x 128 groups along K)
+    weight      PER_TENSOR    one value
+    weight      PER_CHANNEL   [N]
+    weight      BLOCK         [K / 128, N / 128]  (128 x 128 blocks)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+QUANT_DTYPES = (torch.int8, torch.uint8, FP8_DTYPE)
+GROUP_SIZE = 128
+
+
+class Granularity(str, enum.Enum):
+    PER_TENSOR = "per_tensor"
+    PER_TOKEN = "per_token"
+    PER_GROUP = "per_group"
+    PER_CHANNEL = "per_channel"
+    BLOCK = "block"
+
+
+ACTIVATION_GRANULARITIES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)
+WEIGHT_GRANULARITIES = (Granularity.PER_TENSOR, Granularity.PER_CHANNEL, Granularity.BLOCK)
+
+
+def quant_range(dtype: torch.dtype) -> tuple[float, float]:
+    """The representable range [qmin, qmax] of a quantized dtype."""
+    if dtype == FP8_DTYPE:
+        info = torch.finfo(dtype)
+        return float(info.min), float(info.max)
+    if dtype in (torch.int8, torch.uint8):
+        info = torch.iinfo(dtype)
+        return float(info.min), float(info.max)
+    raise ValueError(f"{dtype} is not a quantized dtype; expected one of {QUANT_DTYPES}")
+
+
+def symmetric_quant_max(dtype: torch.dtype) -> float:
+    """The divisor of a symmetric scale: amax / qmax maps the largest |x| onto qmax."""
+    if dtype == torch.uint8:
+        raise ValueError("uint8 has no symmetric range; use an asymmetric scheme")
+    return quant_range(dtype)[1]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.int8: "int8", torch.uint8: "uint8", FP8_DTYPE: "fp8"}.get(dtype, str(dtype))
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How the activation and the weight of one linear are quantized."""
+
+    activation_dtype: torch.dtype
+    weight_dtype: torch.dtype
+    activation_granularity: Granularity
+    weight_granularity: Granularity
+    dynamic: bool
+    symmetric: bool = True
+
+    def __post_init__(self) -> None:
+        for role, dtype in (("activation", self.activation_dtype), ("weight", self.weight_dtype)):
+            if dtype not in QUANT_DTYPES:
+                raise ValueError(f"{role} dtype {dtype} is not supported; expected one of {QUANT_DTYPES}")
+        if self.activation_granularity not in ACTIVATION_GRANULARITIES:
+            raise ValueError(
+                f"activation granularity {self.activation_granularity} is not one of "
+                f"{[g.value for g in ACTIVATION_GRANULARITIES]}"
+            )
+        if self.weight_granularity not in WEIGHT_GRANULARITIES:
+            raise ValueError(
+                f"weight granularity {self.weight_granularity} is not one of "
+                f"{[g.value for g in WEIGHT_GRANULARITIES]}"
+            )
+        if self.weight_dtype == torch.uint8:
+            raise ValueError("uint8 weights are not supported; weights are symmetric int8 or fp8")
+        if (self.activation_dtype == FP8_DTYPE) != (self.weight_dtype == FP8_DTYPE):
+            raise ValueError("activation and weight must both be fp8 or both be integer")
+        if self.activation_dtype == FP8_DTYPE and not self.symmetric:
+            raise ValueError("fp8 activations are symmetric only")
+        if self.activation_dtype == torch.uint8 and self.symmetric:
+            raise ValueError("uint8 activations need a zero point (symmetric=False)")
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.activation_dtype == FP8_DTYPE
+
+    def describe(self) -> str:
+        """A short label such as 'int8 dyn-token x per-channel'."""
+        kind = "dyn" if self.dynamic else "static"
+        act = self.activation_granularity.value.removeprefix("per_")
+        asym = " asym" if not self.symmetric else ""
+        return (
+            f"{dtype_name(self.activation_dtype)} {kind}-{act}{asym} x "
+            f"{self.weight_granularity.value.replace('_', '-')}"
+        )
