@@ -10,7 +10,8 @@ Operand conventions (the ops normalise to these before a kernel sees them):
 - `b`: quantized weight, logically [K, N], any strides (a `w.t()` view of a stored [N, K] weight);
 - `scale_a`: None, one value, or [M, 1]; `scale_b`: None, one value, or [1, N];
 - `azp_a`: None, one value, or [M, 1] integer zero point of the activation;
-- result: (a - azp_a) @ b * scale_a * scale_b + bias, cast to `out_dtype`.
+- `azp_b`: None, one value, or [1, N] integer zero point of the weight;
+- result: ((a - azp_a) * scale_a) @ ((b - azp_b) * scale_b) + bias, cast to `out_dtype`.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class Kernel(abc.ABC):
         scale_b: torch.Tensor | None,
         bias: torch.Tensor | None,
         azp_a: torch.Tensor | None,
+        azp_b: torch.Tensor | None,
         out_dtype: torch.dtype,
     ) -> torch.Tensor: ...
 
@@ -89,4 +91,4 @@ class Kernel(abc.ABC):
             q, scale_a = self.dynamic_quant(x, quant_dtype, Granularity.PER_TOKEN, eps)
         else:
             q = self.static_quant(x, scale_a, None, quant_dtype)
-        return self.scaled_mm(q, b, scale_a, scale_b, bias, None, out_dtype)
+        return self.scaled_mm(q, b, scale_a, scale_b, bias, None, None, out_dtype)

@@ -22,5 +22,5 @@ class ReferenceKernel(Kernel):
     def can_implement(self, key: GemmKey) -> Verdict:
         return OK
 
-    def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, out_dtype):
-        return reference_math.scaled_mm(a, b, scale_a, scale_b, bias, azp_a, out_dtype)
+    def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
+        return reference_math.scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype)

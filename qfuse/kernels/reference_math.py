@@ -10,7 +10,7 @@ Quantize (dtype of x is kept for the scale, like a model written in plain torch 
 
 Scaled mm, in float64 (int8 sums and fp8 products are exact there), for every scale granularity:
 
-    out = ((a - azp_a) * scale_a) @ (b * scale_b) + bias, cast to out_dtype
+    out = ((a - azp_a) * scale_a) @ ((b - azp_b) * scale_b) + bias, cast to out_dtype
 
 These functions are also every kernel's default quantizer (`Kernel.dynamic_quant` and friends).
 """
@@ -86,7 +86,7 @@ def _expand_block_scale(scale: torch.Tensor, rows: int, cols: int) -> torch.Tens
     return scale.expand(rows, cols)
 
 
-def scaled_mm(a, b, scale_a, scale_b, bias, azp_a, out_dtype):
+def scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
     """(dequant(a) @ dequant(b) + bias) in float64, cast to out_dtype.
 
     Scales as normalised by the op: scale_a one value, [M, 1] or [M, ceil(K / 128)];
@@ -96,6 +96,8 @@ def scaled_mm(a, b, scale_a, scale_b, bias, azp_a, out_dtype):
     a64, b64 = a.to(torch.float64), b.to(torch.float64)
     if azp_a is not None:
         a64 = a64 - azp_a.to(torch.float64)
+    if azp_b is not None:
+        b64 = b64 - azp_b.to(torch.float64)
     if scale_a is not None:
         scale = scale_a.to(torch.float64)
         a64 = a64 * (scale if scale.numel() == 1 else _expand_block_scale(scale, m, k))

@@ -1,7 +1,8 @@
 """`torch`: PyTorch's own quantized GEMMs, on CPU and CUDA.
 
-    int8  acc = torch._int_mm(a, b)  (int32, exact), then the epilogue in float32:
-          out = (acc - azp_a * colsum(b)) * scale_a * scale_b + bias
+    int8  acc = torch._int_mm(a, b)  (int32, exact); zero points by the expansion
+          (a - za)(b - zb) = ab - za colsum(b) - rowsum(a) zb + K za zb; then in float32:
+          out = acc * scale_a * scale_b + bias
     fp8   CUDA (capability >= 89): torch._scaled_mm, tensor-wise or row-wise scales fused;
           CPU: a and b upcast to bf16 and torch.mm (fp8 values are exact in bf16). Measured on the
           development CPU (AMD EPYC, AVX-512, 2 cores, M=256 K=1024 N=2048): torch._scaled_mm
@@ -49,10 +50,10 @@ class TorchKernel(Kernel):
                 return False, "fp8 is symmetric only"
         return OK
 
-    def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, out_dtype):
+    def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
         if a.dtype.is_floating_point:
             return _fp8_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
-        return _int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, out_dtype)
+        return _int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype)
 
 
 def _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype):
@@ -65,13 +66,19 @@ def _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype):
     return out.to(out_dtype)
 
 
-def _int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, out_dtype):
+def _int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
     rows = a.shape[0]
+    padded = a
     if a.is_cuda and rows < _CUDA_INT_MM_MIN_ROWS:
-        a = torch.nn.functional.pad(a, (0, 0, 0, _CUDA_INT_MM_MIN_ROWS - rows))
-    acc = torch._int_mm(a, b)[:rows]
+        padded = torch.nn.functional.pad(a, (0, 0, 0, _CUDA_INT_MM_MIN_ROWS - rows))
+    acc = torch._int_mm(padded, b)[:rows]
     if azp_a is not None:
-        acc = acc - azp_a.to(torch.int32) * b.to(torch.int32).sum(dim=0, keepdim=True)
+        acc = acc - azp_a.to(torch.int32) * b.sum(dim=0, keepdim=True, dtype=torch.int32)
+    if azp_b is not None:
+        zero_b = azp_b.to(torch.int32)
+        acc = acc - a.sum(dim=1, keepdim=True, dtype=torch.int32) * zero_b
+        if azp_a is not None:
+            acc = acc + a.shape[1] * azp_a.to(torch.int32) * zero_b
     return _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype)
 
 

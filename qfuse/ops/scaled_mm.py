@@ -1,7 +1,7 @@
 """`qfuse::scaled_mm` and `qfuse::quant_scaled_mm`: the fused quantized linear.
 
-    scaled_mm(a, b, scale_a, scale_b, bias, azp_a, out_dtype, kernel)
-        = ((a - azp_a) * scale_a) @ (b * scale_b) + bias, cast to out_dtype
+    scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel)
+        = ((a - azp_a) * scale_a) @ ((b - azp_b) * scale_b) + bias, cast to out_dtype
     quant_scaled_mm(x, b, scale_a, scale_b, bias, quant_dtype, eps, out_dtype, kernel)
         = scaled_mm(quantize(x), ...), quantizing x dynamically per token (scale_a None) or with
           the given static scale_a, inside the kernel.
@@ -10,8 +10,9 @@ Operands: `a` is [..., K] int8 or fp8 (the output is [..., N]); `b` is the weigh
 matrix of the same dtype family, any strides (a `w.t()` view of a stored [N, K] weight is the
 usual case). Scales: `scale_a` one value, one per row of a (any shape with that many elements and
 a trailing 1), or one per row and 128-group of K; `scale_b` one value, [N] / [1, N], or one per
-128x128 block [ceil(K/128), ceil(N/128)]; `bias` [N]; `azp_a` (int8 zero point) one value or one
-per row. `kernel` names the registry kernel the compiler chose for this call.
+128x128 block [ceil(K/128), ceil(N/128)]; `bias` [N]; integer zero points `azp_a` (one value or
+one per row) and `azp_b` (one value or one per output channel). `kernel` names the registry kernel
+the compiler chose for this call.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _normalize_scale_b(scale: torch.Tensor | None, k: int, n: int) -> torch.Tens
     """One value -> [], per channel -> [1, N], per 128x128 block -> [ceil(K/128), ceil(N/128)]."""
     if scale is None or scale.numel() == 1:
         return None if scale is None else scale.reshape(())
-    if scale.dim() <= 2 and scale.shape[-1] == n and scale.numel() == n:
+    if scale.shape[-1] == n and scale.numel() == n:
         return scale.reshape(1, n)
     blocks = (math.ceil(k / GROUP_SIZE), math.ceil(n / GROUP_SIZE))
     if tuple(scale.shape) == blocks:
@@ -75,20 +76,32 @@ def _normalize_scale_b(scale: torch.Tensor | None, k: int, n: int) -> torch.Tens
     )
 
 
-def _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, op):
-    """a as [M, K] and the scales in the normalised shapes that kernels receive."""
+def _normalize_zero_point(zero_point, count: int, name: str, op: str, shape: tuple):
+    if zero_point is None:
+        return None
+    if zero_point.dtype.is_floating_point:
+        raise ValueError(f"qfuse::{op}: {name} must be an integer zero point, got {zero_point.dtype}")
+    if zero_point.numel() == 1:
+        return zero_point.reshape(())
+    if zero_point.numel() != count:
+        raise ValueError(f"qfuse::{op}: {name} must have one value or {count}, got shape {tuple(zero_point.shape)}")
+    return zero_point.reshape(shape)
+
+
+def _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, azp_b, op):
+    """a as [M, K] and the scales and zero points in the normalised shapes that kernels receive."""
     k, n = b.shape
     a2d = a.reshape(-1, k)
     rows = a2d.shape[0]
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         raise ValueError(f"qfuse::{op}: bias must have shape [{n}], got {tuple(bias.shape)}")
-    if azp_a is not None:
-        if azp_a.dtype.is_floating_point:
-            raise ValueError(f"qfuse::{op}: azp_a must be an integer zero point, got {azp_a.dtype}")
-        if azp_a.numel() not in (1, rows):
-            raise ValueError(f"qfuse::{op}: azp_a must have one value or one per row ({rows}), got {tuple(azp_a.shape)}")
-        azp_a = azp_a.reshape(-1, 1) if azp_a.numel() > 1 else azp_a.reshape(())
-    return a2d, _normalize_scale_a(scale_a, rows, k, "scale_a"), _normalize_scale_b(scale_b, k, n), azp_a
+    return (
+        a2d,
+        _normalize_scale_a(scale_a, rows, k, "scale_a"),
+        _normalize_scale_b(scale_b, k, n),
+        _normalize_zero_point(azp_a, rows, "azp_a", op, (rows, 1)),
+        _normalize_zero_point(azp_b, n, "azp_b", op, (1, n)),
+    )
 
 
 @torch.library.custom_op("qfuse::scaled_mm", mutates_args=())
@@ -99,19 +112,22 @@ def scaled_mm(
     scale_b: torch.Tensor | None,
     bias: torch.Tensor | None,
     azp_a: torch.Tensor | None,
+    azp_b: torch.Tensor | None,
     out_dtype: torch.dtype,
     kernel: str,
 ) -> torch.Tensor:
     _check_dtypes(a.dtype, b.dtype, out_dtype, "scaled_mm")
     out_shape = _output_shape(a, b, "scaled_mm")
-    a2d, scale_a, scale_b, azp_a = _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, "scaled_mm")
+    a2d, scale_a, scale_b, azp_a, azp_b = _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, azp_b, "scaled_mm")
     implementation = get_kernel(kernel)
-    out = implementation.scaled_mm(a2d, implementation.prepare_weight(b), scale_a, scale_b, bias, azp_a, out_dtype)
+    out = implementation.scaled_mm(
+        a2d, implementation.prepare_weight(b), scale_a, scale_b, bias, azp_a, azp_b, out_dtype
+    )
     return out.reshape(out_shape)
 
 
 @scaled_mm.register_fake
-def _(a, b, scale_a, scale_b, bias, azp_a, out_dtype, kernel):
+def _(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel):
     _check_dtypes(a.dtype, b.dtype, out_dtype, "scaled_mm")
     return a.new_empty(_output_shape(a, b, "scaled_mm"), dtype=out_dtype)
 
@@ -130,7 +146,7 @@ def quant_scaled_mm(
 ) -> torch.Tensor:
     _check_quant_input(x, b, quant_dtype, out_dtype)
     out_shape = _output_shape(x, b, "quant_scaled_mm")
-    x2d, scale_a, scale_b, _ = _flatten_operands(x, b, scale_a, scale_b, bias, None, "quant_scaled_mm")
+    x2d, scale_a, scale_b, _, _ = _flatten_operands(x, b, scale_a, scale_b, bias, None, None, "quant_scaled_mm")
     implementation = get_kernel(kernel)
     out = implementation.quant_scaled_mm(
         x2d, implementation.prepare_weight(b), scale_a, scale_b, bias, quant_dtype, eps, out_dtype

@@ -1,0 +1,14 @@
+"""qfuse: fused quantized linears for torch.compile.
+
+    torch.compile(model, backend="qfuse", options={...})   # entry point, no import needed
+    qfuse.install(); torch.compile(model)(x); qfuse.uninstall()
+"""
+
+from qfuse import ops  # noqa: F401  (registers torch.ops.qfuse.*)
+from qfuse.api import install, installed, uninstall
+from qfuse.config import QfuseConfig
+from qfuse.passes.manager import recent_reports
+from qfuse.schemes import Granularity, QuantScheme
+
+__all__ = ["Granularity", "QfuseConfig", "QuantScheme", "install", "installed", "recent_reports", "uninstall"]
+__version__ = "0.1.0"

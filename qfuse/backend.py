@@ -1,0 +1,30 @@
+"""`torch.compile(model, backend="qfuse", options={...})`: Inductor with qfuse's post-grad pass.
+
+Registered through the `torch_dynamo_backends` entry point, so no `import qfuse` is needed.
+`options` holds qfuse's fields (see `qfuse.config`) and any Inductor config keys; qfuse's pass is
+composed with a `post_grad_custom_post_pass` that is already configured, never replacing it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from qfuse import debug
+from qfuse.config import QfuseConfig, split_options
+from qfuse.passes.manager import QfusePass, compose
+
+
+def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None):
+    import qfuse.ops  # noqa: F401  (the compiled code calls torch.ops.qfuse.*)
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    qfuse_options, inductor_patches = split_options(options)
+    config = QfuseConfig.from_env().replace(**qfuse_options)
+    if config.debug:
+        debug.enable_logging()
+    existing = inductor_patches.pop("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
+    inductor_patches["post_grad_custom_post_pass"] = compose(existing, QfusePass(config))
+    return compile_fx(gm, example_inputs, config_patches=inductor_patches)

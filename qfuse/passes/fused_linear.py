@@ -1,0 +1,108 @@
+"""What every linear-fusing pass shares: the description of a fused linear, kernel choice, emission.
+
+A pass that recognises a quantized linear fills a `FusedLinear` (operands as graph nodes or Python
+numbers, the scheme) and calls `fuse_linear`: it asks the kernel registry, records the outcome in
+the report, and if a kernel can run it, emits one `qfuse::scaled_mm` that replaces `replaces`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch.fx import Graph, Node
+
+from qfuse.kernels import GemmKey, choose_kernel
+from qfuse.passes.graph_utils import aten, fake_value, insert_call, scalar_tensor, static_int
+from qfuse.passes.report import LinearRecord, PassReport
+from qfuse.platform import current_platform
+from qfuse.schemes import QuantScheme
+
+if TYPE_CHECKING:
+    from qfuse.config import QfuseConfig
+
+Operand = Node | float | int | None
+
+
+@dataclass
+class PassContext:
+    """What a pass needs besides the graph: the configuration and the report to fill."""
+
+    config: QfuseConfig
+    report: PassReport = field(default_factory=PassReport)
+
+
+@dataclass
+class FusedLinear:
+    """A recognised quantized linear: out = ((a - azp_a) sa) @ ((b - azp_b) sb) + bias."""
+
+    anchor: Node  # the matmul node, for the report
+    family: str
+    pattern: str
+    a: Node  # quantized activation [..., K]
+    b: Node  # quantized weight, logically [K, N]
+    scheme: QuantScheme
+    out_dtype: torch.dtype
+    replaces: Node  # the node whose value the fused op takes over
+    output_shape: list | None = None  # reshape the [M, N] result to this (absorbed views)
+    scale_a: Operand = None
+    scale_b: Operand = None
+    bias: Node | None = None
+    azp_a: Operand = None
+    azp_b: Operand = None
+    note: str = ""  # e.g. why the epilogue stopped where it did
+
+    def gemm_key(self) -> GemmKey:
+        k, n = fake_value(self.b).shape
+        return GemmKey(
+            scheme=self.scheme, n=static_int(n), k=static_int(k), out_dtype=self.out_dtype,
+            has_bias=self.bias is not None, device_type=fake_value(self.a).device.type,
+        )
+
+
+def record_near_miss(context: PassContext, anchor: Node, family: str, reason: str) -> None:
+    context.report.add(LinearRecord(node=anchor.name, family=family, fused=False, reason=reason))
+
+
+def _as_tensor_node(graph: Graph, operand: Operand, dtype: torch.dtype, device: torch.device) -> Node | None:
+    """Python numbers from the graph become 0-dim constants; nodes pass through."""
+    if operand is None or isinstance(operand, Node):
+        return operand
+    return scalar_tensor(graph, operand, dtype, device)
+
+
+def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node | None:
+    """Replace `linear.replaces` with a `qfuse::scaled_mm` call, if a kernel can run it."""
+    config = context.config
+    device = fake_value(linear.a).device
+    choice = choose_kernel(
+        linear.gemm_key(), current_platform(device.type),
+        forced=config.kernel, preference=config.kernel_preference, disabled=config.disabled_kernels,
+    )
+    record = LinearRecord(
+        node=linear.anchor.name, family=linear.family, fused=choice.kernel is not None, pattern=linear.pattern,
+        scheme=linear.scheme.describe(), rejected_kernels=choice.rejected, note=linear.note,
+    )
+    if choice.kernel is None:
+        record.reason = "no kernel can run it: " + "; ".join(f"{k}: {v}" for k, v in choice.rejected.items())
+        context.report.add(record)
+        return None
+    record.kernel = choice.kernel.name
+    with graph.inserting_before(linear.replaces):
+        fused = insert_call(graph, torch.ops.qfuse.scaled_mm.default, (
+            linear.a,
+            linear.b,
+            _as_tensor_node(graph, linear.scale_a, torch.float32, device),
+            _as_tensor_node(graph, linear.scale_b, torch.float32, device),
+            linear.bias,
+            _as_tensor_node(graph, linear.azp_a, torch.int32, device),
+            _as_tensor_node(graph, linear.azp_b, torch.int32, device),
+            linear.out_dtype,
+            choice.kernel.name,
+        ))
+        if linear.output_shape is not None:
+            fused = insert_call(graph, aten.reshape.default, (fused, linear.output_shape))
+    linear.replaces.replace_all_uses_with(fused)
+    context.report.add(record)
+    return fused

@@ -1,0 +1,101 @@
+"""Small helpers for reading and editing post-grad FX graphs.
+
+Shapes come from each node's `meta["val"]` (a FakeTensor); symbolic sizes are compared only when
+the answer is known without adding a guard (`statically_known_true`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+VIEW_OPS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+CONVERT_OPS = (prims.convert_element_type.default, aten._to_copy.default)
+
+
+def fake_value(node: Any) -> torch.Tensor | None:
+    """The FakeTensor a node produces, or None (a Python scalar, a node without metadata)."""
+    if isinstance(node, Node):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+def shape_of(node: Any) -> tuple | None:
+    value = fake_value(node)
+    return None if value is None else tuple(value.shape)
+
+
+def dtype_of(node: Any) -> torch.dtype | None:
+    value = fake_value(node)
+    return None if value is None else value.dtype
+
+
+def same_size(left: Any, right: Any) -> bool:
+    """Whether two (possibly symbolic) sizes are provably equal."""
+    return statically_known_true(left == right)
+
+
+def same_shape(left: Sequence, right: Sequence) -> bool:
+    return len(left) == len(right) and all(same_size(a, b) for a, b in zip(left, right))
+
+
+def static_int(size: Any) -> int | None:
+    """A size as a Python int, or None when it is symbolic."""
+    return size if isinstance(size, int) else None
+
+
+def show_shape(shape: Sequence | None) -> str:
+    return "?" if shape is None else "[" + ", ".join(str(size) for size in shape) + "]"
+
+
+def single_user(node: Node) -> Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def converted_dtype(node: Node) -> torch.dtype | None:
+    """The target dtype of a dtype-conversion node, else None."""
+    if node.op != "call_function" or node.target not in CONVERT_OPS:
+        return None
+    if node.target == prims.convert_element_type.default:
+        return node.args[1]
+    if set(node.kwargs) - {"dtype"}:
+        return None  # a device or layout change as well
+    return node.kwargs.get("dtype")
+
+
+def _example(arg: Any) -> Any:
+    if isinstance(arg, Node):
+        return arg.meta["val"]
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_example(item) for item in arg)
+    return arg
+
+
+def graph_fake_mode(graph: Graph):
+    """The FakeTensorMode the graph's metadata was computed under."""
+    values = [node.meta["val"] for node in graph.nodes if isinstance(node.meta.get("val"), torch.Tensor)]
+    return torch._guards.detect_fake_mode(values) or torch._subclasses.FakeTensorMode()
+
+
+def insert_call(graph: Graph, target: Any, args: tuple, kwargs: dict | None = None) -> Node:
+    """Insert a call (at the graph's current insertion point) with its meta["val"] filled in."""
+    kwargs = kwargs or {}
+    node = graph.call_function(target, args, kwargs)
+    with graph_fake_mode(graph):
+        node.meta["val"] = target(*_example(args), **_example(kwargs))
+    return node
+
+
+def scalar_tensor(graph: Graph, value: float | int, dtype: torch.dtype, device: torch.device) -> Node:
+    """A 0-dim constant tensor node holding a Python scalar from the graph."""
+    return insert_call(graph, aten.full.default, ([], value), {"dtype": dtype, "device": device, "pin_memory": False})

@@ -1,0 +1,106 @@
+"""The pass manager: one Inductor `CustomGraphPass` that runs qfuse's passes in order.
+
+It runs as Inductor's `post_grad_custom_post_pass` (post-grad, aten level, decomposed graph).
+`uuid()` hashes qfuse's source files and the parts of the configuration that change the output,
+so Inductor's FX graph cache never returns a graph compiled by another qfuse or another config.
+On a warm cache hit Inductor skips post-grad passes entirely: the cached graph already holds the
+qfuse ops, and no new report is produced.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from qfuse import debug
+from qfuse.config import QfuseConfig
+from qfuse.passes import activation_quant, pt2e_linear, reference_linear
+from qfuse.passes.families import PATTERN_FAMILIES
+from qfuse.passes.fused_linear import PassContext
+from qfuse.passes.report import PassReport
+
+log = logging.getLogger("qfuse")
+
+PASSES: dict[str, Callable[[torch.fx.Graph, PassContext], None]] = {
+    "reference_linear": reference_linear.run,
+    "pt2e_linear": pt2e_linear.run,
+    "activation_quant": activation_quant.run,
+}
+assert tuple(PASSES) == PATTERN_FAMILIES
+
+_graph_numbers = itertools.count()
+_recent_reports: deque[PassReport] = deque(maxlen=64)
+
+
+def recent_reports() -> list[PassReport]:
+    """Reports of the graphs this process compiled most recently, oldest first."""
+    return list(_recent_reports)
+
+
+@functools.cache
+def _source_hash() -> bytes:
+    package = Path(__file__).resolve().parent.parent
+    return get_hash_for_files(tuple(sorted(str(path) for path in package.rglob("*.py"))))
+
+
+class QfusePass(CustomGraphPass):
+    def __init__(self, config: QfuseConfig | None = None) -> None:
+        self.config = config if config is not None else QfuseConfig.from_env()
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        report = PassReport(graph_name=f"graph_{next(_graph_numbers)}")
+        context = PassContext(self.config, report)
+        if self.config.debug:
+            debug.dump_graph(self.config, report.graph_name, "before", graph)
+        for family in PATTERN_FAMILIES:
+            if family in self.config.patterns:
+                PASSES[family](graph, context)
+        graph.eliminate_dead_code()
+        graph.lint()
+        _recent_reports.append(report)
+        if report.records:
+            log.info(report.summary())
+        if self.config.debug:
+            debug.dump_graph(self.config, report.graph_name, "after", graph)
+            debug.write_report(self.config, report)
+
+    def uuid(self) -> str:
+        return hashlib.sha256(_source_hash() + self.config.cache_key().encode()).hexdigest()
+
+
+class ComposedPass(CustomGraphPass):
+    """Several custom passes run in order as one (Inductor takes a single post-grad custom pass)."""
+
+    def __init__(self, passes: list[CustomGraphPass]) -> None:
+        self.passes = passes
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for graph_pass in self.passes:
+            graph_pass(graph)
+
+    def uuid(self) -> str | None:
+        uuids = [graph_pass.uuid() for graph_pass in self.passes]
+        if any(uuid is None for uuid in uuids):
+            return None  # one pass cannot be cached: neither can the composition
+        return hashlib.sha256(repr(uuids).encode()).hexdigest()
+
+
+def compose(existing: CustomGraphPass | None, qfuse_pass: QfusePass) -> CustomGraphPass:
+    """`existing` (minus any QfusePass already in it) followed by `qfuse_pass`."""
+    def without_qfuse(graph_pass):
+        if isinstance(graph_pass, QfusePass):
+            return []
+        if isinstance(graph_pass, ComposedPass):
+            return [inner for nested in graph_pass.passes for inner in without_qfuse(nested)]
+        return [graph_pass]
+
+    others = without_qfuse(existing) if existing is not None else []
+    return ComposedPass([*others, qfuse_pass]) if others else qfuse_pass

@@ -1,0 +1,3 @@
+"""pt2e_linear: WIP"""
+def run(graph, context):
+    pass
