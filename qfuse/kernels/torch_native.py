@@ -4,9 +4,10 @@
           (a - za)(b - zb) = ab - za colsum(b) - rowsum(a) zb + K za zb; then in float32:
           out = acc * scale_a * scale_b + bias
     fp8   CUDA (capability >= 89): torch._scaled_mm, tensor-wise or row-wise scales fused;
-          CPU: a and b upcast to bf16 and torch.mm (fp8 values are exact in bf16). Measured on the
-          development CPU (AMD EPYC, AVX-512, 2 cores, M=256 K=1024 N=2048): torch._scaled_mm
-          14.1 ms, upcast-to-bf16 mm 7.3 ms, upcast-to-fp32 mm 9.7 ms.
+          CPU: a and b upcast and torch.mm: to bf16 for a bf16 output (fp8 values are exact in
+          bf16; the bf16 accumulator output adds at most one bf16 rounding), else to fp32.
+          Measured on the development CPU (AMD EPYC, AVX-512, 2 cores, M=256 K=1024 N=2048):
+          torch._scaled_mm 14.1 ms, upcast-to-bf16 mm 7.3 ms, upcast-to-fp32 mm 9.7 ms.
 
 Not implemented here (the registry moves on to another kernel): block / per-group scales,
 and CUDA sizes that cuBLAS rejects (int8: K and N multiples of 8; fp8: multiples of 16).
@@ -84,7 +85,8 @@ def _int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
 
 def _fp8_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype):
     if not a.is_cuda:
-        acc = torch.mm(a.to(torch.bfloat16), b.to(torch.bfloat16))
+        compute_dtype = torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32
+        acc = torch.mm(a.to(compute_dtype), b.to(compute_dtype))
         return _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype)
     b = b.t().contiguous().t()  # cuBLAS wants the weight column-major
     unit = torch.ones((), device=a.device, dtype=torch.float32)
