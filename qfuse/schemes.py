@@ -75,6 +75,11 @@ class QuantScheme:
     symmetric: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("activation_granularity", "weight_granularity"):
+            try:
+                object.__setattr__(self, name, Granularity(getattr(self, name)))
+            except ValueError:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {[g.value for g in Granularity]}") from None
         for role, dtype in (("activation", self.activation_dtype), ("weight", self.weight_dtype)):
             if dtype not in QUANT_DTYPES:
                 raise ValueError(f"{role} dtype {dtype} is not supported; expected one of {QUANT_DTYPES}")

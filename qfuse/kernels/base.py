@@ -1,8 +1,8 @@
 """The kernel contract: what every GEMM / quant backend declares and implements.
 
 A kernel answers two questions before it is used, each with a reason a user can read:
-`is_supported(platform)` (can it run on this machine at all?) and `can_implement(key)` (can it
-compute this scheme at these sizes?). `qfuse.kernels.registry.choose_kernel` walks a priority
+`is_supported(platform)` (can it run on this machine at all?) and `can_implement(key, platform)`
+(can it compute this scheme at these sizes, on this machine's generation of hardware?). `qfuse.kernels.registry.choose_kernel` walks a priority
 list and asks both; the ops call `scaled_mm` / the quant methods of the kernel that was chosen.
 
 Operand conventions (the ops normalise to these before a kernel sees them):
@@ -55,7 +55,7 @@ class Kernel(abc.ABC):
     def is_supported(self, platform: Platform) -> Verdict: ...
 
     @abc.abstractmethod
-    def can_implement(self, key: GemmKey) -> Verdict: ...
+    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict: ...
 
     def prepare_weight(self, b: torch.Tensor) -> torch.Tensor:
         """Put the [K, N] weight in the layout `scaled_mm` wants (transposes, padding, packing)."""

@@ -19,7 +19,7 @@ class ReferenceKernel(Kernel):
     def is_supported(self, platform: Platform) -> Verdict:
         return OK
 
-    def can_implement(self, key: GemmKey) -> Verdict:
+    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
         return OK
 
     def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):

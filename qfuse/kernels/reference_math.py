@@ -60,8 +60,6 @@ def dynamic_quant(x: torch.Tensor, quant_dtype: torch.dtype, granularity: Granul
 
 def dynamic_quant_asymmetric(x: torch.Tensor, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
     """Asymmetric (zero point) dynamic int8/uint8 quantization: returns (q, scale, zero_point int32)."""
-    if granularity == Granularity.PER_GROUP:
-        raise ValueError("asymmetric quantization supports per_tensor and per_token granularity only")
     qmin, qmax = quant_range(quant_dtype)
     if granularity == Granularity.PER_TENSOR:
         low, high = x.amin().clamp(max=0), x.amax().clamp(min=0)

@@ -53,7 +53,7 @@ def priority_list(platform: Platform) -> tuple[str, ...]:
 
 def _verdict(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
     """Why `kernel` cannot run `key` here, or '' if it can."""
-    for ok, reason in (kernel.is_supported(platform), kernel.can_implement(key)):
+    for ok, reason in (kernel.is_supported(platform), kernel.can_implement(key, platform)):
         if not ok:
             return reason
     return ""

@@ -39,7 +39,7 @@ class TorchKernel(Kernel):
             return OK
         return False, f"torch kernel runs on CPU and NVIDIA CUDA only, not on {platform.describe()}"
 
-    def can_implement(self, key: GemmKey) -> Verdict:
+    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
         scheme = key.scheme
         if scheme.activation_granularity == Granularity.PER_GROUP or scheme.weight_granularity == Granularity.BLOCK:
             return False, "torch has no block-scaled GEMM (per-group activation / 128x128 weight scales)"
@@ -47,11 +47,15 @@ class TorchKernel(Kernel):
             factor = 16 if scheme.is_fp8 else 8
             if not (_multiple_of(key.k, factor) and _multiple_of(key.n, factor)):
                 return False, f"cuBLAS needs static K and N that are multiples of {factor} (K={key.k}, N={key.n})"
-            if scheme.is_fp8 and not scheme.symmetric:
-                return False, "fp8 is symmetric only"
+            if scheme.is_fp8 and platform.capability < 89:
+                return False, f"torch._scaled_mm needs fp8 tensor cores (capability >= 89, this GPU: {platform.capability})"
         return OK
 
     def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
+        for name, scale, shape in (("scale_a", scale_a, (a.shape[0], 1)), ("scale_b", scale_b, (1, b.shape[1]))):
+            if scale is not None and scale.numel() != 1 and tuple(scale.shape) != shape:
+                raise ValueError(f"the torch kernel takes per-tensor, per-row or per-column scales; {name} has "
+                                 f"shape {tuple(scale.shape)} (block scales need another kernel)")
         if a.dtype.is_floating_point:
             return _fp8_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
         return _int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype)

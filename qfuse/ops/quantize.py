@@ -71,6 +71,8 @@ def dynamic_quant_asymmetric(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _check_quant_dtype(quant_dtype, "dynamic_quant_asymmetric", (torch.int8, torch.uint8))
     resolved = _granularity(granularity, x, "dynamic_quant_asymmetric")
+    if resolved == Granularity.PER_GROUP:
+        raise ValueError("qfuse::dynamic_quant_asymmetric: per_group is not supported; use per_tensor or per_token")
     q, scale, zero_point = get_kernel(kernel).dynamic_quant_asymmetric(x, quant_dtype, resolved, eps)
     shape = _scale_shape(x, resolved)
     return q, scale.reshape(shape), zero_point.reshape(shape)
@@ -81,16 +83,18 @@ def _(x, quant_dtype, granularity, eps, kernel):
     _check_quant_dtype(quant_dtype, "dynamic_quant_asymmetric", (torch.int8, torch.uint8))
     resolved = _granularity(granularity, x, "dynamic_quant_asymmetric")
     if resolved == Granularity.PER_GROUP:
-        raise ValueError("qfuse::dynamic_quant_asymmetric: per_group is not supported")
+        raise ValueError("qfuse::dynamic_quant_asymmetric: per_group is not supported; use per_tensor or per_token")
     shape = _scale_shape(x, resolved)
     return torch.empty_like(x, dtype=quant_dtype), x.new_empty(shape), x.new_empty(shape, dtype=torch.int32)
 
 
-def _check_static_scale(x, scale, zero_point):
+def _check_static_scale(x, scale, zero_point, quant_dtype):
     if not x.dtype.is_floating_point:
         raise ValueError(f"qfuse::static_quant: input must be floating point, got {x.dtype}")
+    if quant_dtype == FP8_DTYPE and zero_point is not None:
+        raise ValueError("qfuse::static_quant: fp8 is symmetric; a zero point applies to int8 / uint8 only")
     for name, tensor in (("scale", scale), ("zero_point", zero_point)):
-        if tensor is not None and tensor.numel() != 1 and (tensor.dim() > x.dim() or any(
+        if tensor is not None and (tensor.dim() > x.dim() or any(
             size not in (1, full) for size, full in zip(reversed(tensor.shape), reversed(x.shape))
         )):
             raise ValueError(
@@ -103,7 +107,7 @@ def static_quant(
     x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, quant_dtype: torch.dtype, kernel: str
 ) -> torch.Tensor:
     _check_quant_dtype(quant_dtype, "static_quant")
-    _check_static_scale(x, scale, zero_point)
+    _check_static_scale(x, scale, zero_point, quant_dtype)
     return get_kernel(kernel).static_quant(x, scale, zero_point, quant_dtype)
 
 

@@ -91,6 +91,8 @@ def _normalize_zero_point(zero_point, count: int, name: str, op: str, shape: tup
 def _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, azp_b, op):
     """a as [M, K] and the scales and zero points in the normalised shapes that kernels receive."""
     k, n = b.shape
+    if a.dtype == FP8_DTYPE and (azp_a is not None or azp_b is not None):
+        raise ValueError(f"qfuse::{op}: fp8 is symmetric; zero points (azp_a, azp_b) apply to int8 only")
     a2d = a.reshape(-1, k)
     rows = a2d.shape[0]
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):

@@ -25,7 +25,7 @@ from qfuse.config import QfuseConfig
 from qfuse.passes import activation_quant, pt2e_linear, reference_linear
 from qfuse.passes.families import PATTERN_FAMILIES
 from qfuse.passes.fused_linear import PassContext
-from qfuse.passes.report import PassReport
+from qfuse.passes.report import PassReport, count_ops
 
 log = logging.getLogger("qfuse")
 
@@ -58,6 +58,7 @@ class QfusePass(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph) -> None:
         report = PassReport(graph_name=f"graph_{next(_graph_numbers)}")
         context = PassContext(self.config, report)
+        report.ops_before = count_ops(graph)
         if self.config.debug:
             debug.dump_graph(self.config, report.graph_name, "before", graph)
         for family in PATTERN_FAMILIES:
@@ -65,6 +66,7 @@ class QfusePass(CustomGraphPass):
                 PASSES[family](graph, context)
         graph.eliminate_dead_code()
         graph.lint()
+        report.ops_after = count_ops(graph)
         _recent_reports.append(report)
         if report.records:
             log.info(report.summary())

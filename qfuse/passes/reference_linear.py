@@ -126,7 +126,8 @@ def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] |
 
 
 def classify_scale(scale, output: Node) -> Scale:
-    """can_fuse_scale: is `scale` per-tensor, per-row or per-column of `output`'s value?"""
+    """can_fuse_scale: is `scale` per-tensor, per-row or per-column of `output`'s value (the
+    value it multiplies), without broadcasting it to a larger shape?"""
     if isinstance(scale, (int, float)):
         return Scale(float(scale), "tensor")
     scale_shape, out_shape = shape_of(scale), shape_of(output)
@@ -178,7 +179,7 @@ def walk_epilogue(epilogue: Epilogue) -> None:
         elif target == aten.mul.Tensor and epilogue.bias is None:
             (scale,) = [arg for arg in user.args if arg is not current] or [current]
             try:
-                scales = epilogue.scales + _split_premultiplied(scale, user)
+                scales = epilogue.scales + _split_premultiplied(scale, current)
                 _assign_scales(scales)
             except NotFusable as reason:
                 epilogue.stopped_because = str(reason)
@@ -186,7 +187,7 @@ def walk_epilogue(epilogue: Epilogue) -> None:
             epilogue.scales = scales
         elif target == aten.add.Tensor and epilogue.bias is None and "alpha" not in user.kwargs:
             (bias,) = [arg for arg in user.args if arg is not current] or [current]
-            if not can_fuse_bias(bias, user):
+            if not can_fuse_bias(bias, current):
                 return
             epilogue.bias = bias
         elif target in VIEW_OPS and same_size(shape_of(user)[-1], shape_of(current)[-1]):
@@ -197,9 +198,10 @@ def walk_epilogue(epilogue: Epilogue) -> None:
 
 
 def can_fuse_bias(bias, output: Node) -> bool:
+    """A bias [N] (or [1, N]) of `output`'s value, not growing it."""
     shape = shape_of(bias)
     return (
-        shape is not None and dtype_of(bias).is_floating_point and len(shape) >= 1
+        shape is not None and dtype_of(bias).is_floating_point and 1 <= len(shape) <= len(shape_of(output))
         and all(same_size(size, 1) for size in shape[:-1]) and same_size(shape[-1], shape_of(output)[-1])
     )
 

@@ -34,6 +34,8 @@ class PassReport:
     graph_name: str = ""
     records: list[LinearRecord] = field(default_factory=list)
     matches: Counter = field(default_factory=Counter)  # pattern name -> times applied
+    ops_before: Counter = field(default_factory=Counter)  # op name -> count in the graph
+    ops_after: Counter = field(default_factory=Counter)
 
     def add(self, record: LinearRecord) -> None:
         self.records.append(record)
@@ -52,3 +54,8 @@ class PassReport:
         lines = [f"qfuse: {len(self.fused)} of {len(self.records)} matmuls fused in {self.graph_name or 'graph'}"]
         lines += ["  " + record.summary() for record in self.records]
         return "\n".join(lines)
+
+
+def count_ops(graph) -> Counter:
+    """How many times each op is called in an FX graph, by its printed name."""
+    return Counter(str(node.target) for node in graph.nodes if node.op == "call_function")

@@ -1,0 +1,13 @@
+"""Shared test fixtures: fresh Dynamo state and no compile caches (a warm FX graph cache would
+skip the post-grad passes, so match counts and reports need a real compile)."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile_state():
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield
+    torch._dynamo.reset()

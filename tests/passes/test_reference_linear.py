@@ -1,0 +1,187 @@
+"""reference_linear: hand-written W8A8 linears are rewritten to qfuse::scaled_mm, and match eager."""
+
+import pytest
+import torch
+
+import qfuse
+from tests.helpers import compile_and_run
+
+FP8 = torch.float8_e4m3fn
+SCALED_MM = "qfuse.scaled_mm.default"
+
+
+def dynamic_int8(x, eps=1e-5, low=-128):
+    s = x.abs().amax(dim=-1, keepdim=True)
+    s = (s.clamp(min=eps) if eps else s) / 127.0
+    return torch.clamp(torch.round(x / s), low, 127).to(torch.int8), s
+
+
+def dynamic_fp8(x):
+    s = x.abs().amax(dim=-1, keepdim=True) / 448.0
+    return (x / s).clamp(-448, 448).to(FP8), s
+
+
+def int_mm_linear(x, w, w_scale, bias):
+    """The most common form: per-token int8 activation, [N, K] weight, 3D-capable."""
+    q, s = dynamic_int8(x)
+    y = torch._int_mm(q.reshape(-1, q.shape[-1]), w.t())
+    y = y.to(torch.float32) * s.reshape(-1, 1) * w_scale
+    return (y + bias).reshape(*x.shape[:-1], -1)
+
+
+def int_mm_weight_first(x, w, w_scale, bias):
+    """Scales in the other order, no eps clamp, symmetric clamp, bf16 output, 2D only."""
+    q, s = dynamic_int8(x, eps=0.0, low=-127)
+    return (w_scale * (torch._int_mm(q, w.t()).float() * s)).to(torch.bfloat16)
+
+
+def int_mm_premultiplied(x, w, w_scale, bias):
+    q, s = dynamic_int8(x)
+    return torch._int_mm(q, w.t()) * (s * w_scale.reshape(1, -1)) + bias
+
+
+def int_mm_static_float_scale(x, w, w_scale, bias):
+    q = torch.clamp(torch.round(x / 0.05), -128, 127).to(torch.int8)
+    return torch._int_mm(q, w.t()).float() * 0.05 * w_scale
+
+
+def int_mm_static_tensor_scale_kn_weight(x, w, w_scale, bias):
+    scale = torch.tensor(0.04)
+    q = torch.clamp(torch.round(x / scale), -128, 127).to(torch.int8)
+    w_kn = w.t().contiguous()
+    return (torch._int_mm(q, w_kn).float() * scale * w_scale + bias).to(torch.bfloat16)
+
+
+def float_mm_of_upcast(x, w, w_scale, bias):
+    q, s = dynamic_int8(x)
+    return (q.float() @ w.float().t()) * s * w_scale + bias
+
+
+def fp8_scaled_mm(x, w, w_scale, bias):
+    q, s = dynamic_fp8(x.reshape(-1, x.shape[-1]))
+    one = torch.ones((), dtype=torch.float32)
+    y = torch._scaled_mm(q, w.to(FP8).t(), one, one, out_dtype=torch.float32)
+    return (y * s * w_scale + bias).to(torch.bfloat16).reshape(*x.shape[:-1], -1)
+
+
+FORMS = {
+    int_mm_linear: "_int_mm + dequant epilogue",
+    int_mm_weight_first: "_int_mm + dequant epilogue",
+    int_mm_premultiplied: "_int_mm + dequant epilogue",
+    int_mm_static_float_scale: "_int_mm + dequant epilogue",
+    int_mm_static_tensor_scale_kn_weight: "_int_mm + dequant epilogue",
+    float_mm_of_upcast: "float mm of upcast + dequant epilogue",
+    fp8_scaled_mm: "_scaled_mm + dequant epilogue",
+}
+TWO_D_ONLY = {int_mm_weight_first, int_mm_premultiplied, int_mm_static_float_scale,
+              int_mm_static_tensor_scale_kn_weight, float_mm_of_upcast}
+
+
+def operands(shape, n=48, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    k = shape[-1]
+    x = torch.randn(*shape, generator=generator)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=generator)
+    w_scale = torch.rand(n, generator=generator) * 0.01 + 0.001
+    bias = torch.randn(n, generator=generator)
+    return x, w, w_scale, bias
+
+
+def fp8_weight(w):
+    return (w.float() / 127 * 400).to(FP8)
+
+
+def assert_close(out, expected):
+    tolerance = {torch.float32: 1e-4, torch.bfloat16: 2e-2}[expected.dtype]
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    torch.testing.assert_close(out.float(), expected.float(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+@pytest.mark.parametrize("shape", [(1, 64), (17, 64), (2, 7, 64)], ids=["M1", "M17", "3D"])
+@pytest.mark.parametrize("form", list(FORMS), ids=lambda form: form.__name__)
+def test_form_is_fused_and_matches_eager(form, shape, kernel):
+    if len(shape) == 3 and form in TWO_D_ONLY:
+        pytest.skip("this form is written for 2D inputs")
+    x, w, w_scale, bias = operands(shape)
+    if form is fp8_scaled_mm:
+        w = fp8_weight(w)
+    out, report = compile_and_run(form, x, w, w_scale, bias, kernel=kernel)
+    assert [(r.fused, r.pattern, r.kernel) for r in report.records] == [(True, FORMS[form], kernel)]
+    assert report.ops_after[SCALED_MM] + report.ops_after["qfuse.quant_scaled_mm.default"] == 1
+    for original in ("aten._int_mm.default", "aten._scaled_mm.default", "aten.mm.default"):
+        assert report.ops_after[original] == 0
+    assert_close(out, form(x, w, w_scale, bias))
+
+
+def test_scheme_is_reported():
+    x, w, w_scale, bias = operands((5, 64))
+    _, report = compile_and_run(int_mm_static_float_scale, x, w, w_scale, bias)
+    assert report.records[0].scheme == "int8 static-tensor x per-channel"
+    _, report = compile_and_run(int_mm_linear, x, w, w_scale, bias)
+    assert report.records[0].scheme == "int8 dyn-token x per-channel"
+
+
+def test_dynamic_batch_sizes_compile_once_and_all_fuse():
+    _, w, w_scale, bias = operands((4, 64))
+    compiled = torch.compile(int_mm_linear, backend="qfuse", dynamic=True)
+    start = len(qfuse.recent_reports())
+    for rows in (2, 5, 33, 200):  # 0 and 1 are always specialized by Dynamo
+        x = torch.randn(3, rows, 64)
+        assert_close(compiled(x, w, w_scale, bias), int_mm_linear(x, w, w_scale, bias))
+    compiled_graphs = qfuse.recent_reports()[start:]
+    assert len(compiled_graphs) == 1
+    assert compiled_graphs[0].fused and not compiled_graphs[0].near_misses
+
+
+def weight_scale_with_extra_dim(x, w, w_scale, bias):
+    q, s = dynamic_int8(x)
+    return torch._int_mm(q, w.t()).float() * w_scale.reshape(1, 1, -1) * s.unsqueeze(0)
+
+
+def accumulator_has_another_user(x, w, w_scale, bias):
+    q, s = dynamic_int8(x)
+    acc = torch._int_mm(q, w.t())
+    return acc.float() * s * w_scale, acc.sum()
+
+
+def three_scale_factors(x, w, w_scale, bias):
+    q, s = dynamic_int8(x)
+    return torch._int_mm(q, w.t()).float() * s * w_scale * s
+
+
+def no_dequantize(x, w, w_scale, bias):
+    q, _ = dynamic_int8(x)
+    return torch._int_mm(q, w.t()) + 1
+
+
+NEAR_MISSES = {
+    weight_scale_with_extra_dim: "which would broadcast the [5, 48] output to more dims",
+    accumulator_has_another_user: "has no dequantize scale",
+    no_dequantize: "has no dequantize scale",
+}
+
+
+@pytest.mark.parametrize("form", list(NEAR_MISSES), ids=lambda form: form.__name__)
+def test_near_miss_is_not_rewritten_and_stays_correct(form):
+    x, w, w_scale, bias = operands((5, 64))
+    out, report = compile_and_run(form, x, w, w_scale, bias)
+    (record,) = report.records
+    assert not record.fused and NEAR_MISSES[form] in record.reason
+    assert report.ops_after[SCALED_MM] == 0 and report.ops_after["aten._int_mm.default"] == 1
+    torch.testing.assert_close(out, form(x, w, w_scale, bias))
+
+
+def test_third_scale_factor_stays_outside_the_fused_op():
+    x, w, w_scale, bias = operands((5, 64))
+    out, report = compile_and_run(three_scale_factors, x, w, w_scale, bias)
+    (record,) = report.records
+    assert record.fused and "3 scale factors" in record.note
+    torch.testing.assert_close(out, three_scale_factors(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+
+
+def test_plain_float_linear_is_not_a_candidate():
+    x, weight = torch.randn(8, 32), torch.randn(16, 32)
+    out, report = compile_and_run(lambda x, weight: x @ weight.t(), x, weight)
+    assert report.records == [] and report.ops_after[SCALED_MM] == 0
+    torch.testing.assert_close(out, x @ weight.t())

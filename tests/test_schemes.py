@@ -1,0 +1,103 @@
+"""Tests for `qfuse.schemes`: QuantScheme validation, describe(), and the quant-range helpers."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme, dtype_name, quant_range, symmetric_quant_max
+
+G = Granularity
+
+
+@pytest.mark.parametrize(
+    "scheme, label",
+    [
+        (QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True), "int8 dyn-token x per-channel"),
+        (QuantScheme(torch.int8, torch.int8, G.PER_TENSOR, G.PER_TENSOR, dynamic=False),
+         "int8 static-tensor x per-tensor"),
+        (QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_GROUP, G.BLOCK, dynamic=True), "fp8 dyn-group x block"),
+        (QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TENSOR, G.PER_CHANNEL, dynamic=False),
+         "fp8 static-tensor x per-channel"),
+        (QuantScheme(torch.uint8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True, symmetric=False),
+         "uint8 dyn-token asym x per-channel"),
+        (QuantScheme(torch.int8, torch.int8, G.PER_TENSOR, G.PER_TENSOR, dynamic=False, symmetric=False),
+         "int8 static-tensor asym x per-tensor"),
+    ],
+)
+def test_describe(scheme, label):
+    assert scheme.describe() == label
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ((torch.float16, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True), "activation dtype torch.float16 is not supported"),
+        ((torch.int8, torch.int32, G.PER_TOKEN, G.PER_CHANNEL, True), "weight dtype torch.int32 is not supported"),
+        ((torch.int8, torch.int8, G.PER_CHANNEL, G.PER_CHANNEL, True), "activation granularity"),
+        ((torch.int8, torch.int8, G.BLOCK, G.PER_CHANNEL, True), "activation granularity"),
+        ((torch.int8, torch.int8, G.PER_TOKEN, G.PER_TOKEN, True), "weight granularity"),
+        ((torch.int8, torch.int8, G.PER_TOKEN, G.PER_GROUP, True), "weight granularity"),
+        ((torch.int8, torch.uint8, G.PER_TOKEN, G.PER_CHANNEL, True, False), "uint8 weights are not supported"),
+        ((torch.int8, FP8_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, True), "both be fp8 or both be integer"),
+        ((FP8_DTYPE, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True), "both be fp8 or both be integer"),
+        ((FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, True, False), "fp8 activations are symmetric only"),
+        ((torch.uint8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True), r"uint8 activations need a zero point"),
+    ],
+)
+def test_invalid_schemes_raise_value_error(fields, message):
+    with pytest.raises(ValueError, match=message):
+        QuantScheme(*fields)
+
+
+def test_granularity_errors_name_the_valid_choices():
+    with pytest.raises(ValueError) as raised:
+        QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_TOKEN, True)
+    assert "['per_tensor', 'per_channel', 'block']" in str(raised.value)
+
+
+def test_scheme_is_a_frozen_hashable_key():
+    first = QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True)
+    second = QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True)
+    assert first == second and hash(first) == hash(second)
+    assert first != dataclasses.replace(first, dynamic=False)
+    assert {first: "x"}[second] == "x"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.dynamic = False
+    assert first.symmetric is True
+
+
+def test_is_fp8():
+    assert QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, True).is_fp8
+    assert not QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True).is_fp8
+
+
+def test_string_granularity_is_normalised_or_rejected():
+    try:
+        scheme = QuantScheme(torch.int8, torch.int8, "per_token", "per_channel", dynamic=True)
+    except ValueError:
+        return
+    assert scheme.activation_granularity is G.PER_TOKEN
+    assert scheme.describe() == "int8 dyn-token x per-channel"
+
+
+@pytest.mark.parametrize(
+    "dtype, expected",
+    [(torch.int8, (-128.0, 127.0)), (torch.uint8, (0.0, 255.0)), (FP8_DTYPE, (-448.0, 448.0))],
+)
+def test_quant_range(dtype, expected):
+    assert quant_range(dtype) == expected
+
+
+def test_symmetric_quant_max():
+    assert symmetric_quant_max(torch.int8) == 127.0
+    assert symmetric_quant_max(FP8_DTYPE) == 448.0
+    with pytest.raises(ValueError, match="uint8 has no symmetric range"):
+        symmetric_quant_max(torch.uint8)
+    with pytest.raises(ValueError, match="torch.float16 is not a quantized dtype"):
+        quant_range(torch.float16)
+
+
+def test_dtype_name():
+    assert [dtype_name(d) for d in (torch.int8, torch.uint8, FP8_DTYPE)] == ["int8", "uint8", "fp8"]
+    assert dtype_name(torch.float16) == "torch.float16"
