@@ -1,0 +1,115 @@
+"""pt2e_linear: PT2E Q/DQ linears are rewritten to a real int8 qfuse::scaled_mm, and match eager."""
+
+import pytest
+import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+
+from tests.helpers import compile_and_run
+
+qd = torch.ops.quantized_decomposed
+SCALED_MM = "qfuse.scaled_mm.default"
+
+
+class QDQLinear(torch.nn.Module):
+    """x -> Q/DQ (per-tensor static, per-tensor tensor-scale, or per-token dynamic) -> linear."""
+
+    def __init__(self, activation="per_tensor", dtype=torch.int8, weight="per_channel", bias=True,
+                 k=64, n=48, weight_zero_point=0):
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.activation, self.dtype, self.weight = activation, dtype, weight
+        self.register_buffer("w_q", torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=generator))
+        self.register_buffer("w_scale", torch.rand(n, generator=generator) * 0.01 + 0.001)
+        self.register_buffer("w_zero_point", torch.full((n,), weight_zero_point, dtype=torch.int64))
+        self.register_buffer("bias", torch.randn(n, generator=generator) if bias else None)
+        self.register_buffer("x_scale", torch.tensor([0.05]))
+        self.register_buffer("x_zero_point", torch.tensor([3]))
+
+    def dequantized_weight(self):
+        if self.weight == "per_channel":
+            return qd.dequantize_per_channel(self.w_q, self.w_scale, self.w_zero_point, 0, -128, 127, torch.int8)
+        return qd.dequantize_per_tensor(self.w_q, 0.002, 0, -128, 127, torch.int8)
+
+    def dequantized_activation(self, x):
+        low, high = (-128, 127) if self.dtype == torch.int8 else (0, 255)
+        zero_point = 3 if self.dtype == torch.int8 else 131
+        if self.activation == "per_tensor":
+            q = qd.quantize_per_tensor(x, 0.05, zero_point, low, high, self.dtype)
+            return qd.dequantize_per_tensor(q, 0.05, zero_point, low, high, self.dtype)
+        if self.activation == "per_tensor_tensor":
+            q = qd.quantize_per_tensor.tensor(x, self.x_scale, self.x_zero_point, low, high, self.dtype)
+            return qd.dequantize_per_tensor.tensor(q, self.x_scale, self.x_zero_point, low, high, self.dtype)
+        scales, zero_points = qd.choose_qparams_per_token_asymmetric(x, torch.int8)
+        q = qd.quantize_per_token(x, scales, zero_points, -128, 127, torch.int8)
+        return qd.dequantize_per_token(q, scales, zero_points, -128, 127, torch.int8, torch.float32)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(self.dequantized_activation(x), self.dequantized_weight(), self.bias)
+
+
+CASES = {
+    "per_tensor_int8": dict(),
+    "per_tensor_uint8": dict(dtype=torch.uint8),
+    "per_tensor_tensor_overload": dict(activation="per_tensor_tensor"),
+    "per_token_dynamic": dict(activation="per_token"),
+    "per_tensor_weight_no_bias": dict(weight="per_tensor", bias=False),
+    "asymmetric_weight": dict(weight_zero_point=2),
+}
+
+
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+@pytest.mark.parametrize("shape", [(1, 64), (17, 64), (2, 9, 64)], ids=["M1", "M17", "3D"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_qdq_linear_is_fused_and_matches_eager(case, shape, kernel):
+    model, x = QDQLinear(**CASES[case]), torch.randn(*shape)
+    with torch.no_grad():
+        out, report = compile_and_run(model, x, kernel=kernel)
+        expected = model(x)
+    (record,) = report.records
+    assert record.fused and record.family == "pt2e_linear" and record.kernel == kernel
+    assert report.ops_after[SCALED_MM] == 1
+    assert report.ops_after["aten.mm.default"] + report.ops_after["aten.addmm.default"] == 0
+    assert report.ops_after["quantized_decomposed.dequantize_per_channel.default"] == 0
+    # Integer GEMM vs float GEMM of the same integers: equal up to float32 summation order.
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_dynamic_batch_sizes_compile_once():
+    import qfuse
+
+    model = QDQLinear()
+    compiled = torch.compile(model, backend="qfuse", dynamic=True)
+    start = len(qfuse.recent_reports())
+    with torch.no_grad():
+        for rows in (2, 7, 40):
+            x = torch.randn(3, rows, 64)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    (report,) = qfuse.recent_reports()[start:]
+    assert [record.fused for record in report.records] == [True]
+
+
+class WeightOnly(QDQLinear):
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.dequantized_weight(), self.bias)
+
+
+class WrongAxis(QDQLinear):
+    def dequantized_weight(self):
+        scale = torch.ones(self.w_q.shape[1]) * 0.002
+        zero_point = torch.zeros(self.w_q.shape[1], dtype=torch.int64)
+        return qd.dequantize_per_channel(self.w_q, scale, zero_point, 1, -128, 127, torch.int8)
+
+
+@pytest.mark.parametrize("model_class, reason", [
+    (WeightOnly, "the weight is dequantized but the activation is not"),
+    (WrongAxis, "per channel along axis 1, not along its output channels"),
+])
+def test_near_miss_is_left_alone(model_class, reason):
+    model, x = model_class(), torch.randn(5, 64)
+    with torch.no_grad():
+        out, report = compile_and_run(model, x)
+        expected = model(x)
+    (record,) = report.records
+    assert not record.fused and reason in record.reason
+    assert report.ops_after[SCALED_MM] == 0
+    torch.testing.assert_close(out, expected)
