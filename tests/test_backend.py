@@ -1,0 +1,132 @@
+"""Entry points: backend="qfuse" without an import, options, install/uninstall, FX graph cache, debug."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+import qfuse
+from qfuse.passes.manager import QfusePass
+from tests.helpers import compile_and_run
+from tests.passes.test_reference_linear import int_mm_linear, operands
+
+
+def test_backend_found_through_entry_point_without_import():
+    script = textwrap.dedent("""
+        import sys, torch
+        from torch._dynamo import list_backends
+        assert "qfuse" not in sys.modules
+        assert "qfuse" in list_backends()
+        w = torch.randint(-127, 128, (16, 32), dtype=torch.int8)
+        def linear(x):
+            s = x.abs().amax(-1, keepdim=True) / 127.0
+            q = torch.clamp(torch.round(x / s), -128, 127).to(torch.int8)
+            return torch._int_mm(q, w.t()).float() * s * 0.01
+        x = torch.randn(8, 32)
+        torch.testing.assert_close(torch.compile(linear, backend="qfuse")(x), linear(x))
+        import qfuse
+        assert qfuse.recent_reports()[-1].fused
+        print("ok")
+    """)
+    env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_unknown_option_names_the_valid_ones():
+    with pytest.raises(Exception, match=r"unknown option 'kernal'.*qfuse options are \['debug', 'debug_dir'"):
+        torch.compile(lambda x: x + 1, backend="qfuse", options={"kernal": "torch"})(torch.ones(2))
+
+
+def test_inductor_options_pass_through():
+    x, w, w_scale, bias = operands((5, 64))
+    out, report = compile_and_run(int_mm_linear, x, w, w_scale, bias, kernel="reference", max_autotune=False)
+    assert report.fused[0].kernel == "reference"
+    torch.testing.assert_close(out, int_mm_linear(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+
+
+class CountingPass(CustomGraphPass):
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, graph):
+        self.calls += 1
+
+    def uuid(self):
+        return "counting-pass"
+
+
+def test_install_composes_with_an_existing_pass_and_uninstall_restores_it():
+    existing = CountingPass()
+    x, w, w_scale, bias = operands((5, 64))
+    with torch._inductor.config.patch(post_grad_custom_post_pass=existing):
+        start = len(qfuse.recent_reports())
+        with qfuse.installed(kernel="reference"):
+            out = torch.compile(int_mm_linear)(x, w, w_scale, bias)
+        assert torch._inductor.config.post_grad_custom_post_pass is existing
+        assert existing.calls == 1
+        (report,) = qfuse.recent_reports()[start:]
+        assert report.fused[0].kernel == "reference"
+        torch.testing.assert_close(out, int_mm_linear(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+    with pytest.raises(RuntimeError, match="without a matching qfuse.install"):
+        qfuse.uninstall()
+
+
+def test_backend_composes_with_a_configured_pass():
+    existing = CountingPass()
+    x, w, w_scale, bias = operands((5, 64))
+    with torch._inductor.config.patch(post_grad_custom_post_pass=existing):
+        _, report = compile_and_run(int_mm_linear, x, w, w_scale, bias)
+    assert existing.calls == 1 and report.fused
+
+
+def test_uuid_follows_the_config():
+    assert QfusePass(qfuse.QfuseConfig()).uuid() == QfusePass(qfuse.QfuseConfig()).uuid()
+    assert QfusePass(qfuse.QfuseConfig()).uuid() != QfusePass(qfuse.QfuseConfig(kernel="reference")).uuid()
+    assert QfusePass(qfuse.QfuseConfig()).uuid() == QfusePass(qfuse.QfuseConfig(debug=True)).uuid()
+
+
+def test_warm_fx_graph_cache_hit_is_correct(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    from torch._dynamo.utils import counters
+
+    x, w, w_scale, bias = operands((5, 64))
+    expected = int_mm_linear(x, w, w_scale, bias)
+    with torch._inductor.config.patch(force_disable_caches=False, fx_graph_cache=True, fx_graph_remote_cache=False):
+        counters.clear()
+        for _ in range(2):
+            torch._dynamo.reset()
+            out = torch.compile(int_mm_linear, backend="qfuse")(x, w, w_scale, bias)
+            torch.testing.assert_close(out, expected)
+        assert counters["inductor"]["fxgraph_cache_miss"] == 1
+        assert counters["inductor"]["fxgraph_cache_hit"] == 1
+        torch._dynamo.reset()  # another kernel is another cache entry
+        torch.compile(int_mm_linear, backend="qfuse", options={"kernel": "reference"})(x, w, w_scale, bias)
+        assert counters["inductor"]["fxgraph_cache_miss"] == 2
+
+
+def test_debug_writes_graphs_and_report(tmp_path):
+    x, w, w_scale, bias = operands((5, 64))
+    _, report = compile_and_run(int_mm_linear, x, w, w_scale, bias, debug=True, debug_dir=str(tmp_path))
+    graph_dir = tmp_path / report.graph_name
+    assert "torch.ops.aten._int_mm.default" in (graph_dir / "before.py").read_text()
+    after = (graph_dir / "after.py").read_text()
+    assert "torch.ops.qfuse.scaled_mm.default" in after and "torch.ops.aten._int_mm" not in after
+    assert "fused [reference_linear]" in (graph_dir / "report.txt").read_text()
+
+
+def test_unknown_forced_kernel_is_an_error():
+    x = torch.randn(4, 256)
+    w = torch.randint(-127, 128, (8, 256), dtype=torch.int8)
+
+    def linear(x):
+        q = torch.clamp(torch.round(x / 0.1), -128, 127).to(torch.int8)
+        return torch._int_mm(q, w.t()).float() * 0.1 * 0.01
+
+    with pytest.raises(Exception, match="unknown qfuse kernels"):
+        torch.compile(linear, backend="qfuse", options={"kernel": "cutlass"})(x)
