@@ -1,0 +1,48 @@
+"""GPU checks (skipped without CUDA; run on the GPU machine): the fused ops on CUDA tensors and
+the end-to-end backend on reference-form and Q/DQ linears, against eager."""
+
+import pytest
+import torch
+
+from tests.helpers import compile_and_run
+from tests.passes.test_pt2e_linear import QDQLinear
+from tests.passes.test_reference_linear import fp8_scaled_mm, fp8_weight, int_mm_linear, operands
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+FP8_CAPABLE = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def on_cuda(*tensors):
+    return [tensor.cuda() for tensor in tensors]
+
+
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+@pytest.mark.parametrize("shape", [(1, 256), (17, 256), (3, 100, 256)], ids=["M1", "M17", "3D"])
+def test_int8_reference_form(shape, kernel):
+    x, w, w_scale, bias = on_cuda(*operands(shape, n=128))
+    out, report = compile_and_run(int_mm_linear, x, w, w_scale, bias, kernel=kernel)
+    assert [record.kernel for record in report.fused] == [kernel]
+    torch.testing.assert_close(out, int_mm_linear(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not FP8_CAPABLE, reason="fp8 needs capability >= 8.9")
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+@pytest.mark.parametrize("shape", [(1, 256), (17, 256), (3, 100, 256)], ids=["M1", "M17", "3D"])
+def test_fp8_reference_form(shape, kernel):
+    x, w, w_scale, bias = operands(shape, n=128)
+    x, w, w_scale, bias = on_cuda(x, fp8_weight(w), w_scale, bias)
+    out, report = compile_and_run(fp8_scaled_mm, x, w, w_scale, bias, kernel=kernel)
+    assert [record.kernel for record in report.fused] == [kernel]
+    torch.testing.assert_close(out.float(), fp8_scaled_mm(x, w, w_scale, bias).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("case", [dict(), dict(dtype=torch.uint8), dict(activation="per_token")])
+@pytest.mark.parametrize("shape", [(1, 256), (33, 256), (2, 9, 256)], ids=["M1", "M33", "3D"])
+def test_qdq_linear(case, shape):
+    model = QDQLinear(k=256, n=128, **case).cuda()
+    x = torch.randn(*shape, device="cuda")
+    with torch.no_grad():
+        out, report = compile_and_run(model, x)
+        expected = model(x)
+    assert [record.kernel for record in report.fused] == ["torch"]
+    torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)
