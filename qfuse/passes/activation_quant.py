@@ -50,8 +50,10 @@ def _clamped_amax_scale(x, eps, qmax):
 
 
 @pattern_matcher.init_once_fakemode
-def _patterns():
-    """(quantize patterns, per-token scale patterns), traced once per process."""
+def _patterns(input_device=None):
+    """(quantize patterns, per-token scale patterns), traced once per process.
+
+    `input_device` is unused: torch 2.11's `init_once_fakemode` passes it positionally."""
     x, s = torch.empty(4, 8), torch.empty(4, 1)
 
     def trace(fn, args, argnames, **scalars):
