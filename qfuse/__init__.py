@@ -7,8 +7,11 @@
 from qfuse import ops  # noqa: F401  (registers torch.ops.qfuse.*)
 from qfuse.api import install, installed, uninstall
 from qfuse.config import QfuseConfig
-from qfuse.passes.manager import recent_reports
+from qfuse.passes.manager import graphs_compiled, recent_reports, reports_since
 from qfuse.schemes import Granularity, QuantScheme
 
-__all__ = ["Granularity", "QfuseConfig", "QuantScheme", "install", "installed", "recent_reports", "uninstall"]
+__all__ = [
+    "Granularity", "QfuseConfig", "QuantScheme", "graphs_compiled", "install", "installed", "recent_reports",
+    "reports_since", "uninstall",
+]
 __version__ = "0.1.0"

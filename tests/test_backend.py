@@ -65,12 +65,12 @@ def test_install_composes_with_an_existing_pass_and_uninstall_restores_it():
     existing = CountingPass()
     x, w, w_scale, bias = operands((5, 64))
     with torch._inductor.config.patch(post_grad_custom_post_pass=existing):
-        start = len(qfuse.recent_reports())
+        marker = qfuse.graphs_compiled()
         with qfuse.installed(kernel="reference"):
             out = torch.compile(int_mm_linear)(x, w, w_scale, bias)
         assert torch._inductor.config.post_grad_custom_post_pass is existing
         assert existing.calls == 1
-        (report,) = qfuse.recent_reports()[start:]
+        (report,) = qfuse.reports_since(marker)
         assert report.fused[0].kernel == "reference"
         torch.testing.assert_close(out, int_mm_linear(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
     with pytest.raises(RuntimeError, match="without a matching qfuse.install"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -36,13 +35,24 @@ PASSES: dict[str, Callable[[torch.fx.Graph, PassContext], None]] = {
 }
 assert tuple(PASSES) == PATTERN_FAMILIES
 
-_graph_numbers = itertools.count()
 _recent_reports: deque[PassReport] = deque(maxlen=64)
+_graphs_compiled = 0
 
 
 def recent_reports() -> list[PassReport]:
-    """Reports of the graphs this process compiled most recently, oldest first."""
+    """Reports of the (at most 64) graphs this process compiled most recently, oldest first."""
     return list(_recent_reports)
+
+
+def graphs_compiled() -> int:
+    """How many graphs qfuse's pass has run on in this process (a marker for `reports_since`)."""
+    return _graphs_compiled
+
+
+def reports_since(marker: int) -> list[PassReport]:
+    """Reports of the graphs compiled after `graphs_compiled()` returned `marker`."""
+    new = _graphs_compiled - marker
+    return list(_recent_reports)[-new:] if new > 0 else []
 
 
 @functools.cache
@@ -56,7 +66,9 @@ class QfusePass(CustomGraphPass):
         self.config = config if config is not None else QfuseConfig.from_env()
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        report = PassReport(graph_name=f"graph_{next(_graph_numbers)}")
+        global _graphs_compiled
+        report = PassReport(graph_name=f"graph_{_graphs_compiled}")
+        _graphs_compiled += 1
         context = PassContext(self.config, report)
         report.ops_before = count_ops(graph)
         if self.config.debug:
