@@ -25,7 +25,7 @@ from torch.fx import Graph, Node
 
 from qfuse.kernels import get_kernel
 from qfuse.passes.fused_linear import PassContext
-from qfuse.passes.graph_utils import VIEW_OPS, aten, dtype_of, insert_call, shape_of
+from qfuse.passes.graph_utils import aten, dtype_of, insert_call, shape_of, strip_views
 from qfuse.schemes import FP8_DTYPE, symmetric_quant_max
 
 FAMILY = "activation_quant"
@@ -80,17 +80,9 @@ def _first_match(patterns, node) -> dict | None:
     return None
 
 
-def _strip_views(node):
-    shape = None
-    while isinstance(node, Node) and node.target in VIEW_OPS:
-        shape = shape if shape is not None else list(node.args[1])
-        node = node.args[0]
-    return node, shape
-
-
 def _same_scale(scale_a, s) -> bool:
     """Whether the fused op's scale_a is the quantizer's s (a reshape of it, or its constant)."""
-    base, _ = _strip_views(scale_a)
+    base, _ = strip_views(scale_a)
     if isinstance(s, Node):
         return base is s
     return isinstance(base, Node) and base.target == aten.full.default and base.args[1] == s
@@ -101,7 +93,7 @@ def can_fold_quant(fused: Node) -> tuple[Node, list | None, Node | None, float] 
     a, scale_a, azp_a = fused.args[0], fused.args[2], fused.args[5]
     if scale_a is None or azp_a is not None:
         return None
-    quantized, view_shape = _strip_views(a)
+    quantized, view_shape = strip_views(a)
     quantize_patterns, scale_patterns = _patterns()
     found = _first_match(quantize_patterns, quantized)
     if found is None or not _same_scale(scale_a, found["s"]):

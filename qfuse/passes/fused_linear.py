@@ -7,6 +7,7 @@ the report, and if a kernel can run it, emits one `qfuse::scaled_mm` that replac
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
     from qfuse.config import QfuseConfig
 
 Operand = Node | float | int | None
+
+
+class NotFusable(Exception):
+    """A `can_fuse_*` check failed; the message is the near-miss reason."""
 
 
 @dataclass
@@ -106,3 +111,26 @@ def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node
     linear.replaces.replace_all_uses_with(fused)
     context.report.add(record)
     return fused
+
+
+def fuse_anchored_linears(
+    graph: Graph,
+    context: PassContext,
+    family: str,
+    anchors: Sequence,
+    analyze: Callable[[Graph, Node], FusedLinear | None],
+) -> None:
+    """Run `analyze` on every call of an anchor op (a matmul) and fuse what it recognises.
+
+    `analyze` returns None for a matmul that is no candidate at all, and raises NotFusable for a
+    near miss, which is recorded with its reason.
+    """
+    for target in anchors:
+        for anchor in list(graph.find_nodes(op="call_function", target=target)):
+            try:
+                linear = analyze(graph, anchor)
+            except NotFusable as near_miss:
+                record_near_miss(context, anchor, family, str(near_miss))
+                continue
+            if linear is not None:
+                fuse_linear(graph, linear, context)

@@ -18,6 +18,7 @@ prims = torch.ops.prims
 
 VIEW_OPS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 CONVERT_OPS = (prims.convert_element_type.default, aten._to_copy.default)
+CONSTANT_OPS = (aten.full.default, aten.ones.default)
 
 
 def fake_value(node: Any) -> torch.Tensor | None:
@@ -55,6 +56,22 @@ def static_int(size: Any) -> int | None:
 
 def show_shape(shape: Sequence | None) -> str:
     return "?" if shape is None else "[" + ", ".join(str(size) for size in shape) + "]"
+
+
+def strip_views(node: Any) -> tuple[Any, list | None]:
+    """The value under a chain of view / reshape nodes, and the outermost view's shape argument."""
+    shape = None
+    while isinstance(node, Node) and node.target in VIEW_OPS:
+        shape = shape if shape is not None else list(node.args[1])
+        node = node.args[0]
+    return node, shape
+
+
+def is_computed(value: Any) -> bool:
+    """Whether a scale is computed in the graph (dynamic) rather than an input, a stored buffer or
+    a constant (static)."""
+    value, _ = strip_views(value)
+    return isinstance(value, Node) and value.op == "call_function" and value.target not in CONSTANT_OPS
 
 
 def single_user(node: Node) -> Node | None:

@@ -29,13 +29,9 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.ops.scaled_mm import OUT_DTYPES
-from qfuse.passes.fused_linear import FusedLinear, PassContext, fuse_linear, record_near_miss
-from qfuse.passes.graph_utils import VIEW_OPS, aten, dtype_of, insert_call, prims, shape_of
+from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
+from qfuse.passes.graph_utils import aten, dtype_of, insert_call, is_computed, prims, shape_of, strip_views
 from qfuse.schemes import Granularity, QuantScheme
-
-
-class NotFusable(Exception):
-    """A `can_fuse_*` check failed; the message is the near-miss reason."""
 
 
 def _decomposed():
@@ -76,15 +72,6 @@ def match_dequantize(node) -> Dequantized | None:
     return None
 
 
-def _strip_views(node: Node) -> tuple[Node, list]:
-    """The node under a chain of reshapes (for a 3D activation) and the outermost shape."""
-    shape = None
-    while isinstance(node, Node) and node.target in VIEW_OPS:
-        shape = shape if shape is not None else list(node.args[1])
-        node = node.args[0]
-    return node, shape
-
-
 def _strip_transpose(node: Node) -> tuple[Node, bool]:
     if isinstance(node, Node) and node.target == aten.permute.default and list(node.args[1]) == [1, 0]:
         return node.args[0], True
@@ -93,10 +80,6 @@ def _strip_transpose(node: Node) -> tuple[Node, bool]:
 
 def _is_zero(value) -> bool:
     return isinstance(value, int) and value == 0
-
-
-def _is_computed(value) -> bool:
-    return isinstance(value, Node) and value.op == "call_function"
 
 
 def can_fuse_activation(graph: Graph, dq: Dequantized, view_shape: list | None, before: Node):
@@ -143,7 +126,7 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         bias, activation, weight = anchor.args[:3]
     else:
         bias, (activation, weight) = None, anchor.args[:2]
-    activation_dq_node, view_shape = _strip_views(activation)
+    activation_dq_node, view_shape = strip_views(activation)
     weight_dq_node, transposed = _strip_transpose(weight)
     activation_dq, weight_dq = match_dequantize(activation_dq_node), match_dequantize(weight_dq_node)
     if activation_dq is None and weight_dq is None:
@@ -165,7 +148,7 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         weight_granularity=(
             Granularity.PER_CHANNEL if weight_dq.granularity == Granularity.PER_CHANNEL else Granularity.PER_TENSOR
         ),
-        dynamic=_is_computed(activation_dq.scale),
+        dynamic=is_computed(activation_dq.scale),
         symmetric=_is_zero(activation_zero_point),
     )
     return FusedLinear(
@@ -182,12 +165,4 @@ ANCHORS = (aten.mm.default, aten.addmm.default)
 
 
 def run(graph: Graph, context: PassContext) -> None:
-    for target in ANCHORS:
-        for anchor in list(graph.find_nodes(op="call_function", target=target)):
-            try:
-                linear = analyze(graph, anchor)
-            except NotFusable as near_miss:
-                record_near_miss(context, anchor, FAMILY, str(near_miss))
-                continue
-            if linear is not None:
-                fuse_linear(graph, linear, context)
+    fuse_anchored_linears(graph, context, FAMILY, ANCHORS, analyze)

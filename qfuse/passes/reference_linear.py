@@ -32,13 +32,15 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.ops.scaled_mm import OUT_DTYPES
-from qfuse.passes.fused_linear import FusedLinear, PassContext, fuse_linear, record_near_miss
+from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import (
+    CONSTANT_OPS,
     VIEW_OPS,
     aten,
     converted_dtype,
     dtype_of,
     insert_call,
+    is_computed,
     same_size,
     shape_of,
     show_shape,
@@ -48,11 +50,6 @@ from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme, dtype_name
 
 FAMILY = "reference_linear"
 QUANTIZED = (torch.int8, FP8_DTYPE)
-UNIT_SCALE_OPS = (aten.full.default, aten.ones.default)
-
-
-class NotFusable(Exception):
-    """A `can_fuse_*` check failed; the message is the near-miss reason."""
 
 
 @dataclass
@@ -81,7 +78,7 @@ def _argument(node: Node, index: int, name: str, default=None):
 
 def _is_unit_scale(node) -> bool:
     return (
-        isinstance(node, Node) and node.target in UNIT_SCALE_OPS
+        isinstance(node, Node) and node.target in CONSTANT_OPS
         and (node.target == aten.ones.default or node.args[1] == 1)
     )
 
@@ -219,13 +216,6 @@ def _assign_scales(scales: list[Scale]) -> tuple[Scale | None, Scale | None]:
     return scale_a, scale_b
 
 
-def _is_computed(node) -> bool:
-    """Whether a scale is computed in the graph (dynamic) rather than stored or constant (static)."""
-    while isinstance(node, Node) and node.target in VIEW_OPS:
-        node = node.args[0]
-    return isinstance(node, Node) and node.op == "call_function" and node.target not in UNIT_SCALE_OPS
-
-
 def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
     """Recognise the linear at `anchor`; None if it is no quantized matmul; NotFusable if it nearly is."""
     parsed = parse_matmul(graph, anchor)
@@ -248,7 +238,7 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         activation_dtype=a_dtype, weight_dtype=b_dtype,
         activation_granularity=Granularity.PER_TOKEN if scale_a and scale_a.kind == "row" else Granularity.PER_TENSOR,
         weight_granularity=Granularity.PER_CHANNEL if scale_b and scale_b.kind == "column" else Granularity.PER_TENSOR,
-        dynamic=scale_a is not None and _is_computed(scale_a.value),
+        dynamic=scale_a is not None and is_computed(scale_a.value),
     )
     return FusedLinear(
         anchor=anchor, family=FAMILY, pattern=f"{pattern} + dequant epilogue", a=a, b=b, scheme=scheme,
@@ -269,12 +259,4 @@ ANCHORS = (aten._int_mm.default, aten._scaled_mm.default, aten.mm.default)
 
 
 def run(graph: Graph, context: PassContext) -> None:
-    for target in ANCHORS:
-        for anchor in list(graph.find_nodes(op="call_function", target=target)):
-            try:
-                linear = analyze(graph, anchor)
-            except NotFusable as near_miss:
-                record_near_miss(context, anchor, FAMILY, str(near_miss))
-                continue
-            if linear is not None:
-                fuse_linear(graph, linear, context)
+    fuse_anchored_linears(graph, context, FAMILY, ANCHORS, analyze)
