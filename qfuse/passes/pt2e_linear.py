@@ -4,6 +4,7 @@ Plain Inductor (without freezing) dequantizes the weight to float on every call 
 GEMM. This pass feeds the integer tensors straight into a real int8 GEMM instead, on CPU and GPU:
 
     linear      mm(A, B) | addmm(bias, A, B)            (3D inputs: A = reshape(...))
+                | bmm(expand(A), expand(B))              (3D inputs that are not contiguous)
     activation  A = dequantize_per_tensor(q, scale, zero_point, ...)     .default: Python numbers
                   | dequantize_per_tensor.tensor(q, scale, zero_point, ...)        tensors
                   | dequantize_per_token(q, scales, zero_points, ...)              per token
@@ -30,7 +31,16 @@ from torch.fx import Graph, Node
 
 from qfuse.ops.scaled_mm import OUT_DTYPES
 from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import aten, dtype_of, insert_call, is_computed, prims, shape_of, strip_views
+from qfuse.passes.graph_utils import (
+    aten,
+    dtype_of,
+    insert_call,
+    is_computed,
+    prims,
+    same_shape,
+    shape_of,
+    strip_views,
+)
 from qfuse.schemes import Granularity, QuantScheme
 
 
@@ -119,13 +129,26 @@ def can_fuse_weight(graph: Graph, dq: Dequantized, transposed: bool, before: Nod
         return insert_call(graph, aten.permute.default, (dq.q, [1, 0]))
 
 
-def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
+def _strip_expand(node: Node) -> Node:
+    """The operand of bmm before matmul's expand (a no-op on the activation, a batch broadcast
+    of the 2D weight)."""
+    return node.args[0] if isinstance(node, Node) and node.target == aten.expand.default else node
+
+
+def _linear_operands(anchor: Node) -> tuple[Node | None, Node, Node]:
+    """(bias, activation, weight) of an mm / addmm / bmm linear."""
     if anchor.target == aten.addmm.default:
         if any(anchor.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")):
             raise NotFusable("addmm with beta or alpha other than 1")
-        bias, activation, weight = anchor.args[:3]
-    else:
-        bias, (activation, weight) = None, anchor.args[:2]
+        return anchor.args[0], anchor.args[1], anchor.args[2]
+    activation, weight = anchor.args[:2]
+    if anchor.target == aten.bmm.default:
+        activation, weight = _strip_expand(activation), _strip_expand(weight)
+    return None, activation, weight
+
+
+def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
+    bias, activation, weight = _linear_operands(anchor)
     activation_dq_node, view_shape = strip_views(activation)
     weight_dq_node, transposed = _strip_transpose(weight)
     activation_dq, weight_dq = match_dequantize(activation_dq_node), match_dequantize(weight_dq_node)
@@ -135,6 +158,10 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         raise NotFusable("the weight is dequantized but the activation is not (weight-only quantization)")
     if weight_dq is None:
         raise NotFusable("the activation is dequantized but the weight is a float tensor")
+    if anchor.target == aten.bmm.default and (
+        len(shape_of(weight)) != 2 or not same_shape(shape_of(activation), shape_of(anchor.args[0]))
+    ):
+        raise NotFusable("bmm of a batched weight or a broadcast activation: not a linear")
     out_dtype = dtype_of(anchor)
     if out_dtype not in OUT_DTYPES:
         raise NotFusable(f"the linear returns {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
@@ -161,7 +188,7 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
     )
 
 
-ANCHORS = (aten.mm.default, aten.addmm.default)
+ANCHORS = (aten.mm.default, aten.addmm.default, aten.bmm.default)
 
 
 def run(graph: Graph, context: PassContext) -> None:

@@ -74,6 +74,24 @@ def test_qdq_linear_is_fused_and_matches_eager(case, shape, kernel):
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
+class TransposedInput(QDQLinear):
+    """A non-contiguous 3D activation: the linear decomposes to bmm over expands."""
+
+    def forward(self, x):
+        return super().forward(x.transpose(0, 1))
+
+
+def test_bmm_form_of_a_non_contiguous_3d_input():
+    model, x = TransposedInput(), torch.randn(9, 2, 64)
+    with torch.no_grad():
+        out, report = compile_and_run(model, x)
+        expected = model(x)
+    (record,) = report.records
+    assert record.fused and record.pattern == "dq_per_tensor x dq_per_channel + bmm"
+    assert report.ops_after["aten.bmm.default"] == 0
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_dynamic_batch_sizes_compile_once():
     import qfuse
 
