@@ -19,8 +19,10 @@ _saved_passes: list[Any] = []
 def install(config: QfuseConfig | None = None, **options: Any) -> QfusePass:
     """Run qfuse in every Inductor compile from now on; returns the installed pass."""
     import qfuse.ops  # noqa: F401
+    from qfuse.lowerings import register_lowerings
     from torch._inductor import config as inductor_config
 
+    register_lowerings()
     config = (config or QfuseConfig.from_env()).replace(**options)
     if config.debug:
         debug.enable_logging()

@@ -18,9 +18,11 @@ from qfuse.passes.manager import QfusePass, compose
 
 def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None):
     import qfuse.ops  # noqa: F401  (the compiled code calls torch.ops.qfuse.*)
+    from qfuse.lowerings import register_lowerings
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
+    register_lowerings()
     qfuse_options, inductor_patches = split_options(options)
     config = QfuseConfig.from_env().replace(**qfuse_options)
     if config.debug:

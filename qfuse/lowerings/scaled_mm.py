@@ -1,0 +1,121 @@
+"""Inductor lowering of `qfuse::scaled_mm` for the `torch` kernel: Inductor's own GEMM + IR epilogue.
+
+An opaque custom-op call would hide the epilogue from Inductor: it could no longer fuse the
+scales, the bias and the next op into one loop, and each call would pay Python dispatch. For the
+`torch` kernel the op therefore lowers to what that kernel computes, in Inductor IR:
+
+    int8      acc = aten._int_mm(a, b)                    (Inductor's tuned int8 GEMM lowering)
+              acc -= azp_a * colsum(b) + rowsum(a) * azp_b - K * azp_a * azp_b   (zero points)
+    fp8 CUDA  acc = aten._scaled_mm(a, b, 1, 1, out_dtype=float32)
+    fp8 CPU   acc = aten.mm(float32(a), float32(b))
+    out       = (float32(acc) * scale_a * scale_b + bias).to(out_dtype)        (pointwise IR)
+
+Cases it does not cover stay an extern call of the op (which is always correct): other kernels,
+per-group / block scales, CUDA int8 without a static M > 16 (cuBLAS rejects small M; the op pads),
+an fp8 weight that is not column-major on CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import sympy
+import torch
+from torch._inductor import lowering as inductor_lowering
+from torch._inductor.virtualized import V
+
+from qfuse.schemes import FP8_DTYPE
+
+aten, prims = torch.ops.aten, torch.ops.prims
+log = logging.getLogger("qfuse")
+_CUDA_INT_MM_MIN_ROWS = 17
+
+
+def _lower(op, *args, **kwargs):
+    return inductor_lowering.lowerings[op](*args, **kwargs)
+
+
+def _to(value, dtype):
+    return _lower(prims.convert_element_type.default, value, dtype)
+
+
+def _numel(node) -> sympy.Expr:
+    return sympy.Mul(*node.get_size()) if node.get_size() else sympy.Integer(1)
+
+
+def _known_equal(left, right) -> bool:
+    return V.graph.sizevars.statically_known_equals(left, right)
+
+
+def _scale_shape(scale, count, shape) -> list | None:
+    """The 2D broadcast shape of a scale that is one value or one per row / column, else None."""
+    if scale is None or _known_equal(_numel(scale), 1):
+        return [1, 1]
+    if _known_equal(_numel(scale), count):
+        return shape
+    return None
+
+
+def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
+    """'' if the torch-kernel lowering covers this call, else why it stays an extern call."""
+    if kernel != "torch":
+        return f"kernel {kernel!r} runs as an extern call"
+    if _scale_shape(scale_a, rows, [rows, 1]) is None or _scale_shape(scale_b, b.get_size()[1], [1, -1]) is None:
+        return "per-group or block scales"
+    on_cuda = a.get_device().type == "cuda"
+    if on_cuda and a.get_dtype() == torch.int8 and not V.graph.sizevars.statically_known_geq(rows, _CUDA_INT_MM_MIN_ROWS):
+        return f"CUDA int8 GEMM needs at least {_CUDA_INT_MM_MIN_ROWS} rows and M is not known to be that large"
+    if on_cuda and a.get_dtype() == FP8_DTYPE and not _known_equal(b.get_stride()[0], 1):
+        return "the fp8 weight is not column-major"
+    return ""
+
+
+def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
+    acc = _lower(aten._int_mm.default, a2d, b)
+    if azp_a is not None:
+        column_sums = _lower(aten.sum.dim_IntList, _to(b, torch.int32), [0], True)
+        zero_a = _lower(aten.reshape.default, _to(azp_a, torch.int32), _scale_shape(azp_a, rows, [rows, 1]))
+        acc = _lower(aten.sub.Tensor, acc, _lower(aten.mul.Tensor, zero_a, column_sums))
+    if azp_b is not None:
+        row_sums = _lower(aten.sum.dim_IntList, _to(a2d, torch.int32), [1], True)
+        zero_b = _lower(aten.reshape.default, _to(azp_b, torch.int32), [1, -1])
+        acc = _lower(aten.sub.Tensor, acc, _lower(aten.mul.Tensor, row_sums, zero_b))
+        if azp_a is not None:
+            both = _lower(aten.mul.Tensor, zero_a, zero_b)
+            acc = _lower(aten.add.Tensor, acc, _lower(aten.mul.Tensor, both, k))
+    return _to(acc, torch.float32)
+
+
+def _fp8_accumulator(a2d, b):
+    if a2d.get_device().type == "cuda":
+        unit = _lower(aten.full.default, [], 1.0, dtype=torch.float32, device=a2d.get_device())
+        return _lower(aten._scaled_mm.default, a2d, b, unit, unit, None, None, torch.float32)
+    return _lower(aten.mm.default, _to(a2d, torch.float32), _to(b, torch.float32))
+
+
+def lower_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel):
+    *lead, k = a.get_size()
+    n = b.get_size()[1]
+    rows = sympy.Mul(*lead) if lead else sympy.Integer(1)
+    reason = why_not_lowered(a, b, scale_a, scale_b, rows, kernel)
+    if reason:
+        log.debug("qfuse: scaled_mm stays an extern call: %s", reason)
+        return inductor_lowering.fallback_handler(torch.ops.qfuse.scaled_mm.default, add_to_fallback_set=False)(
+            a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel
+        )
+    a2d = _lower(aten.reshape.default, a, [rows, k])
+    if a.get_dtype() == torch.int8:
+        out = _int8_accumulator(a2d, b, azp_a, azp_b, rows, k)
+    else:
+        out = _fp8_accumulator(a2d, b)
+    for scale, shape in ((scale_a, _scale_shape(scale_a, rows, [rows, 1])), (scale_b, [1, -1])):
+        if scale is not None:
+            shape = shape if not _known_equal(_numel(scale), 1) else [1, 1]
+            out = _lower(aten.mul.Tensor, out, _lower(aten.reshape.default, _to(scale, torch.float32), shape))
+    if bias is not None:
+        out = _lower(aten.add.Tensor, out, _to(bias, torch.float32))
+    return _lower(aten.reshape.default, _to(out, out_dtype), [*lead, n])
+
+
+def register() -> None:
+    inductor_lowering.register_lowering(torch.ops.qfuse.scaled_mm.default, type_promotion_kind=None)(lower_scaled_mm)
