@@ -73,11 +73,11 @@ def format_table(rows: list[list[str]], header: list[str]) -> str:
 
 def linear_table(records: list[LinearRecord]) -> str:
     rows = [
-        [record.node, record.pattern, record.scheme, record.kernel] if record.fused
-        else [record.node, "-", "-", f"not fused: {record.reason}"]
+        [record.module or record.node, record.pattern, record.scheme, record.kernel] if record.fused
+        else [record.module or record.node, "-", "-", f"not fused: {record.reason}"]
         for record in records
     ]
-    return format_table(rows, ["node", "pattern", "scheme", "kernel / near miss"])
+    return format_table(rows, ["linear", "pattern", "scheme", "kernel / near miss"])
 
 
 def run_demo(device: str = "cpu", dtype: str = "int8", tokens: int = 64, hidden: int = 256,
@@ -113,7 +113,7 @@ def run_demo(device: str = "cpu", dtype: str = "int8", tokens: int = 64, hidden:
     for name, value in errors.items():
         print(f"  {name:<22} {value:.3e}")
     print(f"\nmedian of {runs} runs: qfuse {qfuse_ms:.3f} ms, inductor {inductor_ms:.3f} ms, "
-          f"qfuse/inductor {qfuse_ms / inductor_ms:.2f}x")
+          f"speedup (inductor / qfuse) {inductor_ms / qfuse_ms:.2f}x")
     return {"records": records, "errors": errors, "qfuse_ms": qfuse_ms, "inductor_ms": inductor_ms}
 
 

@@ -15,7 +15,7 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.kernels import GemmKey, choose_kernel
-from qfuse.passes.graph_utils import aten, fake_value, insert_call, scalar_tensor, static_int
+from qfuse.passes.graph_utils import aten, fake_value, insert_call, module_path, scalar_tensor, static_int
 from qfuse.passes.report import LinearRecord, PassReport
 from qfuse.platform import current_platform
 from qfuse.schemes import QuantScheme
@@ -67,7 +67,9 @@ class FusedLinear:
 
 
 def record_near_miss(context: PassContext, anchor: Node, family: str, reason: str) -> None:
-    context.report.add(LinearRecord(node=anchor.name, family=family, fused=False, reason=reason))
+    context.report.add(
+        LinearRecord(node=anchor.name, module=module_path(anchor), family=family, fused=False, reason=reason)
+    )
 
 
 def _as_tensor_node(graph: Graph, operand: Operand, dtype: torch.dtype, device: torch.device) -> Node | None:
@@ -86,7 +88,7 @@ def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node
         forced=config.kernel, preference=config.kernel_preference, disabled=config.disabled_kernels,
     )
     record = LinearRecord(
-        node=linear.anchor.name, family=linear.family, fused=choice.kernel is not None, pattern=linear.pattern,
+        node=linear.anchor.name, module=module_path(linear.anchor), family=linear.family, fused=choice.kernel is not None, pattern=linear.pattern,
         scheme=linear.scheme.describe(), rejected_kernels=choice.rejected, note=linear.note,
     )
     if choice.kernel is None:

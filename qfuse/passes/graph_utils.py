@@ -6,6 +6,7 @@ the answer is known without adding a guard (`statically_known_true`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,6 +73,15 @@ def is_computed(value: Any) -> bool:
     a constant (static)."""
     value, _ = strip_views(value)
     return isinstance(value, Node) and value.op == "call_function" and value.target not in CONSTANT_OPS
+
+
+def module_path(node: Node) -> str:
+    """The user's module a node came from ("blocks.0.mlp.up_proj"), or '' when not recorded."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, _ = list(stack.values())[-1]
+    return re.sub(r"^[LG]\['[^']*'\]\.?", "", path)  # drop Dynamo's L['self'] / L['fn'] root
 
 
 def single_user(node: Node) -> Node | None:

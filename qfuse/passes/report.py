@@ -21,12 +21,17 @@ class LinearRecord:
     rejected_kernels: dict[str, str] = field(default_factory=dict)
     reason: str = ""  # why it was not fused (a near miss)
     note: str = ""  # for a fused one: what was left outside it, and why
+    module: str = ""  # the user's module the matmul came from, when Dynamo recorded it
+
+    @property
+    def where(self) -> str:
+        return f"{self.node} ({self.module})" if self.module else self.node
 
     def summary(self) -> str:
         if self.fused:
             note = f" (note: {self.note})" if self.note else ""
-            return f"{self.node}: fused [{self.family}] {self.pattern}, {self.scheme} -> {self.kernel}{note}"
-        return f"{self.node}: not fused [{self.family}]: {self.reason}"
+            return f"{self.where}: fused [{self.family}] {self.pattern}, {self.scheme} -> {self.kernel}{note}"
+        return f"{self.where}: not fused [{self.family}]: {self.reason}"
 
 
 @dataclass

@@ -185,3 +185,17 @@ def test_plain_float_linear_is_not_a_candidate():
     out, report = compile_and_run(lambda x, weight: x @ weight.t(), x, weight)
     assert report.records == [] and report.ops_after[SCALED_MM] == 0
     torch.testing.assert_close(out, x @ weight.t())
+
+
+def test_record_names_the_users_module():
+    class QuantizedLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            _, self.w, self.w_scale, self.bias = operands((1, 64))
+
+        def forward(self, x):
+            return int_mm_linear(x, self.w, self.w_scale, self.bias)
+
+    model = torch.nn.Sequential(torch.nn.Identity(), QuantizedLinear())
+    _, report = compile_and_run(model, torch.randn(5, 64))
+    assert report.records[0].module == "1"
