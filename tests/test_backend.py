@@ -1,5 +1,6 @@
 """Entry points: backend="qfuse" without an import, options, install/uninstall, FX graph cache, debug."""
 
+import json
 import os
 import subprocess
 import sys
@@ -113,11 +114,14 @@ def test_warm_fx_graph_cache_hit_is_correct(tmp_path, monkeypatch):
 def test_debug_writes_graphs_and_report(tmp_path):
     x, w, w_scale, bias = operands((5, 64))
     _, report = compile_and_run(int_mm_linear, x, w, w_scale, bias, debug=True, debug_dir=str(tmp_path))
-    graph_dir = tmp_path / report.graph_name
-    assert "torch.ops.aten._int_mm.default" in (graph_dir / "before.py").read_text()
-    after = (graph_dir / "after.py").read_text()
+    graph_dir = tmp_path / f"pid{os.getpid()}" / report.graph_name
+    assert "torch.ops.aten._int_mm.default" in (graph_dir / "0_before.py").read_text()
+    after = (graph_dir / "1_after_reference_linear.py").read_text()
     assert "torch.ops.qfuse.scaled_mm.default" in after and "torch.ops.aten._int_mm" not in after
-    assert "fused [reference_linear]" in (graph_dir / "report.txt").read_text()
+    assert (graph_dir / "3_after_activation_quant.py").read_text() == after  # torch kernel: nothing folded
+    assert "fused      _int_mm + dequant epilogue  [reference_linear]" in (graph_dir / "report.txt").read_text()
+    assert json.loads((graph_dir / "report.json").read_text())["linears"][0]["kernel"] == "torch"
+    assert "== activation_quant ==" in (graph_dir / "patterns.txt").read_text()
 
 
 def test_unknown_forced_kernel_is_an_error():

@@ -24,11 +24,12 @@ from torch._inductor import pattern_matcher
 from torch.fx import Graph, Node
 
 from qfuse.kernels import get_kernel
-from qfuse.passes.fused_linear import PassContext
+from qfuse.passes.fused_linear import RECORD_KEY, PassContext
 from qfuse.passes.graph_utils import aten, dtype_of, insert_call, shape_of, strip_views
 from qfuse.schemes import FP8_DTYPE, symmetric_quant_max
 
 FAMILY = "activation_quant"
+FOLDED_PATTERN = "activation quant folded into quant_scaled_mm"
 # Scalars traced into the scale patterns and turned back into pattern arguments.
 _EPS_EXAMPLE, _QMAX_EXAMPLE = 1.2345e-5, 123.25
 
@@ -50,7 +51,7 @@ def _clamped_amax_scale(x, eps, qmax):
 
 
 @pattern_matcher.init_once_fakemode
-def _patterns(input_device=None):
+def traced_patterns(input_device=None):
     """(quantize patterns, per-token scale patterns), traced once per process.
 
     `input_device` is unused: torch 2.11's `init_once_fakemode` passes it positionally."""
@@ -94,7 +95,7 @@ def can_fold_quant(fused: Node) -> tuple[Node, list | None, Node | None, float] 
     if scale_a is None or azp_a is not None:
         return None
     quantized, view_shape = strip_views(a)
-    quantize_patterns, scale_patterns = _patterns()
+    quantize_patterns, scale_patterns = traced_patterns()
     found = _first_match(quantize_patterns, quantized)
     if found is None or not _same_scale(scale_a, found["s"]):
         return None
@@ -130,4 +131,8 @@ def run(graph: Graph, context: PassContext) -> None:
                 x, b, static_scale, scale_b, bias, dtype_of(fused.args[0]), eps, out_dtype, kernel,
             ))
         fused.replace_all_uses_with(replacement)
-        context.report.matches["activation quant folded into quant_scaled_mm"] += 1
+        context.report.matches[FOLDED_PATTERN] += 1
+        record = fused.meta.get(RECORD_KEY)
+        if record is not None:
+            record.pattern += " + activation quant"
+            replacement.meta[RECORD_KEY] = record

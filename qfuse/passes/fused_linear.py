@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from qfuse.config import QfuseConfig
 
 Operand = Node | float | int | None
+RECORD_KEY = "qfuse_record"  # node.meta key: the LinearRecord of a fused op
 
 
 class NotFusable(Exception):
@@ -108,6 +109,7 @@ def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node
             linear.out_dtype,
             choice.kernel.name,
         ))
+        fused.meta[RECORD_KEY] = record  # later passes (activation_quant) add to the record
         if linear.output_shape is not None:
             fused = insert_call(graph, aten.reshape.default, (fused, linear.output_shape))
     linear.replaces.replace_all_uses_with(fused)

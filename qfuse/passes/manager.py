@@ -13,8 +13,8 @@ import functools
 import hashlib
 import logging
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
@@ -24,16 +24,29 @@ from qfuse.config import QfuseConfig
 from qfuse.passes import activation_quant, pt2e_linear, reference_linear
 from qfuse.passes.families import PATTERN_FAMILIES
 from qfuse.passes.fused_linear import PassContext
-from qfuse.passes.report import PassReport, count_ops
+from qfuse.passes.graph_utils import module_path
+from qfuse.passes.report import PassReport, count_ops, matmul_nodes
 
 log = logging.getLogger("qfuse")
 
-PASSES: dict[str, Callable[[torch.fx.Graph, PassContext], None]] = {
-    "reference_linear": reference_linear.run,
-    "pt2e_linear": pt2e_linear.run,
-    "activation_quant": activation_quant.run,
+# Each family is a module with `run(graph, context)`; its docstring says what it matches.
+PASS_MODULES: dict[str, ModuleType] = {
+    "reference_linear": reference_linear,
+    "pt2e_linear": pt2e_linear,
+    "activation_quant": activation_quant,
 }
-assert tuple(PASSES) == PATTERN_FAMILIES
+assert tuple(PASS_MODULES) == PATTERN_FAMILIES
+
+
+def describe(family: str) -> str:
+    """What a pattern family matches: its docstring, plus its traced patterns where it has them."""
+    module = PASS_MODULES[family]
+    text = (module.__doc__ or "").strip()
+    traced = getattr(module, "traced_patterns", None)
+    if traced is not None:
+        text += "\n\nTraced patterns:\n" + "\n".join(f"  {pattern}" for group in traced() for pattern in group)
+    return text
+
 
 _recent_reports: deque[PassReport] = deque(maxlen=64)
 _graphs_compiled = 0
@@ -70,20 +83,28 @@ class QfusePass(CustomGraphPass):
         report = PassReport(graph_name=f"graph_{_graphs_compiled}")
         _graphs_compiled += 1
         context = PassContext(self.config, report)
+        families = [family for family in PATTERN_FAMILIES if family in self.config.patterns]
         report.ops_before = count_ops(graph)
+        matmuls = {node.name: module_path(node) for node in matmul_nodes(graph)}
         if self.config.debug:
-            debug.dump_graph(self.config, report.graph_name, "before", graph)
-        for family in PATTERN_FAMILIES:
-            if family in self.config.patterns:
-                PASSES[family](graph, context)
+            debug.write_patterns(self.config, report.graph_name, {family: describe(family) for family in families})
+            debug.dump_graph(self.config, report.graph_name, "0_before", graph)
+        for step, family in enumerate(families, start=1):
+            PASS_MODULES[family].run(graph, context)
+            if self.config.debug:
+                graph.eliminate_dead_code()
+                debug.dump_graph(self.config, report.graph_name, f"{step}_after_{family}", graph)
         graph.eliminate_dead_code()
         graph.lint()
         report.ops_after = count_ops(graph)
+        report.float_matmuls = [
+            f"{name} ({module})" if module else name for name, module in matmuls.items() if not report.record_for(name)
+        ]
         _recent_reports.append(report)
         if report.records:
-            log.info(report.summary())
+            log.info(report.headline())
+            log.debug(report.summary())
         if self.config.debug:
-            debug.dump_graph(self.config, report.graph_name, "after", graph)
             debug.write_report(self.config, report)
 
     def uuid(self) -> str:

@@ -1,13 +1,23 @@
 """What the passes did to one graph: each matmul they looked at, fused or not, and why.
 
-The pass manager creates one `PassReport` per compiled graph; each pass appends a
-`LinearRecord` per candidate matmul. Near-miss reasons come from the `can_fuse_*` checks.
+The pass manager creates one `PassReport` per compiled graph. Each pass appends a `LinearRecord`
+per quantized matmul it recognised: fused (pattern, scheme, kernel, and why every other kernel was
+not used) or a near miss (the reason, from the `can_fuse_*` check that failed). Matmuls of plain
+float tensors are listed apart: they are not quantized linears.
+
+Formats: `headline()` is the one INFO line per graph, `table()` the readable report, `to_json()`
+the machine-readable one (docs/debugging.md describes its fields).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import Counter
 from dataclasses import dataclass, field
+
+MATMUL_OPS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten._int_mm.default",
+              "aten._scaled_mm.default")
 
 
 @dataclass
@@ -22,6 +32,7 @@ class LinearRecord:
     reason: str = ""  # why it was not fused (a near miss)
     note: str = ""  # for a fused one: what was left outside it, and why
     module: str = ""  # the user's module the matmul came from, when Dynamo recorded it
+    max_error: float | None = None  # verify mode: max |fused - original| on the first call
 
     @property
     def where(self) -> str:
@@ -38,6 +49,7 @@ class LinearRecord:
 class PassReport:
     graph_name: str = ""
     records: list[LinearRecord] = field(default_factory=list)
+    float_matmuls: list[str] = field(default_factory=list)  # matmuls with no quantized operand
     matches: Counter = field(default_factory=Counter)  # pattern name -> times applied
     ops_before: Counter = field(default_factory=Counter)  # op name -> count in the graph
     ops_after: Counter = field(default_factory=Counter)
@@ -47,6 +59,9 @@ class PassReport:
         if record.fused:
             self.matches[record.pattern] += 1
 
+    def record_for(self, node_name: str) -> LinearRecord | None:
+        return next((record for record in self.records if record.node == node_name), None)
+
     @property
     def fused(self) -> list[LinearRecord]:
         return [record for record in self.records if record.fused]
@@ -55,12 +70,59 @@ class PassReport:
     def near_misses(self) -> list[LinearRecord]:
         return [record for record in self.records if not record.fused]
 
+    def headline(self) -> str:
+        """One line: 'qfuse: 6 of 7 linears fused (6 int8 dyn-token x per-channel -> torch); 1 near miss'."""
+        groups = Counter(f"{record.scheme} -> {record.kernel}" for record in self.fused)
+        kinds = ", ".join(f"{count} {group}" for group, count in groups.items())
+        line = f"qfuse: {self.graph_name}: {len(self.fused)} of {len(self.records)} linears fused"
+        line += f" ({kinds})" if kinds else ""
+        if self.near_misses:
+            line += f"; {len(self.near_misses)} near miss{'es' if len(self.near_misses) > 1 else ''}"
+        if self.float_matmuls:
+            line += f"; {len(self.float_matmuls)} float matmul{'s' if len(self.float_matmuls) > 1 else ''} left alone"
+        return line
+
     def summary(self) -> str:
-        lines = [f"qfuse: {len(self.fused)} of {len(self.records)} matmuls fused in {self.graph_name or 'graph'}"]
-        lines += ["  " + record.summary() for record in self.records]
+        return "\n".join([self.headline(), *("  " + record.summary() for record in self.records)])
+
+    def table(self) -> str:
+        """The readable report: one block per linear, then the float matmuls and match counts."""
+        lines = [self.headline(), ""]
+        for record in self.records:
+            lines.append(record.where)
+            if record.fused:
+                lines.append(f"  fused      {record.pattern}  [{record.family}]")
+                lines.append(f"  scheme     {record.scheme}")
+                lines.append(f"  kernel     {record.kernel}")
+                lines += [f"  not {name:<7}{reason}" for name, reason in record.rejected_kernels.items()]
+                if record.note:
+                    lines.append(f"  note       {record.note}")
+                if record.max_error is not None:
+                    lines.append(f"  verified   max abs error {record.max_error:.3e}")
+            else:
+                lines.append(f"  NOT FUSED  [{record.family}] {record.reason}")
+        if self.float_matmuls:
+            lines += ["", "float matmuls (not quantized, left alone): " + ", ".join(self.float_matmuls)]
+        if self.matches:
+            lines += ["", "matches per pattern:"] + [f"  {name}: {count}" for name, count in sorted(self.matches.items())]
         return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "graph": self.graph_name,
+            "headline": self.headline(),
+            "linears": [dataclasses.asdict(record) for record in self.records],
+            "float_matmuls": self.float_matmuls,
+            "matches": dict(self.matches),
+            "ops_before": dict(self.ops_before),
+            "ops_after": dict(self.ops_after),
+        }, indent=2)
 
 
 def count_ops(graph) -> Counter:
     """How many times each op is called in an FX graph, by its printed name."""
     return Counter(str(node.target) for node in graph.nodes if node.op == "call_function")
+
+
+def matmul_nodes(graph) -> list:
+    return [node for node in graph.nodes if node.op == "call_function" and str(node.target) in MATMUL_OPS]

@@ -29,6 +29,7 @@ def test_reference_kernel_folds_the_quantization(form, shape):
         w = fp8_weight(w)
     out, report = compile_and_run(form, x, w, w_scale, bias, kernel="reference")
     assert report.matches["activation quant folded into quant_scaled_mm"] == 1
+    assert report.records[0].pattern.endswith(" + activation quant")
     assert report.ops_after[FOLDED] == 1 and report.ops_after["qfuse.scaled_mm.default"] == 0
     assert report.ops_after["aten.round.default"] == 0 and report.ops_after["aten.amax.default"] == 0
     assert_close(out, form(x, w, w_scale, bias))
