@@ -5,13 +5,14 @@
 """
 
 from qfuse import ops  # noqa: F401  (registers torch.ops.qfuse.*)
-from qfuse.api import install, installed, uninstall
+from qfuse.api import Explanation, explain, install, installed, uninstall
+from qfuse.ops.verify import QfuseVerificationError, verify_results
 from qfuse.config import QfuseConfig
 from qfuse.passes.manager import graphs_compiled, recent_reports, reports_since
 from qfuse.schemes import Granularity, QuantScheme
 
 __all__ = [
-    "Granularity", "QfuseConfig", "QuantScheme", "graphs_compiled", "install", "installed", "recent_reports",
-    "reports_since", "uninstall",
+    "Explanation", "Granularity", "QfuseConfig", "QfuseVerificationError", "QuantScheme", "explain",
+    "graphs_compiled", "install", "installed", "recent_reports", "reports_since", "uninstall", "verify_results",
 ]
 __version__ = "0.1.0"

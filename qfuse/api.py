@@ -1,17 +1,21 @@
-"""`qfuse.install()` / `qfuse.uninstall()` / `with qfuse.installed():` for plain torch.compile.
+"""Public entry points besides the backend: install / uninstall / installed, and explain.
 
 `install` puts qfuse's pass into Inductor's `post_grad_custom_post_pass`, after a pass that is
 already there (both run); `uninstall` puts back exactly what was there before. Installs nest.
+`explain(model, *inputs)` compiles once and returns what qfuse did, for notebooks and tests.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 from qfuse import debug
-from qfuse.config import QfuseConfig
-from qfuse.passes.manager import QfusePass, compose
+from qfuse.config import QfuseConfig, split_options
+from qfuse.ops.verify import verify_results
+from qfuse.passes.manager import QfusePass, compose, graphs_compiled, reports_since
+from qfuse.passes.report import LinearRecord, PassReport
 
 _saved_passes: list[Any] = []
 
@@ -48,3 +52,55 @@ def installed(config: QfuseConfig | None = None, **options: Any):
         yield qfuse_pass
     finally:
         uninstall()
+
+
+@dataclass
+class Explanation:
+    """What qfuse did to each graph of one compile (`qfuse.explain`); prints as a table."""
+
+    reports: list[PassReport]
+
+    @property
+    def records(self) -> list[LinearRecord]:
+        return [record for report in self.reports for record in report.records]
+
+    @property
+    def fused(self) -> list[LinearRecord]:
+        return [record for record in self.records if record.fused]
+
+    @property
+    def near_misses(self) -> list[LinearRecord]:
+        return [record for record in self.records if not record.fused]
+
+    def __str__(self) -> str:
+        if not self.reports:
+            return "qfuse: no graph was compiled (was the model already compiled with these options?)"
+        return "\n\n".join(report.table() for report in self.reports)
+
+
+def explain(model, *example_inputs, options: dict[str, Any] | None = None, **compile_kwargs) -> Explanation:
+    """Compile `model` with backend="qfuse", run it once on `example_inputs`, and return the report.
+
+    `options` are qfuse's / Inductor's options as for torch.compile; other keyword arguments go
+    to torch.compile (`dynamic=True`, `fullgraph=True`, ...). Inductor's caches are off for this
+    compile (a cache hit would skip the passes). With `debug` on, the compile runs inside depyf.
+    In verify mode each record gets the max error measured on this first call.
+    """
+    import torch
+
+    config = QfuseConfig.from_env().replace(**split_options(options)[0])
+    marker = graphs_compiled()
+    compiled = torch.compile(model, backend="qfuse", options=options, **compile_kwargs)
+    if config.debug:
+        debug.stop_depyf()  # a dump started by an earlier debug compile would swallow this one
+    with torch._inductor.config.patch(force_disable_caches=True):
+        with debug.DepyfDump(config) if config.debug else contextlib.nullcontext():
+            compiled(*example_inputs)
+    explanation = Explanation(reports_since(marker))
+    results = verify_results()
+    for report in explanation.reports:
+        for record in report.records:
+            result = results.get(f"{report.graph_name}/{record.node}")
+            if result is not None:
+                record.max_error = result.max_abs_error
+    return explanation

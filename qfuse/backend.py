@@ -27,6 +27,7 @@ def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[
     config = QfuseConfig.from_env().replace(**qfuse_options)
     if config.debug:
         debug.enable_logging()
+        debug.start_depyf_for_process(config)
     existing = inductor_patches.pop("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     inductor_patches["post_grad_custom_post_pass"] = compose(existing, QfusePass(config))
     return compile_fx(gm, example_inputs, config_patches=inductor_patches)

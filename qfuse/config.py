@@ -8,6 +8,9 @@
     disabled_kernels    QFUSE_DISABLED_KERNELS       kernels never to pick
     debug               QFUSE_DEBUG (1/0)            log matches, dump graphs to debug_dir
     debug_dir           QFUSE_DEBUG_DIR              where debug files go
+    verify              QFUSE_VERIFY (1/0)           check every rewrite against the original
+                                                     subgraph on its first call (slow; see
+                                                     qfuse/ops/verify.py)
 
 `torch.compile(..., backend="qfuse", options={...})` takes these fields plus any Inductor config
 key (those go to Inductor); anything else is an error that names the valid keys.
@@ -52,12 +55,14 @@ class QfuseConfig:
     disabled_kernels: tuple[str, ...] = ()
     debug: bool = False
     debug_dir: str = "qfuse_debug"
+    verify: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "patterns", _as_names(self.patterns, "patterns"))
         object.__setattr__(self, "kernel_preference", _as_names(self.kernel_preference, "kernel_preference"))
         object.__setattr__(self, "disabled_kernels", _as_names(self.disabled_kernels, "disabled_kernels"))
         object.__setattr__(self, "debug", _as_bool(self.debug, "debug"))
+        object.__setattr__(self, "verify", _as_bool(self.verify, "verify"))
         unknown = [name for name in self.patterns if name not in PATTERN_FAMILIES]
         if unknown:
             raise ValueError(f"unknown qfuse pattern families {unknown}; known: {list(PATTERN_FAMILIES)}")
@@ -87,8 +92,8 @@ class QfuseConfig:
         return dataclasses.replace(self, **changes)
 
     def cache_key(self) -> str:
-        """Everything that changes what the passes emit (the debug switches do not)."""
-        return repr((self.patterns, self.kernel, self.kernel_preference, self.disabled_kernels))
+        """Everything that changes what the passes emit (debug and debug_dir do not)."""
+        return repr((self.patterns, self.kernel, self.kernel_preference, self.disabled_kernels, self.verify))
 
 
 def split_options(options: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:

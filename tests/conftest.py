@@ -11,3 +11,12 @@ def fresh_compile_state():
     with torch._inductor.config.patch(force_disable_caches=True):
         yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def no_depyf_dump_left_running():
+    """A debug compile through the backend starts a process-wide depyf dump; end it per test."""
+    yield
+    import qfuse.debug
+
+    qfuse.debug.stop_depyf()

@@ -21,8 +21,9 @@ def test_defaults():
     assert config.disabled_kernels == ()
     assert config.debug is False
     assert config.debug_dir == "qfuse_debug"
+    assert config.verify is False
     assert QfuseConfig.field_names() == ("patterns", "kernel", "kernel_preference", "disabled_kernels", "debug",
-                                         "debug_dir")
+                                         "debug_dir", "verify")
 
 
 def test_config_is_frozen():
@@ -157,3 +158,4 @@ def test_cache_key_changes_with_what_the_passes_emit():
 
 def test_cache_key_ignores_debug_switches():
     assert QfuseConfig(debug=True, debug_dir="elsewhere").cache_key() == QfuseConfig().cache_key()
+    assert QfuseConfig(verify=True).cache_key() != QfuseConfig().cache_key()

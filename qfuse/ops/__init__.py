@@ -2,5 +2,6 @@
 
 from qfuse.ops.quantize import dynamic_quant, dynamic_quant_asymmetric, static_quant
 from qfuse.ops.scaled_mm import quant_scaled_mm, scaled_mm
+from qfuse.ops.verify import check_close
 
-__all__ = ["dynamic_quant", "dynamic_quant_asymmetric", "quant_scaled_mm", "scaled_mm", "static_quant"]
+__all__ = ["check_close", "dynamic_quant", "dynamic_quant_asymmetric", "quant_scaled_mm", "scaled_mm", "static_quant"]

@@ -15,6 +15,7 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.kernels import GemmKey, choose_kernel
+from qfuse.ops.verify import tolerance_for
 from qfuse.passes.graph_utils import aten, fake_value, insert_call, module_path, scalar_tensor, static_int
 from qfuse.passes.report import LinearRecord, PassReport
 from qfuse.platform import current_platform
@@ -112,9 +113,19 @@ def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node
         fused.meta[RECORD_KEY] = record  # later passes (activation_quant) add to the record
         if linear.output_shape is not None:
             fused = insert_call(graph, aten.reshape.default, (fused, linear.output_shape))
-    linear.replaces.replace_all_uses_with(fused)
+    if context.config.verify:
+        fused = _check_against_original(graph, fused, linear, f"{context.report.graph_name}/{linear.anchor.name}")
+    linear.replaces.replace_all_uses_with(fused, delete_user_cb=lambda user: user is not fused)
     context.report.add(record)
     return fused
+
+
+def _check_against_original(graph: Graph, fused: Node, linear: FusedLinear, label: str) -> Node:
+    """Verify mode: keep the original subgraph and compare it with the fused op (qfuse::check_close)."""
+    with graph.inserting_after(linear.replaces):
+        return insert_call(graph, torch.ops.qfuse.check_close.default, (
+            fused, linear.replaces, label, tolerance_for(linear.scheme, linear.out_dtype),
+        ))
 
 
 def fuse_anchored_linears(

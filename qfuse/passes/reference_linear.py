@@ -83,16 +83,26 @@ def _is_unit_scale(node) -> bool:
     )
 
 
+def _is_exact_upcast(node) -> bool:
+    """A conversion of an int8 / fp8 tensor to a float dtype (exact: every value is representable)."""
+    target = converted_dtype(node) if isinstance(node, Node) else None
+    return target is not None and target.is_floating_point and dtype_of(node.args[0]) in QUANTIZED
+
+
 def _strip_weight(node: Node) -> tuple[Node, bool]:
-    """Undo the float upcast on the weight side: returns (quantized [K, N] node, needs_permute)."""
+    """Undo the float upcast on the weight side: returns (quantized [K, N] node, needs_permute).
+
+    Only one exact upcast is undone: a conversion between float dtypes (int8 -> fp8 -> float,
+    say) rounds, and what it rounds is not the quantized weight."""
     transposed = False
-    while True:
-        if converted_dtype(node) is not None:
-            node = node.args[0]
-        elif node.target == aten.permute.default and list(node.args[1]) == [1, 0]:
-            node, transposed = node.args[0], not transposed
-        else:
-            return node, transposed
+    while node.target == aten.permute.default and list(node.args[1]) == [1, 0]:
+        node, transposed = node.args[0], not transposed
+    if not _is_exact_upcast(node):
+        return node, transposed
+    node = node.args[0]
+    while node.target == aten.permute.default and list(node.args[1]) == [1, 0]:
+        node, transposed = node.args[0], not transposed
+    return node, transposed
 
 
 def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] | None:
@@ -110,7 +120,7 @@ def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] |
         return node.args[0], node.args[1], epilogue, "_scaled_mm"
     if node.target == aten.mm.default:
         upcast_a, upcast_b = node.args
-        if converted_dtype(upcast_a) is None or dtype_of(upcast_a.args[0]) not in QUANTIZED:
+        if not _is_exact_upcast(upcast_a):
             return None
         weight, transposed = _strip_weight(upcast_b)
         if dtype_of(weight) not in QUANTIZED:

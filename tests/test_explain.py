@@ -1,0 +1,125 @@
+"""Debug mode a user can read: explain(), near-miss reasons, verify mode, depyf, logging."""
+
+import logging
+import os
+import sys
+
+import pytest
+import torch
+
+import qfuse
+from qfuse.kernels import KERNELS
+from qfuse.kernels.torch_native import TorchKernel
+from tests.passes.test_pt2e_linear import QDQLinear, WeightOnly, WrongAxis
+from tests.passes.test_reference_linear import (
+    accumulator_has_another_user,
+    dynamic_int8,
+    int_mm_linear,
+    no_dequantize,
+    operands,
+    weight_scale_with_extra_dim,
+)
+
+
+def int8_times_fp8(x, w, w_scale, bias):
+    q, s = dynamic_int8(x)
+    return (q.float() @ w.to(torch.float8_e4m3fn).float().t()) * s
+
+
+def integer_output(x, w, w_scale, bias):
+    q, _ = dynamic_int8(x)
+    return torch._int_mm(q, w.t()) * 3
+
+
+class AddmmWithBeta(QDQLinear):
+    def forward(self, x):
+        return torch.addmm(self.bias, self.dequantized_activation(x), self.dequantized_weight().t(), beta=0.5)
+
+
+REFERENCE_NEAR_MISSES = {
+    weight_scale_with_extra_dim: "a scale has shape [1, 1, 48], which would broadcast the [5, 48] output to more dims",
+    accumulator_has_another_user: "_int_mm (int8) has no dequantize scale applied to its output",
+    no_dequantize: "_int_mm (int8) has no dequantize scale applied to its output",
+    int8_times_fp8: "float mm of upcast of torch.int8 x torch.float8_e4m3fn",
+    integer_output: "the epilogue ends in torch.int32",
+}
+PT2E_NEAR_MISSES = {
+    WeightOnly: "the weight is dequantized but the activation is not (weight-only quantization)",
+    WrongAxis: "the weight is dequantized per channel along axis 1, not along its output channels",
+    AddmmWithBeta: "addmm with beta or alpha other than 1",
+}
+
+
+@pytest.mark.parametrize("form", list(REFERENCE_NEAR_MISSES), ids=lambda form: form.__name__)
+def test_reference_near_miss_reasons(form):
+    explanation = qfuse.explain(form, *operands((5, 64)))
+    (record,) = explanation.near_misses
+    assert record.reason.startswith(REFERENCE_NEAR_MISSES[form]) and not explanation.fused
+    assert "NOT FUSED" in str(explanation) and REFERENCE_NEAR_MISSES[form] in str(explanation)
+
+
+@pytest.mark.parametrize("model_class", list(PT2E_NEAR_MISSES), ids=lambda cls: cls.__name__)
+def test_pt2e_near_miss_reasons(model_class):
+    with torch.no_grad():
+        explanation = qfuse.explain(model_class(), torch.randn(5, 64))
+    (record,) = explanation.near_misses
+    assert record.reason == PT2E_NEAR_MISSES[model_class] and record.family == "pt2e_linear"
+
+
+def test_explain_reports_fused_linears_with_scheme_and_kernel():
+    explanation = qfuse.explain(int_mm_linear, *operands((2, 7, 64)), options={"kernel": "reference"})
+    (record,) = explanation.fused
+    assert (record.scheme, record.kernel) == ("int8 dyn-token x per-channel", "reference")
+    assert "kernel     reference" in str(explanation)
+
+
+def test_headline_is_logged_once_per_graph_at_info(caplog):
+    with caplog.at_level(logging.INFO, logger="qfuse"):
+        qfuse.explain(int_mm_linear, *operands((5, 64)))
+    headlines = [r.message for r in caplog.records if r.message.startswith("qfuse: graph_")]
+    assert len(headlines) == 1
+    assert headlines[0].endswith("1 of 1 linears fused (1 int8 dyn-token x per-channel -> torch)")
+
+
+def test_verify_mode_records_the_error_of_each_rewrite():
+    with torch.no_grad():
+        explanation = qfuse.explain(QDQLinear(), torch.randn(9, 64), options={"verify": True})
+    (record,) = explanation.fused
+    assert record.max_error is not None and record.max_error < 1e-3
+    assert "verified   max abs error" in str(explanation)
+
+
+class OffByTenPercent(TorchKernel):
+    """A deliberately wrong kernel, to prove that verify mode catches one."""
+
+    name = "off_by_ten_percent"
+
+    def scaled_mm(self, *args):
+        return super().scaled_mm(*args) * 1.1
+
+
+def test_verify_mode_catches_a_wrong_kernel(monkeypatch):
+    monkeypatch.setitem(KERNELS, OffByTenPercent.name, OffByTenPercent())
+    options = {"kernel": OffByTenPercent.name}
+    explanation = qfuse.explain(int_mm_linear, *operands((5, 64)), options=options)  # runs, silently wrong
+    assert explanation.fused[0].kernel == OffByTenPercent.name
+    torch._dynamo.reset()
+    with pytest.raises(qfuse.QfuseVerificationError, match=r"relative error 1\.0\d+e-01 > tolerance 1\.0e-03"):
+        qfuse.explain(int_mm_linear, *operands((5, 64)), options={**options, "verify": True})
+
+
+def test_depyf_dump_beside_the_graphs(tmp_path):
+    pytest.importorskip("depyf")
+    qfuse.explain(int_mm_linear, *operands((5, 64)), options={"debug": True, "debug_dir": str(tmp_path)})
+    process_dir = tmp_path / f"pid{os.getpid()}"
+    assert any(path.name.startswith("full_code_for_int_mm_linear") for path in (process_dir / "depyf").iterdir())
+    assert (next(process_dir.glob("graph_*")) / "report.json").exists()
+
+
+def test_without_depyf_debug_says_so_and_compiles(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "depyf", None)  # import depyf now raises ImportError
+    monkeypatch.setattr(qfuse.debug.DepyfDump, "_said_missing", False)
+    with caplog.at_level(logging.WARNING, logger="qfuse"):
+        explanation = qfuse.explain(int_mm_linear, *operands((5, 64)), options={"debug": True, "debug_dir": str(tmp_path)})
+    assert explanation.fused
+    assert any("depyf is not installed" in record.message for record in caplog.records)
