@@ -37,11 +37,13 @@ class AddmmWithBeta(QDQLinear):
 
 
 REFERENCE_NEAR_MISSES = {
-    weight_scale_with_extra_dim: "a scale has shape [1, 1, 48], which would broadcast the [5, 48] output to more dims",
-    accumulator_has_another_user: "_int_mm (int8) has no dequantize scale applied to its output",
-    no_dequantize: "_int_mm (int8) has no dequantize scale applied to its output",
+    weight_scale_with_extra_dim: "_int_mm (int8) found, but a scale has shape [1, 1, 48], which would broadcast "
+                                 "the [5, 48] output to more dims",
+    accumulator_has_another_user: "_int_mm (int8) found, but _int_mm has 2 users, so what follows it cannot move "
+                                  "into a fused op",
+    no_dequantize: "_int_mm (int8) found, but no dequantize scale is applied to its output",
     int8_times_fp8: "float mm of upcast of torch.int8 x torch.float8_e4m3fn",
-    integer_output: "the epilogue ends in torch.int32",
+    integer_output: "_int_mm (int8) found, but the epilogue ends in torch.int32",
 }
 PT2E_NEAR_MISSES = {
     WeightOnly: "the weight is dequantized but the activation is not (weight-only quantization)",

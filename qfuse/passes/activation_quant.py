@@ -18,13 +18,14 @@ pattern matcher; they are built once per process, in a fake mode.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch._inductor import pattern_matcher
 from torch.fx import Graph, Node
 
 from qfuse.kernels import get_kernel
-from qfuse.passes.fused_linear import RECORD_KEY, PassContext
+from qfuse.passes.fused_linear import RECORD_KEY, NotFusable, PassContext
 from qfuse.passes.graph_utils import aten, dtype_of, insert_call, shape_of, strip_views
 from qfuse.schemes import FP8_DTYPE, symmetric_quant_max
 
@@ -89,50 +90,61 @@ def _same_scale(scale_a, s) -> bool:
     return isinstance(base, Node) and base.target == aten.full.default and base.args[1] == s
 
 
-def can_fold_quant(fused: Node) -> tuple[Node, list | None, Node | None, float] | None:
-    """(x, view shape, static scale or None, eps) if `fused`'s activation quantization can fold."""
-    a, scale_a, azp_a = fused.args[0], fused.args[2], fused.args[5]
-    if scale_a is None or azp_a is not None:
-        return None
+@dataclass
+class FoldableQuant:
+    x: Node  # the float activation
+    view_shape: list | None  # the reshape between the quantizer and the GEMM, if any
+    static_scale: Node | None  # None: dynamic per-token
+    eps: float
+
+
+def can_fold_quant(fused: Node) -> FoldableQuant:
+    """How `fused`'s activation was quantized, if it can fold into the GEMM; NotFusable says why not."""
+    a, scale_a, azp_a, azp_b = fused.args[0], fused.args[2], fused.args[5], fused.args[6]
+    if scale_a is None or azp_a is not None or azp_b is not None:
+        raise NotFusable("the activation has no scale of its own or carries a zero point")
     quantized, view_shape = strip_views(a)
     quantize_patterns, scale_patterns = traced_patterns()
     found = _first_match(quantize_patterns, quantized)
-    if found is None or not _same_scale(scale_a, found["s"]):
-        return None
+    if found is None:
+        raise NotFusable("the quantized activation is not produced by a known quantize form (round/clamp/cast)")
+    if not _same_scale(scale_a, found["s"]):
+        raise NotFusable("the activation is quantized with another scale than the one the GEMM rescales by")
     x, s = found["x"], found["s"]
     dynamic = _first_match(scale_patterns, s) if isinstance(s, Node) else None
     if dynamic is not None:
-        eps = dynamic.get("eps", 0.0)
-        if dynamic["x"] is not x or dynamic["qmax"] != symmetric_quant_max(dtype_of(quantized)):
-            return None
+        eps, qmax = dynamic.get("eps", 0.0), symmetric_quant_max(dtype_of(quantized))
+        if dynamic["x"] is not x:
+            raise NotFusable("the per-token scale is computed from another tensor than the one quantized")
+        if dynamic["qmax"] != qmax:
+            raise NotFusable(f"the per-token scale divides by {dynamic['qmax']}, not {qmax:g}")
         if not isinstance(eps, (int, float)) or eps < 0:
-            return None
-        return x, view_shape, None, float(eps)
+            raise NotFusable(f"the per-token scale is clamped to {eps}, not a non-negative number")
+        return FoldableQuant(x, view_shape, None, float(eps))
     if isinstance(s, Node) and any(size != 1 for size in shape_of(s)):
-        return None  # a per-token scale computed some other way
-    return x, view_shape, scale_a, 0.0
+        raise NotFusable("the per-token scale is computed in a form qfuse does not know")
+    return FoldableQuant(x, view_shape, scale_a, 0.0)
 
 
 def run(graph: Graph, context: PassContext) -> None:
     for fused in list(graph.find_nodes(op="call_function", target=torch.ops.qfuse.scaled_mm.default)):
         if not get_kernel(fused.args[8]).fuses_activation_quant:
             continue
-        folded = can_fold_quant(fused)
-        if folded is None:
+        record = fused.meta.get(RECORD_KEY)
+        try:
+            fold = can_fold_quant(fused)
+        except NotFusable as reason:
+            if record is not None:
+                record.note = "; ".join(filter(None, [record.note, f"activation quant not folded: {reason}"]))
             continue
-        x, view_shape, static_scale, eps = folded
-        b, _, scale_b, bias, _, azp_b, out_dtype, kernel = fused.args[1:]
-        if azp_b is not None:
-            continue
+        b, _, scale_b, bias, _, _, out_dtype, kernel = fused.args[1:]
         with graph.inserting_before(fused):
-            if view_shape is not None:
-                x = insert_call(graph, aten.reshape.default, (x, view_shape))
+            x = fold.x if fold.view_shape is None else insert_call(graph, aten.reshape.default, (fold.x, fold.view_shape))
             replacement = insert_call(graph, torch.ops.qfuse.quant_scaled_mm.default, (
-                x, b, static_scale, scale_b, bias, dtype_of(fused.args[0]), eps, out_dtype, kernel,
+                x, b, fold.static_scale, scale_b, bias, dtype_of(fused.args[0]), fold.eps, out_dtype, kernel,
             ))
         fused.replace_all_uses_with(replacement)
         context.report.matches[FOLDED_PATTERN] += 1
-        record = fused.meta.get(RECORD_KEY)
         if record is not None:
             record.pattern += " + activation quant"
             replacement.meta[RECORD_KEY] = record

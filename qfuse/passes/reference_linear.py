@@ -176,6 +176,10 @@ def walk_epilogue(epilogue: Epilogue) -> None:
     while not epilogue.closed:
         current = epilogue.last
         user = single_user(current)
+        if user is None and len(current.users) > 1:
+            epilogue.stopped_because = (
+                f"{current.name} has {len(current.users)} users, so what follows it cannot move into a fused op"
+            )
         if user is None or user.op != "call_function":
             return
         target = user.target
@@ -236,13 +240,12 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
     if a_dtype not in QUANTIZED or b_dtype != a_dtype:
         raise NotFusable(f"{pattern} of {a_dtype} x {b_dtype}; qfuse fuses int8 x int8 and fp8 x fp8")
     walk_epilogue(epilogue)
+    found = f"{pattern} ({dtype_name(a_dtype)}) found, but"
     if not epilogue.scales:
-        raise NotFusable(
-            epilogue.stopped_because or f"{pattern} ({dtype_name(a_dtype)}) has no dequantize scale applied to its output"
-        )
+        raise NotFusable(f"{found} {epilogue.stopped_because or 'no dequantize scale is applied to its output'}")
     out_dtype = dtype_of(epilogue.last)
     if out_dtype not in OUT_DTYPES:
-        raise NotFusable(f"the epilogue ends in {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
+        raise NotFusable(f"{found} the epilogue ends in {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
     scale_a, scale_b = _assign_scales(epilogue.scales)
     scheme = QuantScheme(
         activation_dtype=a_dtype, weight_dtype=b_dtype,

@@ -62,3 +62,22 @@ def test_folding_only_when_the_scale_is_the_quantizers(form, folds):
     expected = form(x, w, w_scale, bias)
     for got, want in zip(out if isinstance(out, tuple) else (out,), expected if isinstance(expected, tuple) else (expected,)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def quantized_with_a_divisor_of_100(x, w, w_scale, bias):
+    s = x.abs().amax(dim=-1, keepdim=True) / 100.0
+    q = torch.clamp(torch.round(x / s), -128, 127).to(torch.int8)
+    return torch._int_mm(q, w.t()).float() * s * w_scale
+
+
+@pytest.mark.parametrize("form, reason", [
+    (quantized_with_another_scale, "quantized with another scale than the one the GEMM rescales by"),
+    (quantized_with_a_divisor_of_100, "the per-token scale divides by 100.0, not 127"),
+])
+def test_a_quantization_that_cannot_fold_says_why(form, reason):
+    x, w, w_scale, bias = operands((9, 64))
+    out, report = compile_and_run(form, x, w, w_scale, bias, kernel="reference")
+    (record,) = report.records
+    assert record.fused and report.ops_after[FOLDED] == 0
+    assert "activation quant not folded: " in record.note and reason in record.note
+    torch.testing.assert_close(out, form(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)

@@ -158,8 +158,8 @@ def no_dequantize(x, w, w_scale, bias):
 
 NEAR_MISSES = {
     weight_scale_with_extra_dim: "which would broadcast the [5, 48] output to more dims",
-    accumulator_has_another_user: "has no dequantize scale",
-    no_dequantize: "has no dequantize scale",
+    accumulator_has_another_user: "_int_mm has 2 users, so what follows it cannot move into a fused op",
+    no_dequantize: "no dequantize scale is applied to its output",
 }
 
 
