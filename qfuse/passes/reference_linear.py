@@ -20,7 +20,8 @@ that keeps the math (out = acc * scale_a * scale_b + bias):
 
 Safety (`can_fuse_*`): quantized dtypes on both sides, every scale shaped per-tensor / per-row /
 per-column of the output (never growing it), at most one scale of each side, a float output.
-A matmul with no scale after it is left alone (nothing to fuse), with the reason recorded.
+A matmul with no scale after it, or with a scale that cannot move into the fused op, is left
+alone (fusing half a dequantize would mislead), with the reason recorded.
 The activation quantization itself stays where it is (see `activation_quant`).
 """
 
@@ -176,7 +177,7 @@ def walk_epilogue(epilogue: Epilogue) -> None:
     while not epilogue.closed:
         current = epilogue.last
         user = single_user(current)
-        if user is None and len(current.users) > 1:
+        if user is None and len(current.users) > 1 and not epilogue.scales:
             epilogue.stopped_because = (
                 f"{current.name} has {len(current.users)} users, so what follows it cannot move into a fused op"
             )
@@ -241,8 +242,10 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         raise NotFusable(f"{pattern} of {a_dtype} x {b_dtype}; qfuse fuses int8 x int8 and fp8 x fp8")
     walk_epilogue(epilogue)
     found = f"{pattern} ({dtype_name(a_dtype)}) found, but"
+    if epilogue.stopped_because:  # part of the dequantize cannot move: fusing the rest would mislead
+        raise NotFusable(f"{found} {epilogue.stopped_because}")
     if not epilogue.scales:
-        raise NotFusable(f"{found} {epilogue.stopped_because or 'no dequantize scale is applied to its output'}")
+        raise NotFusable(f"{found} no dequantize scale is applied to its output")
     out_dtype = dtype_of(epilogue.last)
     if out_dtype not in OUT_DTYPES:
         raise NotFusable(f"{found} the epilogue ends in {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
@@ -257,7 +260,7 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         anchor=anchor, family=FAMILY, pattern=f"{pattern} + dequant epilogue", a=a, b=b, scheme=scheme,
         out_dtype=out_dtype, replaces=epilogue.last, output_shape=epilogue.output_shape,
         scale_a=scale_a.value if scale_a else None, scale_b=scale_b.value if scale_b else None,
-        bias=_bias_as_vector(graph, epilogue.bias, epilogue.last), note=epilogue.stopped_because,
+        bias=_bias_as_vector(graph, epilogue.bias, epilogue.last),
     )
 
 
