@@ -1,8 +1,15 @@
 """Shared test fixtures: fresh Dynamo state and no compile caches (a warm FX graph cache would
-skip the post-grad passes, so match counts and reports need a real compile)."""
+skip the post-grad passes, so match counts and reports need a real compile); Triton's interpreter
+where there is no GPU."""
+
+import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run in Triton's interpreter on CPU tensors (set before any kernel is defined).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

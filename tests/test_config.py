@@ -88,7 +88,7 @@ def test_lists_are_stored_as_tuples():
     "changes, error, message",
     [
         ({"patterns": ("reference_linear", "bogus")}, ValueError, r"unknown qfuse pattern families \['bogus'\]"),
-        ({"kernel": "cutlass"}, ValueError, r"unknown qfuse kernels \['cutlass'\]; known: \['reference', 'torch'\]"),
+        ({"kernel": "cutlass"}, ValueError, r"unknown qfuse kernels \['cutlass'\]; known: \['reference', 'torch', 'triton'\]"),
         ({"kernel_preference": ("torch", "aiter")}, ValueError, r"unknown qfuse kernels \['aiter'\]"),
         ({"disabled_kernels": "nope"}, ValueError, r"unknown qfuse kernels \['nope'\]"),
         ({"kernel": "torch", "disabled_kernels": ("torch",)}, ValueError, "kernel 'torch' is both forced and disabled"),

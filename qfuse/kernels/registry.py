@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from qfuse.kernels.base import GemmKey, Kernel
 from qfuse.kernels.reference import ReferenceKernel
 from qfuse.kernels.torch_native import TorchKernel
+from qfuse.kernels.triton import TritonKernel
 from qfuse.platform import Platform
 
-KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (TorchKernel(), ReferenceKernel())}
+KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (TorchKernel(), TritonKernel(), ReferenceKernel())}
 
 PRIORITY: dict[str, tuple[str, ...]] = {
     "cpu": ("torch",),
-    "cuda": ("torch",),
-    "rocm": (),
+    "cuda": ("torch", "triton"),
+    "rocm": ("triton",),
     "xpu": (),
 }
 

@@ -101,12 +101,18 @@ def test_preference_moves_on_past_disabled_and_unable_kernels():
 
 
 @pytest.mark.parametrize("scheme", [FP8_BLOCK, INT8_BLOCK_WEIGHT, INT8_GROUP_ACTIVATION])
-@pytest.mark.parametrize("platform, device_type", [(CPU, "cpu"), (H100, "cuda")])
-def test_block_scales_rejected_by_torch_and_reference_never_auto_chosen(scheme, platform, device_type):
-    choice = choose_kernel(key(scheme, device_type=device_type), platform)
+def test_block_scales_rejected_by_torch_and_reference_never_auto_chosen(scheme):
+    choice = choose_kernel(key(scheme, device_type="cpu"), CPU)
     assert choice.kernel is None
     assert choice.rejected == {"torch": BLOCK_REASON}
     assert "reference" not in choice.explain()
+
+
+@pytest.mark.parametrize("scheme", [FP8_BLOCK, INT8_BLOCK_WEIGHT, INT8_GROUP_ACTIVATION])
+def test_block_scales_go_to_triton_on_a_gpu(scheme):
+    choice = choose_kernel(key(scheme, device_type="cuda"), H100)
+    assert choice.kernel.name == "triton"
+    assert choice.rejected == {"torch": BLOCK_REASON}
 
 
 @pytest.mark.parametrize(
@@ -122,7 +128,7 @@ def test_block_scales_rejected_by_torch_and_reference_never_auto_chosen(scheme, 
 )
 def test_cuda_alignment_reasons(scheme, k, n, factor):
     choice = choose_kernel(key(scheme, n=n, k=k, device_type="cuda"), H100)
-    assert choice.kernel is None
+    assert choice.kernel.name == "triton"  # masked loads: any K and N
     assert choice.rejected == {"torch": f"cuBLAS needs static K and N that are multiples of {factor} (K={k}, N={n})"}
 
 
@@ -131,7 +137,14 @@ def test_cuda_aligned_sizes_are_accepted(scheme, k, n):
     assert choose_kernel(key(scheme, n=n, k=k, device_type="cuda"), H100).kernel.name == "torch"
 
 
-@pytest.mark.parametrize("platform", [MI300, XPU])
+def test_rocm_runs_int8_on_triton_and_no_fp8():
+    assert choose_kernel(key(device_type="cuda"), MI300).kernel.name == "triton"
+    choice = choose_kernel(key(FP8_TENSOR, device_type="cuda"), MI300)
+    assert choice.kernel is None
+    assert choice.rejected == {"triton": "ROCm fp8 is e4m3fnuz; the Triton kernel takes e4m3fn"}
+
+
+@pytest.mark.parametrize("platform", [XPU])
 def test_platforms_without_a_priority_list_choose_nothing(platform):
     choice = choose_kernel(key(device_type=platform.device_type), platform)
     assert choice.kernel is None and choice.rejected == {}
@@ -153,11 +166,11 @@ def test_torch_rejected_on_rocm_when_preferred():
     ids=["get_kernel", "forced", "preference"],
 )
 def test_unknown_kernel_name_lists_known_kernels(call):
-    with pytest.raises(KeyError, match=r"unknown qfuse kernel 'cutlass'; known kernels: \['reference', 'torch'\]"):
+    with pytest.raises(KeyError, match=r"unknown qfuse kernel 'cutlass'; known kernels: \['reference', 'torch', 'triton'\]"):
         call()
 
 
 def test_fp8_not_chosen_for_torch_on_a_gpu_without_fp8():
     choice = choose_kernel(key(FP8_TENSOR, device_type="cuda"), A100)
-    assert choice.kernel is None or choice.kernel.name != "torch"
-    assert "89" in choice.rejected.get("torch", "")
+    assert choice.kernel is None
+    assert "89" in choice.rejected["torch"] and "89" in choice.rejected["triton"]

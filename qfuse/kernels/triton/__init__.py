@@ -1,0 +1,64 @@
+"""`triton`: qfuse's portable GPU kernels (scaled matmul, quantizers), fast on Hopper.
+
+The kernels live beside this file (`scaled_mm.py`, `quant.py`) and import Triton; this module does
+not, so the registry works where Triton is missing. Limits (`can_implement`):
+
+    device       CUDA GPUs (ROCm: int8 only, its fp8 is e4m3fnuz), with Triton installed
+    int8         capability >= 8.0 (int8 tensor-core dot)
+    fp8 e4m3     capability >= 8.9
+    scales       every granularity: per-tensor, per-token / per-channel, 1x128 / 128x128 blocks
+    zero points  none (asymmetric activations run on the torch kernel)
+    sizes        any M >= 1, N, K (masked); int64 offsets
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.platform import Platform
+from qfuse.schemes import Granularity
+
+
+class TritonKernel(Kernel):
+    name = "triton"
+    fuses_activation_quant = True  # its one-pass quantizer beats Inductor's generated reduction
+
+    def is_supported(self, platform: Platform) -> Verdict:
+        if platform.device_type != "cuda":
+            return False, f"triton kernels run on CUDA / ROCm GPUs, not on {platform.describe()}"
+        if not platform.has_triton:
+            return False, "Triton is not installed (pip install triton)"
+        return OK
+
+    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
+        scheme = key.scheme
+        if not scheme.symmetric:
+            return False, "zero points (asymmetric activations) are not implemented in the Triton kernel"
+        if scheme.is_fp8 and platform.is_rocm:
+            return False, "ROCm fp8 is e4m3fnuz; the Triton kernel takes e4m3fn"
+        needed = 89 if scheme.is_fp8 else 80
+        if not platform.is_rocm and platform.capability < needed:
+            return False, f"needs capability >= {needed} for {'fp8' if scheme.is_fp8 else 'int8'} dot (this GPU: {platform.capability})"
+        return OK
+
+    def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
+        if azp_a is not None or azp_b is not None:
+            raise ValueError("the triton kernel has no zero points; use kernel='torch' for asymmetric int8")
+        from qfuse.kernels.triton.scaled_mm import triton_scaled_mm
+
+        return triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
+
+    def dynamic_quant(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
+        if granularity == Granularity.PER_TENSOR:
+            return super().dynamic_quant(x, quant_dtype, granularity, eps)
+        from qfuse.kernels.triton.quant import triton_dynamic_quant
+
+        return triton_dynamic_quant(x, quant_dtype, granularity, eps)
+
+    def static_quant(self, x, scale, zero_point, quant_dtype: torch.dtype):
+        if zero_point is not None or scale.numel() != 1:
+            return super().static_quant(x, scale, zero_point, quant_dtype)
+        from qfuse.kernels.triton.quant import triton_static_quant
+
+        return triton_static_quant(x, scale, quant_dtype)

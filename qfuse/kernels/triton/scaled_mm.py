@@ -1,0 +1,145 @@
+"""Triton scaled matmul: C = (A_q @ B_q) * scale_a * scale_b + bias, cast to bf16 / fp16 / fp32.
+
+    A_q [M, K] int8 or fp8 e4m3, B_q [K, N] of the same dtype, any strides ([N, K] weights come
+    as a transposed view). int8 accumulates in int32, fp8 in fp32 (tl.dot).
+    scale_a: none, one value, per row [M, 1], or per row and 128-group of K [M, ceil(K/128)]
+    scale_b: none, one value, per column [1, N], or per 128x128 block [ceil(K/128), ceil(N/128)]
+    Block (DeepSeek-style) scales apply per K step: acc += dot(a, b) * sa[m, g] * sb[g, n // 128],
+    with BLOCK_K dividing 128 so that a K step never straddles two scale groups.
+    Offsets are int64 where M * K or K * N may exceed 2**31; M, N, K need not be block multiples.
+
+Block sizes come from `CONFIGS`, a table per M bucket chosen by `benchmarks/tune_triton.py` on an
+H100/H200 (see docs/benchmarks.md); `pick_config` returns the entry for a call.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# scale kinds (constexpr)
+NO_SCALE, TENSOR_SCALE, VECTOR_SCALE, BLOCK_SCALE = 0, 1, 2, 3
+SCALE_GROUP = 128
+
+# (max M of the bucket) -> (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
+CONFIGS: dict[int, tuple[int, int, int, int, int, int]] = {
+    16: (16, 64, 128, 1, 4, 4),
+    64: (32, 64, 128, 8, 4, 4),
+    256: (64, 128, 128, 8, 4, 4),
+    2**62: (128, 128, 128, 8, 8, 3),
+}
+
+
+@triton.jit
+def _scaled_mm_kernel(
+    a_ptr, b_ptr, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    stride_sam, stride_sak, stride_sbk, stride_sbn,
+    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr, IS_INT8: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # Grouped launch order: GROUP_M row blocks share a column block, for L2 reuse of B.
+    pid = tl.program_id(0)
+    blocks_m, blocks_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group_size = GROUP_M * blocks_n
+    first_m = (pid // group_size) * GROUP_M
+    rows_in_group = min(blocks_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group_size) % rows_in_group
+    pid_n = (pid % group_size) // rows_in_group
+
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+
+    BLOCKED: tl.constexpr = SCALE_A == BLOCK_SCALE or SCALE_B == BLOCK_SCALE
+    if IS_INT8 and not BLOCKED:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask_k = offs_k < K - k0
+        if IS_INT8:
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0)
+            b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0)
+        else:  # masked fp8 loads need a float fill in the interpreter
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        if BLOCKED:
+            partial = tl.dot(a, b).to(tl.float32)
+            group = k0 // SCALE_GROUP
+            if SCALE_A == BLOCK_SCALE:
+                partial *= tl.load(scale_a_ptr + offs_m * stride_sam + group * stride_sak, mask=mask_m, other=0.0)[:, None]
+            if SCALE_B == BLOCK_SCALE:
+                sb = tl.load(scale_b_ptr + group * stride_sbk + (offs_n // SCALE_GROUP) * stride_sbn, mask=mask_n, other=0.0)
+                partial *= sb[None, :]
+            acc += partial
+        else:
+            acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    out = acc.to(tl.float32)
+    if SCALE_A == TENSOR_SCALE:
+        out *= tl.load(scale_a_ptr)
+    elif SCALE_A == VECTOR_SCALE:
+        out *= tl.load(scale_a_ptr + offs_m * stride_sam, mask=mask_m, other=0.0)[:, None]
+    if SCALE_B == TENSOR_SCALE:
+        out *= tl.load(scale_b_ptr)
+    elif SCALE_B == VECTOR_SCALE:
+        out *= tl.load(scale_b_ptr + offs_n * stride_sbn, mask=mask_n, other=0.0)[None, :]
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def pick_config(m: int, blocked: bool) -> tuple[int, int, int, int, int, int]:
+    config = next(config for bound, config in sorted(CONFIGS.items()) if m <= bound)
+    if blocked and SCALE_GROUP % config[2]:
+        config = (*config[:2], SCALE_GROUP, *config[3:])
+    return config
+
+
+def _scale_kind(scale: torch.Tensor | None, vector_shape: tuple[int, int]) -> int:
+    """How a scale, normalised by the op, applies: none, one value, per row / column, per block."""
+    if scale is None:
+        return NO_SCALE
+    if scale.numel() == 1:
+        return TENSOR_SCALE
+    return VECTOR_SCALE if tuple(scale.shape) == vector_shape else BLOCK_SCALE
+
+
+def _strides(scale: torch.Tensor | None) -> tuple[int, int]:
+    if scale is None or scale.dim() < 2:
+        return 0, 0
+    return scale.stride(0), scale.stride(1)
+
+
+def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype):
+    """Launch the kernel for normalised operands (a [M, K], b [K, N], scales as the op passes them)."""
+    (m, k), n = a.shape, b.shape[1]
+    c = torch.empty((m, n), device=a.device, dtype=out_dtype)
+    if m == 0 or n == 0:
+        return c
+    sa = None if scale_a is None else scale_a.to(torch.float32)
+    sb = None if scale_b is None else scale_b.to(torch.float32)
+    kind_a, kind_b = _scale_kind(sa, (m, 1)), _scale_kind(sb, (1, n))
+    block_m, block_n, block_k, group_m, num_warps, num_stages = pick_config(m, BLOCK_SCALE in (kind_a, kind_b))
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    dummy = c  # never read when the constexpr kind says so
+    _scaled_mm_kernel[grid](
+        a, b, c, sa if sa is not None else dummy, sb if sb is not None else dummy,
+        bias if bias is not None else dummy,
+        m, n, k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        *_strides(sa), *_strides(sb),
+        SCALE_A=kind_a, SCALE_B=kind_b, HAS_BIAS=bias is not None, IS_INT8=a.dtype == torch.int8,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return c

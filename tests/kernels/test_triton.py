@@ -1,0 +1,122 @@
+"""The Triton kernels against the reference kernel: every scale granularity, int8 and fp8, odd
+sizes, bias, out dtypes, weight layouts. Without a GPU they run in Triton's interpreter."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from qfuse.kernels import reference_math  # noqa: E402
+from qfuse.schemes import Granularity  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ops = torch.ops.qfuse
+
+
+def quantized(shape, dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    if dtype == torch.int8:
+        return torch.randint(-127, 128, shape, dtype=dtype, generator=generator).to(DEVICE)
+    return (torch.randn(shape, generator=generator) * 40).clamp(-448, 448).to(dtype).to(DEVICE)
+
+
+def scales(kind, m, k, n):
+    rows, groups_k, groups_n = m, -(-k // 128), -(-n // 128)
+    shapes = {
+        "tensor": ((), ()),
+        "token_channel": ((rows, 1), (n,)),
+        "block": ((rows, groups_k), (groups_k, groups_n)),
+    }[kind]
+    generator = torch.Generator().manual_seed(1)
+    return [torch.rand(shape, generator=generator).add(0.5).to(DEVICE) for shape in shapes]
+
+
+def assert_matches_reference(out, a, b, scale_a, scale_b, bias, out_dtype):
+    from qfuse.ops.scaled_mm import _flatten_operands
+
+    a2d, sa, sb, _, _ = _flatten_operands(a, b, scale_a, scale_b, bias, None, None, "test")
+    expected = reference_math.scaled_mm(a2d, b, sa, sb, bias, None, None, torch.float64).reshape(out.shape)
+    tolerance = 1e-5 if out_dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.double(), expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kind", ["tensor", "token_channel", "block"])
+@pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
+@pytest.mark.parametrize("m, k, n", [(1, 256, 128), (17, 200, 33), (40, 384, 300)])
+def test_scaled_mm_matches_reference(m, k, n, dtype, kind, out_dtype):
+    a, weight = quantized((m, k), dtype, 2), quantized((n, k), dtype, 3)
+    scale_a, scale_b = scales(kind, m, k, n)
+    bias = torch.randn(n).to(DEVICE) if kind != "tensor" else None
+    out = ops.scaled_mm(a, weight.t(), scale_a, scale_b, bias, None, None, out_dtype, "triton")
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    assert_matches_reference(out, a, weight.t(), scale_a, scale_b, bias, out_dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
+def test_scaled_mm_3d_activation_and_kn_weight(dtype):
+    a, weight = quantized((2, 9, 96), dtype, 4), quantized((96, 40), dtype, 5)  # weight stored [K, N]
+    scale_a, scale_b = torch.rand(2, 9, 1).to(DEVICE), torch.rand(1, 40).to(DEVICE)
+    out = ops.scaled_mm(a, weight, scale_a, scale_b, None, None, None, torch.float32, "triton")
+    assert out.shape == (2, 9, 40)
+    assert_matches_reference(out, a, weight, scale_a, scale_b, None, torch.float32)
+
+
+def test_zero_points_are_refused():
+    a, weight = quantized((4, 64), torch.int8, 6), quantized((16, 64), torch.int8, 7)
+    with pytest.raises(ValueError, match="the triton kernel has no zero points"):
+        ops.scaled_mm(a, weight.t(), None, None, None, torch.tensor(1).to(DEVICE), None, torch.float32, "triton")
+
+
+@pytest.mark.parametrize("granularity", ["per_token", "per_group"])
+@pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
+@pytest.mark.parametrize("shape", [(1, 256), (3, 7, 384)])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_dynamic_quant_matches_reference(shape, dtype, granularity, x_dtype):
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(8)) * 3).to(x_dtype).to(DEVICE)
+    q, scale = ops.dynamic_quant(x, dtype, granularity, 1e-5, "triton")
+    expected_q, expected_scale = ops.dynamic_quant(x, dtype, granularity, 1e-5, "reference")
+    if x_dtype == torch.float32:  # same arithmetic: bit-exact
+        assert torch.equal(scale, expected_scale) and torch.equal(q.float(), expected_q.float())
+        return
+    # bf16: torch rounds amax / qmax in bf16 its own way; the scale may differ by one bf16 step,
+    # and then q follows its own scale. Check that q is x quantized with the returned scale.
+    torch.testing.assert_close(scale, expected_scale, rtol=1e-2, atol=0)
+    group = shape[-1] if granularity == "per_token" else 128
+    expanded = scale.float().repeat_interleave(group, dim=-1)
+    error = (q.float() * expanded - x.float()).abs()
+    # int8: half a step; fp8: half a step of e4m3 (2**-4 relative; 2**-10 of the scale in subnormals)
+    bound = 0.5 * expanded * 1.01 if dtype == torch.int8 else (x.float().abs() * 2.0**-4 + expanded * 2.0**-9) * 1.01
+    assert torch.all(error <= bound)
+
+
+def test_dynamic_quant_all_zero_rows_use_eps():
+    x = torch.zeros(2, 128).to(DEVICE)
+    q, scale = ops.dynamic_quant(x, torch.int8, "per_token", 1e-5, "triton")
+    assert torch.all(q == 0) and torch.allclose(scale.cpu(), torch.full((2, 1), 1e-5 / 127))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
+def test_static_quant_matches_reference(dtype):
+    x = torch.randn(5, 77).to(DEVICE) * 3
+    scale = torch.tensor(0.02).to(DEVICE)
+    q = ops.static_quant(x, scale, None, dtype, "triton")
+    torch.testing.assert_close(q.float(), ops.static_quant(x, scale, None, dtype, "reference").float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
+def test_quant_scaled_mm_dynamic_and_static(dtype):
+    x, weight = torch.randn(2, 5, 128).to(DEVICE), quantized((48, 128), dtype, 9)
+    scale_b, bias = torch.rand(48).to(DEVICE), torch.randn(48).to(DEVICE)
+    for scale_a in (None, torch.tensor(0.01).to(DEVICE)):
+        out = ops.quant_scaled_mm(x, weight.t(), scale_a, scale_b, bias, dtype, 1e-6, torch.float32, "triton")
+        expected = ops.quant_scaled_mm(x, weight.t(), scale_a, scale_b, bias, dtype, 1e-6, torch.float32, "reference")
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+
+
+def test_per_tensor_dynamic_quant_falls_back_to_plain_torch():
+    x = torch.randn(4, 64).to(DEVICE)
+    q, scale = ops.dynamic_quant(x, torch.int8, Granularity.PER_TENSOR.value, 0.0, "triton")
+    expected_q, expected_scale = ops.dynamic_quant(x, torch.int8, "per_tensor", 0.0, "reference")
+    assert torch.equal(q, expected_q) and torch.equal(scale, expected_scale)
