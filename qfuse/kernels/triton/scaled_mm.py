@@ -120,8 +120,11 @@ def _strides(scale: torch.Tensor | None) -> tuple[int, int]:
     return scale.stride(0), scale.stride(1)
 
 
-def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype):
-    """Launch the kernel for normalised operands (a [M, K], b [K, N], scales as the op passes them)."""
+def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None):
+    """Launch the kernel for normalised operands (a [M, K], b [K, N], scales as the op passes them).
+
+    `config` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) overrides the table: the
+    tuning script uses it."""
     (m, k), n = a.shape, b.shape[1]
     c = torch.empty((m, n), device=a.device, dtype=out_dtype)
     if m == 0 or n == 0:
@@ -129,7 +132,7 @@ def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype):
     sa = None if scale_a is None else scale_a.to(torch.float32)
     sb = None if scale_b is None else scale_b.to(torch.float32)
     kind_a, kind_b = _scale_kind(sa, (m, 1)), _scale_kind(sb, (1, n))
-    block_m, block_n, block_k, group_m, num_warps, num_stages = pick_config(m, BLOCK_SCALE in (kind_a, kind_b))
+    block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_config(m, BLOCK_SCALE in (kind_a, kind_b))
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     dummy = c  # never read when the constexpr kind says so
     _scaled_mm_kernel[grid](

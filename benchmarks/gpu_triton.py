@@ -1,0 +1,182 @@
+"""GPU benchmark of the Triton kernels (issue #3), every ratio against a baseline timed in the same run.
+
+    python benchmarks/gpu_triton.py [--tune] [--out DIR]
+
+1. Ceilings: HBM bandwidth from a 1 GiB device copy (bytes read + written / time).
+2. Scaled mm, M in {1, 16, 128, 1024, 4096} x (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}:
+   bf16 torch.mm; fp8 torch._scaled_mm tensor-wise and row-wise; torch._int_mm + rescale (two
+   kernels); qfuse Triton fp8 row-wise (per-token x per-channel) and int8 with the scales in its
+   epilogue; for M <= 16 the share of HBM bandwidth spent reading the 1-byte weight.
+3. Dynamic per-token fp8 quant at M=4096, K=14336 (bf16 in): the Triton kernel vs Inductor's code
+   for the same reference-form function, as a share of HBM bandwidth.
+4. The reference-form fp8 W8A8 linear (bf16 in and out) compiled three ways: plain Inductor,
+   backend="qfuse" with the torch kernel, and with the triton kernel.
+With --tune, first searches block configs per M bucket (`tune`), prints the best and uses them.
+Times: triton.testing.do_bench, median, in milliseconds. Writes gpu_triton.json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+import qfuse
+from qfuse.kernels.triton import scaled_mm as triton_mm
+from qfuse.kernels.triton.quant import triton_dynamic_quant
+from qfuse.schemes import Granularity
+
+FP8 = torch.float8_e4m3fn
+M_VALUES = (1, 16, 128, 1024, 4096)
+SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
+
+
+def bench(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def hbm_bandwidth() -> float:
+    source = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    return 2 * source.numel() / (bench(lambda: target.copy_(source)) * 1e-3)
+
+
+def operands(m, n, k, dtype):
+    a = torch.randn(m, k, device="cuda").to(dtype) if dtype == FP8 else torch.randint(-127, 128, (m, k), dtype=dtype, device="cuda")
+    w = torch.randn(n, k, device="cuda").to(dtype) if dtype == FP8 else torch.randint(-127, 128, (n, k), dtype=dtype, device="cuda")
+    return a, w, torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+
+
+def scaled_mm_rows(m, n, k, bandwidth):
+    a8, w8, sa, sb = operands(m, n, k, FP8)
+    ai, wi, _, _ = operands(m, n, k, torch.int8)
+    x, w = torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    one = torch.ones((), device="cuda")
+    times = {
+        "bf16 mm": bench(lambda: torch.mm(x, w.t())),
+        "fp8 _scaled_mm tensorwise": bench(lambda: torch._scaled_mm(a8, w8.t(), one, one, out_dtype=torch.bfloat16)),
+        "fp8 _scaled_mm rowwise": bench(lambda: torch._scaled_mm(a8, w8.t(), sa, sb, out_dtype=torch.bfloat16)),
+        "fp8 triton rowwise": bench(lambda: triton_mm.triton_scaled_mm(a8, w8.t(), sa, sb, None, torch.bfloat16)),
+        "triton int8 scaled": bench(lambda: triton_mm.triton_scaled_mm(ai, wi.t(), sa, sb, None, torch.bfloat16)),
+    }
+    if m > 16:  # cuBLAS int8 needs M > 16
+        times["_int_mm + rescale"] = bench(lambda: (torch._int_mm(ai, wi.t()) * sa * sb).to(torch.bfloat16))
+    row = {"m": m, "n": n, "k": k, "ms": times,
+           "fp8_triton_vs_rowwise": times["fp8 _scaled_mm rowwise"] / times["fp8 triton rowwise"],
+           "fp8_triton_tflops": 2 * m * n * k / times["fp8 triton rowwise"] / 1e9}
+    if "_int_mm + rescale" in times:
+        row["int8_triton_vs_int_mm_rescale"] = times["_int_mm + rescale"] / times["triton int8 scaled"]
+    if m <= 16:
+        for name in ("fp8 triton rowwise", "triton int8 scaled", "fp8 _scaled_mm rowwise"):
+            row[f"weight_read_share_of_hbm[{name}]"] = n * k / (times[name] * 1e-3) / bandwidth
+    return row
+
+
+def reference_quant(x):
+    s = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-6) / 448.0
+    return (x / s).clamp(-448, 448).to(FP8), s
+
+
+def quant_row(bandwidth, m=4096, k=14336):
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(reference_quant)
+    compiled(x)
+    bytes_moved = m * k * (2 + 1) + m * 2
+    times = {"triton dynamic quant": bench(lambda: triton_dynamic_quant(x, FP8, Granularity.PER_TOKEN, 1e-6)),
+             "inductor reference quant": bench(lambda: compiled(x))}
+    return {"m": m, "k": k, "ms": times,
+            "share_of_hbm": {name: bytes_moved / (t * 1e-3) / bandwidth for name, t in times.items()}}
+
+
+def fp8_linear(x, w, w_scale):
+    q, s = reference_quant(x.reshape(-1, x.shape[-1]))
+    one = torch.ones((), device=x.device)
+    y = torch._scaled_mm(q, w.t(), one, one, out_dtype=torch.float32)
+    return (y * s * w_scale).to(torch.bfloat16)
+
+
+def linear_rows():
+    rows = []
+    for m, (n, k) in itertools.product((1024, 4096), SHAPES):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w, w_scale = torch.randn(n, k, device="cuda").to(FP8), torch.rand(n, device="cuda") + 0.5
+        times = {}
+        for label, backend, options in (("inductor", "inductor", None), ("qfuse torch", "qfuse", {"kernel": "torch"}),
+                                        ("qfuse triton", "qfuse", {"kernel": "triton"})):
+            torch._dynamo.reset()
+            compiled = torch.compile(fp8_linear, backend=backend, options=options)
+            compiled(x, w, w_scale)
+            times[label] = bench(lambda: compiled(x, w, w_scale))
+        rows.append({"m": m, "n": n, "k": k, "ms": times,
+                     "speedup_torch": times["inductor"] / times["qfuse torch"],
+                     "speedup_triton": times["inductor"] / times["qfuse triton"]})
+    return rows
+
+
+def tune():
+    """Best config per M bucket for fp8 and int8 (geomean over SHAPES), from a small search space."""
+    candidates = [(bm, bn, bk, 8, warps, stages)
+                  for bm, bn, bk, warps, stages in itertools.product((16, 32, 64, 128), (64, 128, 256), (128,), (4, 8), (3, 4))
+                  if not (bm == 128 and bn == 256 and stages == 4)]
+    best = {}
+    for m in M_VALUES:
+        scores = {}
+        for config in candidates:
+            if config[0] > max(16, 2 * m):
+                continue
+            total = 0.0
+            for dtype, (n, k) in itertools.product((FP8, torch.int8), SHAPES):
+                a, w, sa, sb = operands(m, n, k, dtype)
+                try:
+                    total += math.log(bench(lambda: triton_mm.triton_scaled_mm(a, w.t(), sa, sb, None, torch.bfloat16, config)))
+                except Exception as error:  # out of shared memory etc.: not a candidate
+                    print(f"  config {config} failed at M={m}: {type(error).__name__}")
+                    total = math.inf
+                    break
+            scores[config] = total
+        best[m] = min(scores, key=scores.get)
+        print(f"tune: M={m}: best {best[m]}")
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tune", action="store_true")
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    args = parser.parse_args()
+    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    print(info)
+    tuned = None
+    if args.tune:
+        tuned = tune()
+        triton_mm.CONFIGS = {bound: tuned[m] for m, bound in zip(M_VALUES, (1, 16, 128, 1024, 2**62))}
+    bandwidth = hbm_bandwidth()
+    print(f"HBM copy bandwidth: {bandwidth / 1e12:.2f} TB/s")
+    gemm = [scaled_mm_rows(m, n, k, bandwidth) for m, (n, k) in itertools.product(M_VALUES, SHAPES)]
+    for row in gemm:
+        extras = {key: round(value, 3) for key, value in row.items() if key not in ("m", "n", "k", "ms")}
+        print(row["m"], row["n"], row["k"], {name: round(t, 4) for name, t in row["ms"].items()}, extras)
+    for m in (1024, 4096):
+        ratios = [row["fp8_triton_vs_rowwise"] for row in gemm if row["m"] == m]
+        print(f"fp8 triton / rowwise geomean at M={m}: {math.prod(ratios) ** (1 / len(ratios)):.3f}")
+    quant = quant_row(bandwidth)
+    print("quant", quant)
+    linear = linear_rows()
+    for row in linear:
+        print("linear", row["m"], row["n"], row["k"], {k: round(v, 4) for k, v in row["ms"].items()},
+              round(row["speedup_torch"], 3), round(row["speedup_triton"], 3))
+    result = {"machine": info, "hbm_bytes_per_s": bandwidth, "tuned_configs": tuned, "scaled_mm": gemm,
+              "quant": quant, "linear": linear}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "gpu_triton.json").write_text(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
