@@ -28,7 +28,6 @@ import torch
 import triton
 from triton.testing import do_bench
 
-import qfuse
 from qfuse.kernels.triton import scaled_mm as triton_mm
 from qfuse.kernels.triton.quant import triton_dynamic_quant
 from qfuse.schemes import Granularity
