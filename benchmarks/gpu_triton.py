@@ -1,6 +1,6 @@
 """GPU benchmark of the Triton kernels (issue #3), every ratio against a baseline timed in the same run.
 
-    python benchmarks/gpu_triton.py [--tune] [--out DIR]
+    python benchmarks/gpu_triton.py [--tune | --tune-only] [--out DIR]
 
 1. Ceilings: HBM bandwidth from a 1 GiB device copy (bytes read + written / time).
 2. Scaled mm, M in {1, 16, 128, 1024, 4096} x (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}:
@@ -148,13 +148,16 @@ def tune():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tune", action="store_true")
+    parser.add_argument("--tune-only", action="store_true", help="search configs, print them, stop")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = parser.parse_args()
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     print(info)
     tuned = None
-    if args.tune:
+    if args.tune or args.tune_only:
         tuned = tune()
+        if args.tune_only:
+            return
         triton_mm.CONFIGS = {bound: tuned[m] for m, bound in zip(M_VALUES, (1, 16, 128, 1024, 2**62))}
     bandwidth = hbm_bandwidth()
     print(f"HBM copy bandwidth: {bandwidth / 1e12:.2f} TB/s")

@@ -21,7 +21,7 @@ def on_cpu(*tensors):
     return [tensor.cpu() for tensor in tensors]
 
 
-@pytest.mark.parametrize("kernel", ["torch", "reference"])
+@pytest.mark.parametrize("kernel", ["torch", "triton", "reference"])
 @pytest.mark.parametrize("shape", [(1, 256), (17, 256), (3, 100, 256)], ids=["M1", "M17", "3D"])
 def test_int8_reference_form(shape, kernel):
     x, w, w_scale, bias = on_cuda(*operands(shape, n=128))
@@ -31,7 +31,7 @@ def test_int8_reference_form(shape, kernel):
 
 
 @pytest.mark.skipif(not FP8_CAPABLE, reason="fp8 needs capability >= 8.9")
-@pytest.mark.parametrize("kernel", ["torch", "reference"])
+@pytest.mark.parametrize("kernel", ["torch", "triton", "reference"])
 @pytest.mark.parametrize("shape", [(1, 256), (17, 256), (3, 100, 256)], ids=["M1", "M17", "3D"])
 def test_fp8_reference_form(shape, kernel):
     x, w, w_scale, bias = operands(shape, n=128)
