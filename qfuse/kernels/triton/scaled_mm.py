@@ -18,9 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
-# scale kinds (constexpr)
+# How a scale applies (host side), and the same values as globals the kernel may read.
 NO_SCALE, TENSOR_SCALE, VECTOR_SCALE, BLOCK_SCALE = 0, 1, 2, 3
 SCALE_GROUP = 128
+_TENSOR, _VECTOR, _BLOCK = tl.constexpr(TENSOR_SCALE), tl.constexpr(VECTOR_SCALE), tl.constexpr(BLOCK_SCALE)
+_GROUP = tl.constexpr(SCALE_GROUP)
 
 # (max M of the bucket) -> (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 CONFIGS: dict[int, tuple[int, int, int, int, int, int]] = {
@@ -56,7 +58,7 @@ def _scaled_mm_kernel(
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
-    BLOCKED: tl.constexpr = SCALE_A == BLOCK_SCALE or SCALE_B == BLOCK_SCALE
+    BLOCKED: tl.constexpr = SCALE_A == _BLOCK or SCALE_B == _BLOCK
     if IS_INT8 and not BLOCKED:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
@@ -71,11 +73,11 @@ def _scaled_mm_kernel(
             b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         if BLOCKED:
             partial = tl.dot(a, b).to(tl.float32)
-            group = k0 // SCALE_GROUP
-            if SCALE_A == BLOCK_SCALE:
+            group = k0 // _GROUP
+            if SCALE_A == _BLOCK:
                 partial *= tl.load(scale_a_ptr + offs_m * stride_sam + group * stride_sak, mask=mask_m, other=0.0)[:, None]
-            if SCALE_B == BLOCK_SCALE:
-                sb = tl.load(scale_b_ptr + group * stride_sbk + (offs_n // SCALE_GROUP) * stride_sbn, mask=mask_n, other=0.0)
+            if SCALE_B == _BLOCK:
+                sb = tl.load(scale_b_ptr + group * stride_sbk + (offs_n // _GROUP) * stride_sbn, mask=mask_n, other=0.0)
                 partial *= sb[None, :]
             acc += partial
         else:
@@ -84,13 +86,13 @@ def _scaled_mm_kernel(
         b_ptrs += BLOCK_K * stride_bk
 
     out = acc.to(tl.float32)
-    if SCALE_A == TENSOR_SCALE:
+    if SCALE_A == _TENSOR:
         out *= tl.load(scale_a_ptr)
-    elif SCALE_A == VECTOR_SCALE:
+    elif SCALE_A == _VECTOR:
         out *= tl.load(scale_a_ptr + offs_m * stride_sam, mask=mask_m, other=0.0)[:, None]
-    if SCALE_B == TENSOR_SCALE:
+    if SCALE_B == _TENSOR:
         out *= tl.load(scale_b_ptr)
-    elif SCALE_B == VECTOR_SCALE:
+    elif SCALE_B == _VECTOR:
         out *= tl.load(scale_b_ptr + offs_n * stride_sbn, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
         out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
