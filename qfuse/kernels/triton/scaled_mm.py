@@ -39,7 +39,8 @@ def _scaled_mm_kernel(
     M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     stride_sam, stride_sak, stride_sbk, stride_sbn,
-    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr, IS_INT8: tl.constexpr,
+    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, BLOCKED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    IS_INT8: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # Grouped launch order: GROUP_M row blocks share a column block, for L2 reuse of B.
@@ -58,7 +59,6 @@ def _scaled_mm_kernel(
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
-    BLOCKED: tl.constexpr = SCALE_A == _BLOCK or SCALE_B == _BLOCK
     if IS_INT8 and not BLOCKED:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
@@ -143,7 +143,7 @@ def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None):
         m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         *_strides(sa), *_strides(sb),
-        SCALE_A=kind_a, SCALE_B=kind_b, HAS_BIAS=bias is not None, IS_INT8=a.dtype == torch.int8,
+        SCALE_A=kind_a, SCALE_B=kind_b, BLOCKED=BLOCK_SCALE in (kind_a, kind_b), HAS_BIAS=bias is not None, IS_INT8=a.dtype == torch.int8,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
         num_warps=num_warps, num_stages=num_stages,
     )
