@@ -53,6 +53,7 @@ class FusedLinear:
     out_dtype: torch.dtype
     replaces: Node  # the node whose value the fused op takes over
     output_shape: list | None = None  # reshape the [M, N] result to this (absorbed views)
+    output_padding: tuple[int, int] = (0, 0)  # zero rows, columns to append (Inductor's shape padding)
     scale_a: Operand = None
     scale_b: Operand = None
     bias: Node | None = None
@@ -113,6 +114,9 @@ def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node
         fused.meta[RECORD_KEY] = record  # later passes (activation_quant) add to the record
         if linear.output_shape is not None:
             fused = insert_call(graph, aten.reshape.default, (fused, linear.output_shape))
+        if any(linear.output_padding):
+            rows, columns = linear.output_padding
+            fused = insert_call(graph, aten.constant_pad_nd.default, (fused, [0, columns, 0, rows], 0.0))
     if context.config.verify:
         fused = _check_against_original(graph, fused, linear, f"{context.report.graph_name}/{linear.anchor.name}")
     linear.replaces.replace_all_uses_with(fused, delete_user_cb=lambda user: user is not fused)

@@ -68,6 +68,35 @@ def strip_views(node: Any) -> tuple[Any, list | None]:
     return node, shape
 
 
+def strip_zero_padding(node: Any) -> tuple[Any, list[int]]:
+    """Undo zero padding at the end of dims, as Inductor's shape padding (pad_mm) adds it to a
+    matmul's operands: returns (the unpadded node, padding per dim from the first, [] if none).
+
+    Recognised: constant_pad_nd(x, [0, p_last, 0, p_before_last, ...], 0) and cat([x, zeros], dim).
+    """
+    if not isinstance(node, Node) or node.op != "call_function":
+        return node, []
+    if node.target == aten.constant_pad_nd.default:
+        pad = list(node.args[1])
+        value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+        if value == 0 and all(isinstance(p, int) for p in pad) and not any(pad[0::2]):
+            rank = len(shape_of(node))
+            per_dim = [0] * rank
+            for index, amount in enumerate(pad[1::2]):
+                per_dim[rank - 1 - index] = amount
+            return node.args[0], per_dim
+    if node.target == aten.cat.default and len(node.args[0]) == 2:
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        inner, zeros = node.args[0]
+        if isinstance(zeros, Node) and zeros.target in (aten.full.default, aten.new_zeros.default, aten.zeros.default) \
+                and (zeros.target != aten.full.default or zeros.args[1] == 0):
+            rank = len(shape_of(node))
+            per_dim = [0] * rank
+            per_dim[dim % rank] = shape_of(zeros)[dim % rank]
+            return inner, per_dim
+    return node, []
+
+
 def is_computed(value: Any) -> bool:
     """Whether a scale is computed in the graph (dynamic) rather than an input, a stored buffer or
     a constant (static)."""

@@ -3,7 +3,8 @@
 Plain Inductor (without freezing) dequantizes the weight to float on every call and runs a float
 GEMM. This pass feeds the integer tensors straight into a real int8 GEMM instead, on CPU and GPU:
 
-    linear      mm(A, B) | addmm(bias, A, B)            (3D inputs: A = reshape(...))
+    linear      mm(A, B) | addmm(bias, A, B)            (3D inputs: A = reshape(...); operands
+                                                         zero-padded by Inductor's shape padding)
                 | bmm(expand(A), expand(B))              (3D inputs that are not contiguous)
     activation  A = dequantize_per_tensor(q, scale, zero_point, ...)     .default: Python numbers
                   | dequantize_per_tensor.tensor(q, scale, zero_point, ...)        tensors
@@ -40,6 +41,7 @@ from qfuse.passes.graph_utils import (
     same_shape,
     shape_of,
     strip_views,
+    strip_zero_padding,
 )
 from qfuse.schemes import Granularity, QuantScheme
 
@@ -149,6 +151,11 @@ def _linear_operands(anchor: Node) -> tuple[Node | None, Node, Node]:
 
 def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
     bias, activation, weight = _linear_operands(anchor)
+    # Inductor's shape padding (CUDA) pads the float operands with zeros; the fused op takes the
+    # unpadded ones, and its result is padded back to the shape the slice after the matmul expects.
+    activation, activation_padding = strip_zero_padding(activation)
+    weight, weight_padding = strip_zero_padding(weight)
+    bias = strip_zero_padding(bias)[0] if bias is not None else None
     activation_dq_node, view_shape = strip_views(activation)
     weight_dq_node, transposed = _strip_transpose(weight)
     activation_dq, weight_dq = match_dequantize(activation_dq_node), match_dequantize(weight_dq_node)
@@ -182,6 +189,7 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         anchor=anchor, family=FAMILY,
         pattern=f"{activation_dq.kind} x {weight_dq.kind} + {anchor.target.__name__.split('.')[0]}",
         a=a, b=b, scheme=scheme, out_dtype=out_dtype, replaces=anchor,
+        output_padding=(activation_padding[0] if activation_padding else 0, weight_padding[1] if weight_padding else 0),
         scale_a=activation_dq.scale, scale_b=weight_dq.scale, bias=bias,
         azp_a=None if _is_zero(activation_zero_point) else activation_zero_point,
         azp_b=None if _is_zero(weight_dq.zero_point) else weight_dq.zero_point,

@@ -131,3 +131,24 @@ def test_near_miss_is_left_alone(model_class, reason):
     assert not record.fused and reason in record.reason
     assert report.ops_after[SCALED_MM] == 0
     torch.testing.assert_close(out, expected)
+
+
+class ShapePadded(QDQLinear):
+    """The graph Inductor's shape padding (pad_mm, CUDA only) makes of a misaligned linear."""
+
+    def forward(self, x):
+        x_dq, w_t = self.dequantized_activation(x), self.dequantized_weight().t()
+        padded = torch.addmm(torch.cat([self.bias, self.bias.new_zeros(3)]),
+                             torch.nn.functional.pad(x_dq, [0, 4, 0, 2]),
+                             torch.nn.functional.pad(w_t, [0, 3, 0, 4]))
+        return padded[:-2, :-3]
+
+
+def test_operands_padded_by_inductor_are_unpadded():
+    model, x = ShapePadded(), torch.randn(5, 64)
+    with torch.no_grad():
+        out, report = compile_and_run(model, x)
+        expected = model(x)
+    (record,) = report.records
+    assert record.fused, record.reason
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
