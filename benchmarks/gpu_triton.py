@@ -120,18 +120,18 @@ def linear_rows():
 
 
 def tune():
-    """Best config per M bucket for fp8 and int8 (geomean over SHAPES), from a small search space."""
+    """Best config per dtype and M bucket (geomean over SHAPES), from a small search space."""
     candidates = [(bm, bn, bk, 8, warps, stages)
-                  for bm, bn, bk, warps, stages in itertools.product((16, 32, 64, 128), (64, 128, 256), (128,), (4, 8), (3, 4))
+                  for bm, bn, bk, warps, stages in itertools.product((16, 64, 128), (64, 128, 256), (128,), (4, 8), (3, 4))
                   if not (bm == 128 and bn == 256 and stages == 4)]
     best = {}
-    for m in M_VALUES:
+    for (label, dtype), m in itertools.product((("fp8", FP8), ("int8", torch.int8)), (16, 128, 4096)):
         scores = {}
         for config in candidates:
             if config[0] > max(16, 2 * m):
                 continue
             total = 0.0
-            for dtype, (n, k) in itertools.product((FP8, torch.int8), SHAPES):
+            for n, k in SHAPES:
                 a, w, sa, sb = operands(m, n, k, dtype)
                 try:
                     total += math.log(bench(lambda: triton_mm.triton_scaled_mm(a, w.t(), sa, sb, None, torch.bfloat16, config)))
@@ -140,8 +140,8 @@ def tune():
                     total = math.inf
                     break
             scores[config] = total
-        best[m] = min(scores, key=scores.get)
-        print(f"tune: M={m}: best {best[m]}")
+        best[label, m] = min(scores, key=scores.get)
+        print(f"tune: {label} M={m}: best {best[label, m]}")
     return best
 
 
@@ -158,7 +158,8 @@ def main():
         tuned = tune()
         if args.tune_only:
             return
-        triton_mm.CONFIGS = {bound: tuned[m] for m, bound in zip(M_VALUES, (1, 16, 128, 1024, 2**62))}
+        triton_mm.CONFIGS = {label: {16: tuned[label, 16], 128: tuned[label, 128], 2**62: tuned[label, 4096]}
+                             for label in ("fp8", "int8")}
     bandwidth = hbm_bandwidth()
     print(f"HBM copy bandwidth: {bandwidth / 1e12:.2f} TB/s")
     gemm = [scaled_mm_rows(m, n, k, bandwidth) for m, (n, k) in itertools.product(M_VALUES, SHAPES)]
@@ -174,7 +175,7 @@ def main():
     for row in linear:
         print("linear", row["m"], row["n"], row["k"], {k: round(v, 4) for k, v in row["ms"].items()},
               round(row["speedup_torch"], 3), round(row["speedup_triton"], 3))
-    result = {"machine": info, "hbm_bytes_per_s": bandwidth, "tuned_configs": tuned, "scaled_mm": gemm,
+    result = {"machine": info, "hbm_bytes_per_s": bandwidth, "tuned_configs": {f"{label} M={m}": config for (label, m), config in (tuned or {}).items()}, "scaled_mm": gemm,
               "quant": quant, "linear": linear}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "gpu_triton.json").write_text(json.dumps(result, indent=2, default=str))

@@ -6,7 +6,9 @@ scales, the bias and the next op into one loop, and each call would pay Python d
 
     int8      acc = aten._int_mm(a, b)                    (Inductor's tuned int8 GEMM lowering)
               acc -= azp_a * colsum(b) + rowsum(a) * azp_b - K * azp_a * azp_b   (zero points)
-    fp8 CUDA  acc = aten._scaled_mm(a, b, 1, 1, out_dtype=float32)
+    fp8 CUDA  out = aten._scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)  when cuBLAS takes the
+              scales itself (both per-tensor, or per-row x per-column with a bf16 output), else
+              acc = aten._scaled_mm(a, b, 1, 1, out_dtype=float32)
     fp8 CPU   acc = aten.mm(float32(a), float32(b))
     out       = (float32(acc) * scale_a * scale_b + bias).to(out_dtype)        (pointwise IR)
 
@@ -93,6 +95,22 @@ def _fp8_accumulator(a2d, b):
     return _lower(aten.mm.default, _to(a2d, torch.float32), _to(b, torch.float32))
 
 
+def _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype):
+    """fp8 on CUDA with the scales (and bias) inside cuBLAS's GEMM, or None when it cannot take them."""
+    if a2d.get_device().type != "cuda" or scale_a is None or scale_b is None:
+        return None
+    if bias is not None and bias.get_dtype() != out_dtype:
+        return None
+    tensorwise = _known_equal(_numel(scale_a), 1) and _known_equal(_numel(scale_b), 1)
+    rowwise = (not _known_equal(_numel(scale_a), 1) and not _known_equal(_numel(scale_b), 1)
+               and out_dtype == torch.bfloat16)
+    if not (tensorwise or rowwise):
+        return None
+    shapes = ([], []) if tensorwise else ([rows, 1], [1, b.get_size()[1]])
+    sa, sb = (_lower(aten.reshape.default, _to(scale, torch.float32), shape) for scale, shape in zip((scale_a, scale_b), shapes))
+    return _lower(aten._scaled_mm.default, a2d, b, sa, sb, bias, None, out_dtype)
+
+
 def lower_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel):
     *lead, k = a.get_size()
     n = b.get_size()[1]
@@ -104,6 +122,10 @@ def lower_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kerne
             a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel
         )
     a2d = _lower(aten.reshape.default, a, [rows, k])
+    if a.get_dtype() == FP8_DTYPE:
+        fused = _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype)
+        if fused is not None:
+            return _lower(aten.reshape.default, fused, [*lead, n])
     if a.get_dtype() == torch.int8:
         out = _int8_accumulator(a2d, b, azp_a, azp_b, rows, k)
     else:

@@ -12,6 +12,8 @@ The scale is rounded to x's dtype before it divides, so the scale returned is ex
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -33,8 +35,9 @@ def _round_half_even(value):
 def _round_to_e4m3(value):
     """Round float32 to the nearest e4m3 value (ties to even), in float32, so the cast is exact.
 
-    Casting does this by itself on GPUs; Triton's interpreter (3.x) drops the carry when rounding
-    reaches the next power of two (125.9 -> 64), so the kernels round first on every backend."""
+    GPUs round correctly in the cast itself; Triton's interpreter (3.x) drops the carry when
+    rounding reaches the next power of two (125.9 -> 64). So this runs only in the interpreter
+    (ROUND_FP8_FIRST), where its extra arithmetic costs nothing that matters."""
     magnitude = tl.maximum(tl.abs(value), 1e-30)
     exponent = tl.maximum(tl.floor(tl.log2(magnitude)), -6.0)  # e4m3: normals from 2**-6
     step = tl.exp2(exponent - 3.0)  # 3 mantissa bits
@@ -45,6 +48,7 @@ def _round_to_e4m3(value):
 def _dynamic_quant_kernel(
     x_ptr, q_ptr, scale_ptr, width, groups, stride_x, stride_q, eps,
     QMAX: tl.constexpr, IS_INT8: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    ROUND_FP8_FIRST: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
@@ -57,9 +61,16 @@ def _dynamic_quant_kernel(
     if IS_INT8:
         q = tl.clamp(_round_half_even(scaled), -128.0, 127.0).to(q_ptr.dtype.element_ty)
     else:
-        q = _round_to_e4m3(tl.clamp(scaled, -QMAX, QMAX)).to(q_ptr.dtype.element_ty)
+        q = tl.clamp(scaled, -QMAX, QMAX)
+        if ROUND_FP8_FIRST:
+            q = _round_to_e4m3(q)
+        q = q.to(q_ptr.dtype.element_ty)
     tl.store(q_ptr + row * stride_q + offs, q, mask=mask)
     tl.store(scale_ptr + row * groups + group, scale)
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def triton_dynamic_quant(x: torch.Tensor, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
@@ -78,6 +89,7 @@ def triton_dynamic_quant(x: torch.Tensor, quant_dtype: torch.dtype, granularity:
         _dynamic_quant_kernel[(rows, groups)](
             x2d, q, scale, width, groups, x2d.stride(0), q.stride(0), eps,
             QMAX=symmetric_quant_max(quant_dtype), IS_INT8=quant_dtype == torch.int8, GROUP=group, BLOCK=block,
+            ROUND_FP8_FIRST=_interpreted(),
             num_warps=min(16, max(1, block // 512)),
         )
     return q.reshape(x.shape), scale.reshape(*x.shape[:-1], groups)
@@ -85,13 +97,16 @@ def triton_dynamic_quant(x: torch.Tensor, quant_dtype: torch.dtype, granularity:
 
 @triton.jit
 def _static_quant_kernel(x_ptr, q_ptr, scale_ptr, numel, QMIN: tl.constexpr, QMAX: tl.constexpr,
-                         IS_FP8: tl.constexpr, BLOCK: tl.constexpr):
+                         IS_FP8: tl.constexpr, BLOCK: tl.constexpr, ROUND_FP8_FIRST: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     scaled = x / tl.load(scale_ptr).to(tl.float32)
     if IS_FP8:
-        q = _round_to_e4m3(tl.clamp(scaled, QMIN, QMAX)).to(q_ptr.dtype.element_ty)
+        q = tl.clamp(scaled, QMIN, QMAX)
+        if ROUND_FP8_FIRST:
+            q = _round_to_e4m3(q)
+        q = q.to(q_ptr.dtype.element_ty)
     else:
         q = tl.clamp(_round_half_even(scaled), QMIN, QMAX).to(q_ptr.dtype.element_ty)
     tl.store(q_ptr + offs, q, mask=mask)
@@ -106,5 +121,6 @@ def triton_static_quant(x: torch.Tensor, scale: torch.Tensor, quant_dtype: torch
     if flat.numel():
         _static_quant_kernel[(triton.cdiv(flat.numel(), block),)](
             flat, q, scale.reshape(1), flat.numel(), QMIN=qmin, QMAX=qmax, IS_FP8=quant_dtype == FP8_DTYPE, BLOCK=block,
+            ROUND_FP8_FIRST=_interpreted(),
         )
     return q.reshape(x.shape)

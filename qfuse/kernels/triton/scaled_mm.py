@@ -28,10 +28,9 @@ _GROUP = tl.constexpr(SCALE_GROUP)
 # `python benchmarks/gpu_triton.py --tune-only` on an NVIDIA H200 (torch 2.11, triton 3.6): the best
 # geomean over fp8 and int8 at (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)} for
 # M = 16, 128 and 1024 / 4096 (which agreed). docs/benchmarks.md has the run.
-CONFIGS: dict[int, tuple[int, int, int, int, int, int]] = {
-    16: (16, 64, 128, 8, 4, 4),
-    128: (128, 64, 128, 8, 4, 4),
-    2**62: (128, 128, 128, 8, 8, 3),
+CONFIGS: dict[str, dict[int, tuple[int, int, int, int, int, int]]] = {
+    "int8": {16: (16, 64, 128, 8, 4, 4), 128: (128, 64, 128, 8, 4, 4), 2**62: (128, 128, 128, 8, 8, 3)},
+    "fp8": {16: (16, 64, 128, 8, 4, 4), 128: (128, 64, 128, 8, 4, 4), 2**62: (128, 128, 128, 8, 8, 3)},
 }
 
 
@@ -83,7 +82,7 @@ def _scaled_mm_kernel(
                 partial *= sb[None, :]
             acc += partial
         else:
-            acc += tl.dot(a, b)
+            acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
@@ -102,8 +101,9 @@ def _scaled_mm_kernel(
     tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def pick_config(m: int, blocked: bool) -> tuple[int, int, int, int, int, int]:
-    config = next(config for bound, config in sorted(CONFIGS.items()) if m <= bound)
+def pick_config(m: int, is_fp8: bool, blocked: bool) -> tuple[int, int, int, int, int, int]:
+    table = CONFIGS["fp8" if is_fp8 else "int8"]
+    config = next(config for bound, config in sorted(table.items()) if m <= bound)
     if blocked and SCALE_GROUP % config[2]:
         config = (*config[:2], SCALE_GROUP, *config[3:])
     return config
@@ -136,7 +136,9 @@ def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None):
     sa = None if scale_a is None else scale_a.to(torch.float32)
     sb = None if scale_b is None else scale_b.to(torch.float32)
     kind_a, kind_b = _scale_kind(sa, (m, 1)), _scale_kind(sb, (1, n))
-    block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_config(m, BLOCK_SCALE in (kind_a, kind_b))
+    block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_config(
+        m, a.dtype != torch.int8, BLOCK_SCALE in (kind_a, kind_b)
+    )
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     dummy = c  # never read when the constexpr kind says so
     _scaled_mm_kernel[grid](
