@@ -38,6 +38,8 @@ def assert_matches_reference(out, a, b, scale_a, scale_b, bias, out_dtype):
     a2d, sa, sb, _, _ = _flatten_operands(a, b, scale_a, scale_b, bias, None, None, "test")
     expected = reference_math.scaled_mm(a2d, b, sa, sb, bias, None, None, torch.float64).reshape(out.shape)
     tolerance = 1e-5 if out_dtype == torch.float32 else 1e-2
+    if a.dtype == FP8 and out_dtype == torch.float32 and a.is_cuda:
+        tolerance = 1e-3  # Hopper fp8 tensor cores accumulate in reduced precision (see scaled_mm.py)
     torch.testing.assert_close(out.double(), expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
 
 
