@@ -119,15 +119,20 @@ def linear_rows():
     return rows
 
 
-def tune():
-    """Best config per dtype and M bucket (geomean over SHAPES), from a small search space."""
-    candidates = [(bm, bn, bk, 8, warps, stages)
-                  for bm, bn, bk, warps, stages in itertools.product((16, 64, 128), (64, 128, 256), (128,), (4, 8), (3, 4))
-                  if not (bm == 128 and bn == 256 and stages == 4)]
+SMALL_M_SPACE = itertools.product((16,), (32, 64), (128, 256, 512), (2, 4), (3, 4, 6))
+LARGE_M_SPACE = itertools.product((64, 128), (128, 256), (64, 128), (4, 8), (3, 4))
+
+
+def tune(buckets=(16, 128, 4096)):
+    """Best config per dtype and M bucket (geomean over SHAPES): small tiles with deep K steps for
+    M <= 16 (the weight read must keep enough bytes in flight), wgmma tiles above."""
+    small = [(bm, bn, bk, 8, warps, stages) for bm, bn, bk, warps, stages in SMALL_M_SPACE]
+    large = [(bm, bn, bk, 8, warps, stages) for bm, bn, bk, warps, stages in LARGE_M_SPACE
+             if not (bm == 128 and bn == 256 and (stages == 4 or bk == 128))]
     best = {}
-    for (label, dtype), m in itertools.product((("fp8", FP8), ("int8", torch.int8)), (16, 128, 4096)):
+    for (label, dtype), m in itertools.product((("fp8", FP8), ("int8", torch.int8)), buckets):
         scores = {}
-        for config in candidates:
+        for config in small if m <= 16 else large:
             if config[0] > max(16, 2 * m):
                 continue
             total = 0.0
@@ -149,13 +154,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tune", action="store_true")
     parser.add_argument("--tune-only", action="store_true", help="search configs, print them, stop")
+    parser.add_argument("--buckets", type=int, nargs="+", default=[16, 128, 4096], help="M values to tune")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = parser.parse_args()
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     print(info)
     tuned = None
     if args.tune or args.tune_only:
-        tuned = tune()
+        tuned = tune(args.buckets)
         if args.tune_only:
             return
         triton_mm.CONFIGS = {label: {16: tuned[label, 16], 128: tuned[label, 128], 2**62: tuned[label, 4096]}
