@@ -27,14 +27,12 @@ _GROUP = tl.constexpr(SCALE_GROUP)
 # (max M of the bucket) -> (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), chosen by
 # `python benchmarks/gpu_triton.py --tune-only` on an NVIDIA H200 (torch 2.11, triton 3.6): per dtype,
 # the best geomean over (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)} at M = 16, 128 and
-# 4096 (the int8 row from the run that tuned both dtypes together). The per-dtype run's fp8 pick for
-# large M, (128, 256, 128, 8, 8, 3), measured 2.2x slower than this row in the full benchmark that
-# followed, so this row stays. docs/benchmarks.md has the runs.
+# 4096 (search spaces in the script: deep-K small tiles for M <= 16, wgmma tiles above).
 # fp8 tiles of 64+ rows use Hopper's wgmma, which accumulates fp8 products in reduced precision
 # (about 2**-13 relative per K block, as cuBLAS does without fast accumulation).
 CONFIGS: dict[str, dict[int, tuple[int, int, int, int, int, int]]] = {
-    "int8": {16: (16, 64, 128, 8, 4, 4), 128: (128, 64, 128, 8, 4, 4), 2**62: (128, 128, 128, 8, 8, 3)},
-    "fp8": {16: (16, 64, 128, 8, 4, 4), 128: (128, 64, 128, 8, 4, 4), 2**62: (128, 128, 128, 8, 8, 3)},
+    "int8": {16: (16, 64, 512, 8, 4, 4), 128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 3)},
+    "fp8": {16: (16, 64, 512, 8, 4, 6), 128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 4)},
 }
 
 
