@@ -122,18 +122,3 @@ def test_per_tensor_dynamic_quant_falls_back_to_plain_torch():
     q, scale = ops.dynamic_quant(x, torch.int8, Granularity.PER_TENSOR.value, 0.0, "triton")
     expected_q, expected_scale = ops.dynamic_quant(x, torch.int8, "per_tensor", 0.0, "reference")
     assert torch.equal(q, expected_q) and torch.equal(scale, expected_scale)
-
-
-@pytest.mark.parametrize("kind", ["token_channel", "block"])
-@pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
-def test_split_k_for_small_m(dtype, kind):
-    from qfuse.kernels.triton.scaled_mm import pick_config, split_k_for
-
-    m, k, n = 3, 2048, 96
-    block_m, block_n, block_k = pick_config(m, dtype == FP8, kind == "block")[:3]
-    assert split_k_for(m, n, k, block_m, block_n, block_k, torch.device(DEVICE)) > 1  # exercised
-    a, weight = quantized((m, k), dtype, 10), quantized((n, k), dtype, 11)
-    scale_a, scale_b = scales(kind, m, k, n)
-    bias = torch.randn(n).to(DEVICE)
-    out = ops.scaled_mm(a, weight.t(), scale_a, scale_b, bias, None, None, torch.bfloat16, "triton")
-    assert_matches_reference(out, a, weight.t(), scale_a, scale_b, bias, torch.bfloat16)

@@ -7,8 +7,6 @@
     Block (DeepSeek-style) scales apply per K step: acc += dot(a, b) * sa[m, g] * sb[g, n // 128],
     with BLOCK_K dividing 128 so that a K step never straddles two scale groups.
     Offsets are int64 where M * K or K * N may exceed 2**31; M, N, K need not be block multiples.
-    Small M splits K across programs (split-K) when the output tiles alone cannot fill the GPU;
-    the splits add their scaled partial results into a float32 buffer (`split_k_for`).
 
 Block sizes come from `CONFIGS`, a table per M bucket chosen by `benchmarks/tune_triton.py` on an
 H100/H200 (see docs/benchmarks.md); `pick_config` returns the entry for a call.
@@ -41,11 +39,11 @@ CONFIGS: dict[str, dict[int, tuple[int, int, int, int, int, int]]] = {
 @triton.jit
 def _scaled_mm_kernel(
     a_ptr, b_ptr, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
-    M, N, K, k_per_split,
+    M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     stride_sam, stride_sak, stride_sbk, stride_sbn,
     SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, BLOCKED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    IS_INT8: tl.constexpr, SPLIT_K: tl.constexpr,
+    IS_INT8: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # Grouped launch order: GROUP_M row blocks share a column block, for L2 reuse of B.
@@ -59,21 +57,17 @@ def _scaled_mm_kernel(
 
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    # Split-K: program (tile, split) sums K in [k_start, k_end); the splits meet in atomic adds.
-    split = tl.program_id(1)
-    k_start = split * k_per_split
-    k_end = min(K, k_start + k_per_split)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m, mask_n = offs_m < M, offs_n < N
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_start + offs_k[None, :]) * stride_ak
-    b_ptrs = b_ptr + (k_start + offs_k[:, None]) * stride_bk + offs_n[None, :] * stride_bn
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
     if IS_INT8 and not BLOCKED:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        mask_k = offs_k < k_end - k0
+    for k0 in range(0, K, BLOCK_K):
+        mask_k = offs_k < K - k0
         if IS_INT8:
             a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0)
             b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0)
@@ -103,14 +97,10 @@ def _scaled_mm_kernel(
         out *= tl.load(scale_b_ptr)
     elif SCALE_B == _VECTOR:
         out *= tl.load(scale_b_ptr + offs_n * stride_sbn, mask=mask_n, other=0.0)[None, :]
-    if HAS_BIAS:  # once, from the first split
-        bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        out += tl.where(split == 0, bias, 0.0)[None, :]
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    if SPLIT_K == 1:
-        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-    else:  # the scales are linear, so each split adds its scaled share into a float32 output
-        tl.atomic_add(c_ptrs, out, mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 def pick_config(m: int, is_fp8: bool, blocked: bool) -> tuple[int, int, int, int, int, int]:
@@ -136,15 +126,6 @@ def _strides(scale: torch.Tensor | None) -> tuple[int, int]:
     return scale.stride(0), scale.stride(1)
 
 
-def split_k_for(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, device: torch.device) -> int:
-    """How many K splits keep about two programs per SM busy when the output tiles alone cannot."""
-    if m > 16:
-        return 1
-    processors = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    return max(1, min(8, triton.cdiv(k, block_k), (2 * processors) // tiles))
-
-
 def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None):
     """Launch the kernel for normalised operands (a [M, K], b [K, N], scales as the op passes them).
 
@@ -160,21 +141,16 @@ def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None):
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_config(
         m, a.dtype != torch.int8, BLOCK_SCALE in (kind_a, kind_b)
     )
-    split_k = split_k_for(m, n, k, block_m, block_n, block_k, a.device)
-    k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
-    split_k = triton.cdiv(k, k_per_split)
-    out = c if split_k == 1 else torch.zeros((m, n), device=a.device, dtype=torch.float32)
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split_k)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     dummy = c  # never read when the constexpr kind says so
     _scaled_mm_kernel[grid](
-        a, b, out, sa if sa is not None else dummy, sb if sb is not None else dummy,
+        a, b, c, sa if sa is not None else dummy, sb if sb is not None else dummy,
         bias if bias is not None else dummy,
-        m, n, k, k_per_split,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+        m, n, k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         *_strides(sa), *_strides(sb),
         SCALE_A=kind_a, SCALE_B=kind_b, BLOCKED=BLOCK_SCALE in (kind_a, kind_b), HAS_BIAS=bias is not None, IS_INT8=a.dtype == torch.int8,
-        SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
         num_warps=num_warps, num_stages=num_stages,
     )
-    return out if split_k == 1 or out_dtype == torch.float32 else out.to(out_dtype)
+    return c
