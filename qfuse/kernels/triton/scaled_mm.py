@@ -146,11 +146,11 @@ def promote_every(dtype: torch.dtype, out_dtype: torch.dtype) -> int:
     return 4 if dtype == torch.float8_e4m3fn and out_dtype in (torch.bfloat16, torch.float16) else 1
 
 
-def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None):
+def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None, promote=None):
     """Launch the kernel for normalised operands (a [M, K], b [K, N], scales as the op passes them).
 
-    `config` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) overrides the table: the
-    tuning script uses it."""
+    `config` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) overrides the table and
+    `promote` the fp8 promotion interval (`promote_every`): the benchmark scripts use them."""
     (m, k), n = a.shape, b.shape[1]
     c = torch.empty((m, n), device=a.device, dtype=out_dtype)
     if m == 0 or n == 0:
@@ -170,7 +170,7 @@ def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None):
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         *_strides(sa), *_strides(sb),
         SCALE_A=kind_a, SCALE_B=kind_b, BLOCKED=BLOCK_SCALE in (kind_a, kind_b), HAS_BIAS=bias is not None, IS_INT8=a.dtype == torch.int8,
-        PROMOTE_EVERY=1 if BLOCK_SCALE in (kind_a, kind_b) else promote_every(a.dtype, out_dtype),
+        PROMOTE_EVERY=1 if BLOCK_SCALE in (kind_a, kind_b) else promote or promote_every(a.dtype, out_dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
         num_warps=num_warps, num_stages=num_stages,
     )
