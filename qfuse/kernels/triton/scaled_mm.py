@@ -140,8 +140,9 @@ def promote_every(dtype: torch.dtype, out_dtype: torch.dtype) -> int:
     """K steps between promotions of the fp8 tensor-core accumulator into the float32 sum.
 
     Hopper accumulates fp8 products in reduced precision. Promoting every step (1) is as exact as
-    cuBLAS's default; every 4 steps (512 of K) is 1.2-1.3x faster on an H200 with a relative error
-    near 1e-3, below what a bf16 / fp16 output rounds away anyway (measured in docs/benchmarks.md).
+    cuBLAS's default; every 4 steps (512 of K) is 1.15-1.2x faster on an H200 with a relative error
+    near 1e-3, below what a bf16 / fp16 output rounds away anyway (benchmarks/fp8_promotion.py,
+    docs/benchmarks.md).
     int8 accumulates exactly in int32 and needs no promotion; block scales promote every step."""
     return 4 if dtype == torch.float8_e4m3fn and out_dtype in (torch.bfloat16, torch.float16) else 1
 
