@@ -15,7 +15,7 @@ from qfuse import debug
 from qfuse.config import QfuseConfig, split_options
 from qfuse.ops.verify import verify_results
 from qfuse.passes.manager import QfusePass, compose, graphs_compiled, reports_since
-from qfuse.passes.report import LinearRecord, PassReport
+from qfuse.passes.report import LinearRecord, PassReport, RecordSelection
 
 _saved_passes: list[Any] = []
 
@@ -55,7 +55,7 @@ def installed(config: QfuseConfig | None = None, **options: Any):
 
 
 @dataclass
-class Explanation:
+class Explanation(RecordSelection):
     """What qfuse did to each graph of one compile (`qfuse.explain`); prints as a table."""
 
     reports: list[PassReport]
@@ -63,14 +63,6 @@ class Explanation:
     @property
     def records(self) -> list[LinearRecord]:
         return [record for report in self.reports for record in report.records]
-
-    @property
-    def fused(self) -> list[LinearRecord]:
-        return [record for record in self.records if record.fused]
-
-    @property
-    def near_misses(self) -> list[LinearRecord]:
-        return [record for record in self.records if not record.fused]
 
     def __str__(self) -> str:
         if not self.reports:

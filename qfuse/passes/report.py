@@ -45,8 +45,22 @@ class LinearRecord:
         return f"{self.where}: not fused [{self.family}]: {self.reason}"
 
 
+class RecordSelection:
+    """`fused` and `near_misses` of anything that has `records` (a report, an explanation)."""
+
+    records: list[LinearRecord]
+
+    @property
+    def fused(self) -> list[LinearRecord]:
+        return [record for record in self.records if record.fused]
+
+    @property
+    def near_misses(self) -> list[LinearRecord]:
+        return [record for record in self.records if not record.fused]
+
+
 @dataclass
-class PassReport:
+class PassReport(RecordSelection):
     graph_name: str = ""
     records: list[LinearRecord] = field(default_factory=list)
     float_matmuls: list[str] = field(default_factory=list)  # matmuls with no quantized operand
@@ -61,14 +75,6 @@ class PassReport:
 
     def record_for(self, node_name: str) -> LinearRecord | None:
         return next((record for record in self.records if record.node == node_name), None)
-
-    @property
-    def fused(self) -> list[LinearRecord]:
-        return [record for record in self.records if record.fused]
-
-    @property
-    def near_misses(self) -> list[LinearRecord]:
-        return [record for record in self.records if not record.fused]
 
     def headline(self) -> str:
         """One line: 'qfuse: 6 of 7 linears fused (6 int8 dyn-token x per-channel -> torch); 1 near miss'."""
