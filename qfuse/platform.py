@@ -2,6 +2,8 @@
 
 `Platform` is a frozen snapshot for one device type ("cpu", "cuda", "xpu"). It is computed once
 per device type and cached; tests build their own instances to exercise other machines.
+`libraries` names the optional kernel libraries that are importable here (see `OPTIONAL_LIBRARIES`);
+they are looked up without being imported.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ class Platform:
     cpu_has_avx512_vnni: bool = False
     cpu_has_amx: bool = False
     cpu_is_amd_zen: bool = False
-    has_triton: bool = False
+    gpu_arch: str = ""  # ROCm: the gfx name (gfx942 is MI300); empty elsewhere
+    libraries: frozenset[str] = frozenset()  # importable optional libraries, e.g. {"triton", "vllm"}
+
+    def has(self, library: str) -> bool:
+        return library in self.libraries
 
     @property
     def capability(self) -> int:
@@ -53,20 +59,34 @@ def _cpu_is_amd_zen() -> bool:
     return "AuthenticAMD" in text and family is not None and int(family.group(1)) >= 23  # Zen is family 17h+
 
 
+#: Optional libraries that kernels build on: Triton, vLLM (CUTLASS, CPU fp8 GEMM), AITER, zentorch.
+OPTIONAL_LIBRARIES = ("triton", "vllm", "aiter", "zentorch")
+
+
+def _importable_libraries() -> frozenset[str]:
+    return frozenset(name for name in OPTIONAL_LIBRARIES if importlib.util.find_spec(name) is not None)
+
+
+def _rocm_arch() -> str:
+    if torch.version.hip is None or not torch.cuda.is_available():
+        return ""
+    return torch.cuda.get_device_properties().gcnArchName.split(":")[0]
+
+
 @functools.cache
 def current_platform(device_type: str) -> Platform:
     """The platform of this process for `device_type`."""
-    has_triton = importlib.util.find_spec("triton") is not None
+    libraries = _importable_libraries()
     if device_type == "cuda":
         capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
         return Platform("cuda", is_rocm=torch.version.hip is not None, cuda_capability=capability,
-                        has_triton=has_triton)
+                        gpu_arch=_rocm_arch(), libraries=libraries)
     if device_type == "cpu":
         return Platform(
             "cpu",
             cpu_has_avx512_vnni=torch.cpu._is_vnni_supported(),
             cpu_has_amx=torch.cpu._is_amx_tile_supported(),
             cpu_is_amd_zen=_cpu_is_amd_zen(),
-            has_triton=False,
+            libraries=libraries,
         )
-    return Platform(device_type, has_triton=has_triton)
+    return Platform(device_type, libraries=libraries)

@@ -2,16 +2,21 @@
 
 A kernel answers two questions before it is used, each with a reason a user can read:
 `is_supported(platform)` (can it run on this machine at all?) and `can_implement(key, platform)`
-(can it compute this scheme at these sizes, on this machine's generation of hardware?). `qfuse.kernels.registry.choose_kernel` walks a priority
-list and asks both; the ops call `scaled_mm` / the quant methods of the kernel that was chosen.
+(can it compute this scheme at these sizes, on this machine's generation of hardware?).
+`qfuse.kernels.registry.choose_kernel` walks a priority list and asks both. The ops then call,
+on the kernel that was chosen, `prepare_weight` (once per weight: see `prepared.prepare_once`)
+and `apply` (or `quant_apply`, which quantizes the activation first).
 
 Operand conventions (the ops normalise to these before a kernel sees them):
 - `a`: quantized activation [M, K] (int8, uint8 is never passed: the passes shift it to int8, or fp8);
 - `b`: quantized weight, logically [K, N], any strides (a `w.t()` view of a stored [N, K] weight);
-- `scale_a`: None, one value, or [M, 1]; `scale_b`: None, one value, or [1, N];
+- `scale_a`: None, one value, [M, 1] or [M, ceil(K/128)];
+- `scale_b`: None, one value, [1, N] or [ceil(K/128), ceil(N/128)];
 - `azp_a`: None, one value, or [M, 1] integer zero point of the activation;
 - `azp_b`: None, one value, or [1, N] integer zero point of the weight;
 - result: ((a - azp_a) * scale_a) @ ((b - azp_b) * scale_b) + bias, cast to `out_dtype`.
+`prepare_weight(b, scale_b, azp_b)` turns the weight side into a `PreparedWeight` in the kernel's
+own layout; `apply` receives that.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import ClassVar
 import torch
 
 from qfuse.kernels import reference_math
+from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
 from qfuse.schemes import Granularity, QuantScheme
 
@@ -50,6 +56,9 @@ class Kernel(abc.ABC):
     #: Whether the passes should hand this kernel the float activation (qfuse::quant_scaled_mm)
     #: instead of leaving the activation quantization to Inductor's generated code.
     fuses_activation_quant: ClassVar[bool] = False
+    #: Whether `prepare_weight` changes the weight (repacking, padding, re-encoding), so that its
+    #: result is worth caching per weight. Kernels that consume the weight as it is leave it False.
+    prepares_weight: ClassVar[bool] = False
 
     @abc.abstractmethod
     def is_supported(self, platform: Platform) -> Verdict: ...
@@ -57,22 +66,23 @@ class Kernel(abc.ABC):
     @abc.abstractmethod
     def can_implement(self, key: GemmKey, platform: Platform) -> Verdict: ...
 
-    def prepare_weight(self, b: torch.Tensor) -> torch.Tensor:
-        """Put the [K, N] weight in the layout `scaled_mm` wants (transposes, padding, packing)."""
-        return b
+    def prepare_weight(
+        self, b: torch.Tensor, scale_b: torch.Tensor | None, azp_b: torch.Tensor | None
+    ) -> PreparedWeight:
+        """Put the [K, N] weight, its scale and zero point in the layout `apply` wants."""
+        return PreparedWeight(b, scale_b, azp_b, *b.shape)
 
     @abc.abstractmethod
-    def scaled_mm(
+    def apply(
         self,
         a: torch.Tensor,
-        b: torch.Tensor,
+        weight: PreparedWeight,
         scale_a: torch.Tensor | None,
-        scale_b: torch.Tensor | None,
         bias: torch.Tensor | None,
         azp_a: torch.Tensor | None,
-        azp_b: torch.Tensor | None,
         out_dtype: torch.dtype,
-    ) -> torch.Tensor: ...
+    ) -> torch.Tensor:
+        """((a - azp_a) * scale_a) @ weight + bias as `out_dtype`, for a [M, K] activation."""
 
     # Quantizers: plain torch math unless a kernel has a faster one.
 
@@ -85,10 +95,10 @@ class Kernel(abc.ABC):
     def static_quant(self, x, scale, zero_point, quant_dtype: torch.dtype):
         return reference_math.static_quant(x, scale, zero_point, quant_dtype)
 
-    def quant_scaled_mm(self, x, b, scale_a, scale_b, bias, quant_dtype, eps, out_dtype):
-        """Quantize x [M, K] (dynamic per-token if scale_a is None, else static) and run scaled_mm."""
+    def quant_apply(self, x, weight: PreparedWeight, scale_a, bias, quant_dtype, eps, out_dtype):
+        """Quantize x [M, K] (dynamic per-token if scale_a is None, else static) and `apply`."""
         if scale_a is None:
             q, scale_a = self.dynamic_quant(x, quant_dtype, Granularity.PER_TOKEN, eps)
         else:
             q = self.static_quant(x, scale_a, None, quant_dtype)
-        return self.scaled_mm(q, b, scale_a, scale_b, bias, None, None, out_dtype)
+        return self.apply(q, weight, scale_a, bias, None, out_dtype)

@@ -22,5 +22,5 @@ class ReferenceKernel(Kernel):
     def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
         return OK
 
-    def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
-        return reference_math.scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype)
+    def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
+        return reference_math.scaled_mm(a, weight.data, scale_a, weight.scale, bias, azp_a, weight.zero_point, out_dtype)

@@ -51,7 +51,8 @@ class TorchKernel(Kernel):
                 return False, f"torch._scaled_mm needs fp8 tensor cores (capability >= 89, this GPU: {platform.capability})"
         return OK
 
-    def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
+    def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
+        b, scale_b, azp_b = weight.data, weight.scale, weight.zero_point
         for name, scale, shape in (("scale_a", scale_a, (a.shape[0], 1)), ("scale_b", scale_b, (1, b.shape[1]))):
             if scale is not None and scale.numel() != 1 and tuple(scale.shape) != shape:
                 raise ValueError(f"the torch kernel takes per-tensor, per-row or per-column scales; {name} has "

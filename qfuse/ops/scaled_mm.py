@@ -12,7 +12,8 @@ usual case). Scales: `scale_a` one value, one per row of a (any shape with that 
 a trailing 1), or one per row and 128-group of K; `scale_b` one value, [N] / [1, N], or one per
 128x128 block [ceil(K/128), ceil(N/128)]; `bias` [N]; integer zero points `azp_a` (one value or
 one per row) and `azp_b` (one value or one per output channel). `kernel` names the registry kernel
-the compiler chose for this call.
+the compiler chose for this call; its prepared form of the weight is made once per weight
+(`qfuse.kernels.prepared`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import math
 import torch
 
 from qfuse.kernels import get_kernel
+from qfuse.kernels.prepared import prepare_once
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -122,10 +124,8 @@ def scaled_mm(
     out_shape = _output_shape(a, b, "scaled_mm")
     a2d, scale_a, scale_b, azp_a, azp_b = _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, azp_b, "scaled_mm")
     implementation = get_kernel(kernel)
-    out = implementation.scaled_mm(
-        a2d, implementation.prepare_weight(b), scale_a, scale_b, bias, azp_a, azp_b, out_dtype
-    )
-    return out.reshape(out_shape)
+    weight = prepare_once(implementation, b, scale_b, azp_b)
+    return implementation.apply(a2d, weight, scale_a, bias, azp_a, out_dtype).reshape(out_shape)
 
 
 @scaled_mm.register_fake
@@ -150,10 +150,8 @@ def quant_scaled_mm(
     out_shape = _output_shape(x, b, "quant_scaled_mm")
     x2d, scale_a, scale_b, _, _ = _flatten_operands(x, b, scale_a, scale_b, bias, None, None, "quant_scaled_mm")
     implementation = get_kernel(kernel)
-    out = implementation.quant_scaled_mm(
-        x2d, implementation.prepare_weight(b), scale_a, scale_b, bias, quant_dtype, eps, out_dtype
-    )
-    return out.reshape(out_shape)
+    weight = prepare_once(implementation, b, scale_b, None)
+    return implementation.quant_apply(x2d, weight, scale_a, bias, quant_dtype, eps, out_dtype).reshape(out_shape)
 
 
 def _check_quant_input(x, b, quant_dtype, out_dtype):

@@ -16,9 +16,9 @@ from qfuse.platform import Platform
 from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme
 
 CPU = Platform("cpu", cpu_has_avx512_vnni=True)
-H100 = Platform("cuda", cuda_capability=(9, 0), has_triton=True)
-A100 = Platform("cuda", cuda_capability=(8, 0), has_triton=True)
-MI300 = Platform("cuda", is_rocm=True, cuda_capability=(9, 4), has_triton=True)
+H100 = Platform("cuda", cuda_capability=(9, 0), libraries=frozenset({"triton"}))
+A100 = Platform("cuda", cuda_capability=(8, 0), libraries=frozenset({"triton"}))
+MI300 = Platform("cuda", is_rocm=True, cuda_capability=(9, 4), libraries=frozenset({"triton"}))
 XPU = Platform("xpu")
 
 INT8_TOKEN_CHANNEL = QuantScheme(torch.int8, torch.int8, Granularity.PER_TOKEN, Granularity.PER_CHANNEL, dynamic=True)

@@ -27,7 +27,7 @@ class TritonKernel(Kernel):
     def is_supported(self, platform: Platform) -> Verdict:
         if platform.device_type != "cuda":
             return False, f"triton kernels run on CUDA / ROCm GPUs, not on {platform.describe()}"
-        if not platform.has_triton:
+        if not platform.has("triton"):
             return False, "Triton is not installed (pip install triton)"
         return OK
 
@@ -42,12 +42,12 @@ class TritonKernel(Kernel):
             return False, f"needs capability >= {needed} for {'fp8' if scheme.is_fp8 else 'int8'} dot (this GPU: {platform.capability})"
         return OK
 
-    def scaled_mm(self, a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
-        if azp_a is not None or azp_b is not None:
+    def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
+        if azp_a is not None or weight.zero_point is not None:
             raise ValueError("the triton kernel has no zero points; use kernel='torch' for asymmetric int8")
         from qfuse.kernels.triton.scaled_mm import triton_scaled_mm
 
-        return triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
+        return triton_scaled_mm(a, weight.data, scale_a, weight.scale, bias, out_dtype)
 
     def dynamic_quant(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
         if granularity == Granularity.PER_TENSOR:
