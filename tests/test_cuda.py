@@ -4,10 +4,12 @@ reference-form and Q/DQ linears on CUDA tensors, against the same function run e
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
 
+import qfuse
 from tests.helpers import compile_and_run
 from tests.passes.test_pt2e_linear import QDQLinear
-from tests.passes.test_reference_linear import fp8_scaled_mm, fp8_weight, int_mm_linear, operands
+from tests.passes.test_reference_linear import dynamic_fp8, fp8_scaled_mm, fp8_weight, int_mm_linear, operands
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP8_CAPABLE = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
@@ -53,3 +55,25 @@ def test_qdq_linear(case, shape):
         expected = model(x)
     assert [record.kernel for record in report.fused] == ["torch"]
     torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)
+
+
+def fp8_linear_without_bias(x, w, w_scale):
+    q, s = dynamic_fp8(x.reshape(-1, x.shape[-1]))
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    y = torch._scaled_mm(q, w.t(), one, one, out_dtype=torch.float32)
+    return (y * s * w_scale).to(torch.bfloat16).reshape(*x.shape[:-1], -1)
+
+
+@pytest.mark.skipif(not FP8_CAPABLE, reason="fp8 needs capability >= 8.9")
+@pytest.mark.parametrize("shape, n", [((1, 256), 128), ((33, 256), 128), ((2, 9, 200), 40)], ids=["M1", "M33", "3D-pad"])
+def test_cutlass_is_the_default_for_fp8_with_bf16_output(shape, n):
+    x, w, w_scale, _ = operands(shape, n=n)
+    x, w, w_scale = on_cuda(x, fp8_weight(w), w_scale)
+    compiled = torch.compile(fp8_linear_without_bias, backend="qfuse")
+    out, (code, *_) = run_and_get_code(compiled, x, w, w_scale)
+    aligned = shape[-1] % 16 == 0 and n % 16 == 0
+    assert ("qfuse.scaled_mm" not in code) == aligned  # aligned: lowered to ATen's row-wise CUTLASS call
+    (record,) = qfuse.recent_reports()[-1].fused
+    assert record.kernel == "cutlass"
+    expected = fp8_linear_without_bias(*on_cpu(x, w, w_scale)).float()
+    assert (out.cpu().float() - expected).norm() / expected.norm() < 1e-2

@@ -44,9 +44,13 @@ class GemmKey:
     n: int | None
     k: int | None
     out_dtype: torch.dtype
-    has_bias: bool
+    bias_dtype: torch.dtype | None  # None: no bias
     device_type: str
     fused_quant: bool = False  # the kernel gets the float activation and quantizes it itself
+
+    @property
+    def has_bias(self) -> bool:
+        return self.bias_dtype is not None
 
 
 class Kernel(abc.ABC):

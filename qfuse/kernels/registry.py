@@ -11,16 +11,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from qfuse.kernels.base import GemmKey, Kernel
+from qfuse.kernels.cutlass import CutlassKernel
 from qfuse.kernels.reference import ReferenceKernel
 from qfuse.kernels.torch_native import TorchKernel
 from qfuse.kernels.triton import TritonKernel
 from qfuse.platform import Platform
 
-KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (TorchKernel(), TritonKernel(), ReferenceKernel())}
+KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (
+    CutlassKernel(),
+    TritonKernel(),
+    TorchKernel(),
+    ReferenceKernel(),
+)}
 
 PRIORITY: dict[str, tuple[str, ...]] = {
     "cpu": ("torch",),
-    "cuda": ("torch", "triton"),
+    "cuda": ("cutlass", "triton", "torch"),
     "rocm": ("triton",),
     "xpu": (),
 }

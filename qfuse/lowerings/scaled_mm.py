@@ -1,4 +1,4 @@
-"""Inductor lowering of `qfuse::scaled_mm` for the `torch` kernel: Inductor's own GEMM + IR epilogue.
+"""Inductor lowering of `qfuse::scaled_mm` for the `torch` and `cutlass` kernels: Inductor's own GEMM.
 
 An opaque custom-op call would hide the epilogue from Inductor: it could no longer fuse the
 scales, the bias and the next op into one loop, and each call would pay Python dispatch. For the
@@ -11,6 +11,11 @@ scales, the bias and the next op into one loop, and each call would pay Python d
               acc = aten._scaled_mm(a, b, 1, 1, out_dtype=float32)
     fp8 CPU   acc = aten.mm(float32(a), float32(b))
     out       = (float32(acc) * scale_a * scale_b + bias).to(out_dtype)        (pointwise IR)
+
+The `cutlass` kernel without vLLM is ATen's row-wise CUTLASS fp8 GEMM; where it needs no padding
+(K and N multiples of 16) it lowers to that same call, scales expanded to row-wise:
+
+    fp8 cutlass  out = aten._scaled_mm(a, b, scale_a [M, 1], scale_b [1, N], bias, bfloat16)
 
 Cases it does not cover stay an extern call of the op (which is always correct): other kernels,
 per-group / block scales, CUDA int8 without a static M > 16 (cuBLAS rejects small M; the op pads),
@@ -26,6 +31,8 @@ import torch
 from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
+from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
+from qfuse.platform import current_platform
 from qfuse.schemes import FP8_DTYPE
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -58,10 +65,20 @@ def _scale_shape(scale, count, shape) -> list | None:
     return None
 
 
+def _why_not_aten_cutlass(a, b) -> str:
+    if cutlass_backend(current_platform("cuda")) != "aten":
+        return "the cutlass kernel calls vLLM's CUTLASS op"
+    if not all(_known_equal(sympy.Mod(size, ALIGNMENT), 0) for size in b.get_size()):
+        return f"K or N is not a multiple of {ALIGNMENT}: the cutlass kernel pads the weight"
+    return ""
+
+
 def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
-    """'' if the torch-kernel lowering covers this call, else why it stays an extern call."""
-    if kernel != "torch":
+    """'' if the lowering covers this call, else why it stays an extern call."""
+    if kernel not in ("torch", "cutlass"):
         return f"kernel {kernel!r} runs as an extern call"
+    if kernel == "cutlass" and (reason := _why_not_aten_cutlass(a, b)):
+        return reason
     if _scale_shape(scale_a, rows, [rows, 1]) is None or _scale_shape(scale_b, b.get_size()[1], [1, -1]) is None:
         return "per-group or block scales"
     on_cuda = a.get_device().type == "cuda"
@@ -111,6 +128,22 @@ def _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype):
     return _lower(aten._scaled_mm.default, a2d, b, sa, sb, bias, None, out_dtype)
 
 
+def _rowwise_scale(scale, shape, device):
+    """A contiguous float32 scale of `shape` ([M, 1] or [1, N]) from one value or one per row / column."""
+    unit = _lower(aten.full.default, shape, 1.0, dtype=torch.float32, device=device)
+    if scale is None:
+        return unit
+    flat = _lower(aten.reshape.default, _to(scale, torch.float32), [1, 1] if _known_equal(_numel(scale), 1) else shape)
+    return _lower(aten.mul.Tensor, unit, flat)
+
+
+def _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows):
+    """The cutlass kernel's ATen call: row-wise scaled fp8 GEMM (CUTLASS inside ATen), bf16 out."""
+    sa = _rowwise_scale(scale_a, [rows, 1], a2d.get_device())
+    sb = _rowwise_scale(scale_b, [1, b.get_size()[1]], a2d.get_device())
+    return _lower(aten._scaled_mm.default, a2d, b, sa, sb, bias, None, torch.bfloat16)
+
+
 def lower_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel):
     *lead, k = a.get_size()
     n = b.get_size()[1]
@@ -122,6 +155,8 @@ def lower_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kerne
             a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel
         )
     a2d = _lower(aten.reshape.default, a, [rows, k])
+    if kernel == "cutlass":
+        return _lower(aten.reshape.default, _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows), [*lead, n])
     if a.get_dtype() == FP8_DTYPE:
         fused = _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype)
         if fused is not None:

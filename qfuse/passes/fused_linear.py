@@ -65,7 +65,7 @@ class FusedLinear:
         k, n = fake_value(self.b).shape
         return GemmKey(
             scheme=self.scheme, n=static_int(n), k=static_int(k), out_dtype=self.out_dtype,
-            has_bias=self.bias is not None, device_type=fake_value(self.a).device.type,
+            bias_dtype=None if self.bias is None else fake_value(self.bias).dtype, device_type=fake_value(self.a).device.type,
         )
 
 

@@ -31,7 +31,7 @@ BLOCK_REASON = "torch has no block-scaled GEMM (per-group activation / 128x128 w
 
 
 def key(scheme=INT8_TOKEN_CHANNEL, n=256, k=512, device_type="cpu", out_dtype=torch.bfloat16):
-    return GemmKey(scheme, n=n, k=k, out_dtype=out_dtype, has_bias=True, device_type=device_type)
+    return GemmKey(scheme, n=n, k=k, out_dtype=out_dtype, bias_dtype=out_dtype, device_type=device_type)
 
 
 @pytest.mark.parametrize("scheme", [INT8_TOKEN_CHANNEL, FP8_TENSOR, UINT8_ASYMMETRIC])

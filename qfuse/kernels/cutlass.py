@@ -1,0 +1,118 @@
+"""`cutlass`: CUTLASS scaled GEMMs on NVIDIA GPUs, from vLLM or from ATen.
+
+Two implementations, named by `cutlass_backend(platform)`:
+
+    vllm  torch.ops._C.cutlass_scaled_mm(out, a, b, scale_a, scale_b, bias), when vLLM is
+          importable: int8 (capability >= 75) and fp8 e4m3 (>= 89), per-tensor or per-token
+          activation scales x per-tensor or per-channel weight scales, bf16 / fp16 output.
+    aten  torch._scaled_mm with row-wise scales, which ATen runs on its own CUTLASS kernel
+          (f8f8bf16_rowwise) on sm89 / sm90: fp8 only, bf16 output only. Per-tensor scales are
+          expanded to row-wise so the call takes that CUTLASS path (tensor-wise scaling would
+          go to cuBLASLt, which is the `torch` kernel's business). ATen's int8 GEMM
+          (torch._int_mm) is cuBLASLt, not CUTLASS, so without vLLM int8 goes to another kernel.
+
+Both want K and N multiples of 16 (16-byte aligned rows of fp8/int8). Other sizes are padded:
+the weight once in `prepare_weight` (zeros, column-major [K16, N16], per-channel scales padded
+with 1.0), the activation's K with zeros on every call, and the output is sliced back to N.
+Zero padding is exact: the extra products are zero.
+
+    limit              vllm            aten
+    capability         int8 75, fp8 89 fp8 89
+    activation scales  tensor / token  tensor / token
+    weight scales      tensor/channel  tensor/channel
+    zero points        no              no
+    output             bf16, fp16      bf16
+    bias               [N], output dtype
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.prepared import PreparedWeight
+from qfuse.platform import Platform, current_platform
+from qfuse.schemes import Granularity
+
+ALIGNMENT = 16
+MIN_CAPABILITY = {"int8": 75, "fp8": 89}
+OUT_DTYPES = {"vllm": (torch.bfloat16, torch.float16), "aten": (torch.bfloat16,)}
+
+
+def cutlass_backend(platform: Platform) -> str:
+    """Which CUTLASS runs: vLLM's kernels when importable, else ATen's row-wise fp8 GEMM."""
+    return "vllm" if platform.has("vllm") else "aten"
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class CutlassKernel(Kernel):
+    name = "cutlass"
+    prepares_weight = True
+
+    def is_supported(self, platform: Platform) -> Verdict:
+        if platform.device_type != "cuda" or platform.is_rocm:
+            return False, f"CUTLASS runs on NVIDIA GPUs, not on {platform.describe()}"
+        return OK
+
+    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
+        scheme, backend = key.scheme, cutlass_backend(platform)
+        dtype = "fp8" if scheme.is_fp8 else "int8"
+        if getattr(scheme, "is_weight_only", False):
+            return False, "weight-only quantization is not a CUTLASS scaled GEMM"
+        if dtype == "int8" and backend == "aten":
+            return False, "int8 CUTLASS needs vLLM's cutlass_scaled_mm (not importable); ATen's int8 GEMM is cuBLASLt"
+        if platform.capability < MIN_CAPABILITY[dtype]:
+            return False, (f"CUTLASS {dtype} needs capability >= {MIN_CAPABILITY[dtype]} "
+                           f"(this GPU: {platform.capability})")
+        if not scheme.symmetric:
+            return False, "zero points (asymmetric activations) are not implemented with CUTLASS here"
+        if scheme.activation_granularity == Granularity.PER_GROUP or scheme.weight_granularity == Granularity.BLOCK:
+            return False, "block scales (1x128 / 128x128) are not implemented with CUTLASS here"
+        if key.out_dtype not in OUT_DTYPES[backend]:
+            names = ", ".join(str(dtype).removeprefix("torch.") for dtype in OUT_DTYPES[backend])
+            return False, f"{backend} CUTLASS writes {names} only, not {str(key.out_dtype).removeprefix('torch.')}"
+        if key.bias_dtype is not None and key.bias_dtype != key.out_dtype:
+            return False, f"CUTLASS adds a bias of the output dtype only (bias {key.bias_dtype}, output {key.out_dtype})"
+        return OK
+
+    def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
+        """Column-major [K16, N16] weight (zero padded) and a float32 [1, N16] or [] scale."""
+        k, n = b.shape
+        k_padded, n_padded = _round_up(k, ALIGNMENT), _round_up(n, ALIGNMENT)
+        column_major = torch.zeros((n_padded, k_padded), dtype=b.dtype, device=b.device)
+        column_major[:n, :k] = b.t()
+        scale = None if scale_b is None else scale_b.to(torch.float32)
+        if scale is not None and scale.numel() != 1 and n_padded != n:
+            scale = torch.nn.functional.pad(scale.reshape(1, n), (0, n_padded - n), value=1.0)
+        return PreparedWeight(column_major.t(), scale, azp_b, k, n)
+
+    def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
+        if azp_a is not None or weight.zero_point is not None:
+            raise ValueError("the cutlass kernel has no zero points; use kernel='torch' for asymmetric int8")
+        k_padded, n_padded = weight.data.shape
+        if a.shape[1] != k_padded:
+            a = torch.nn.functional.pad(a, (0, k_padded - a.shape[1]))
+        rows = a.shape[0]
+        unit = torch.ones((), device=a.device, dtype=torch.float32)
+        scale_a = (unit if scale_a is None else scale_a.to(torch.float32)).reshape(-1, 1).expand(rows, 1).contiguous()
+        scale_b = (unit if weight.scale is None else weight.scale).reshape(1, -1).expand(1, n_padded).contiguous()
+        if bias is not None and n_padded != weight.n:
+            bias = torch.nn.functional.pad(bias, (0, n_padded - weight.n))
+        if bias is not None and bias.dtype != out_dtype:
+            raise ValueError(f"the cutlass kernel takes a bias of the output dtype {out_dtype}, got {bias.dtype}")
+        if cutlass_backend(current_platform("cuda")) == "vllm":
+            out = torch.empty((rows, n_padded), dtype=out_dtype, device=a.device)
+            vllm_cutlass_scaled_mm()(out, a, weight.data, scale_a, scale_b, bias)
+        else:
+            out = torch._scaled_mm(a, weight.data, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+        return out[:, : weight.n] if n_padded != weight.n else out
+
+
+def vllm_cutlass_scaled_mm():
+    """vLLM's CUTLASS op (importing vLLM registers it); one lookup so tests can stand one in."""
+    import vllm._custom_ops  # noqa: F401  (registers torch.ops._C.*)
+
+    return torch.ops._C.cutlass_scaled_mm
