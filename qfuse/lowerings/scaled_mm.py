@@ -28,6 +28,7 @@ import logging
 
 import sympy
 import torch
+from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
@@ -134,7 +135,7 @@ def _rowwise_scale(scale, shape, device):
     if scale is None:
         return unit
     flat = _lower(aten.reshape.default, _to(scale, torch.float32), [1, 1] if _known_equal(_numel(scale), 1) else shape)
-    return _lower(aten.mul.Tensor, unit, flat)
+    return ir.ExternKernel.require_contiguous(_lower(aten.mul.Tensor, unit, flat))  # ATen checks stride(1) == 1
 
 
 def _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows):
