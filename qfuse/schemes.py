@@ -15,6 +15,11 @@ Supported granularities:
     weight      PER_TENSOR    one value
     weight      PER_CHANNEL   [N]
     weight      BLOCK         [K / 128, N / 128]  (128 x 128 blocks)
+    weight      PER_GROUP     [K / g, N]          (g x 1 groups along K; int4 weights only,
+                                                   g = weight_group_size)
+
+int4 weights (`INT4_DTYPE`, W4A8) are a marker: the tensors hold the values [-8, 7] unpacked in
+int8 until a kernel packs them (`qfuse.kernels.xpu.pack_int4`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 QUANT_DTYPES = (torch.int8, torch.uint8, FP8_DTYPE)
+INT4_DTYPE = torch.int4  # a weight dtype only; torch has no int4 tensors, the values live in int8
+WEIGHT_DTYPES = (*QUANT_DTYPES, INT4_DTYPE)
 GROUP_SIZE = 128
 
 
@@ -38,7 +45,7 @@ class Granularity(str, enum.Enum):
 
 
 ACTIVATION_GRANULARITIES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)
-WEIGHT_GRANULARITIES = (Granularity.PER_TENSOR, Granularity.PER_CHANNEL, Granularity.BLOCK)
+WEIGHT_GRANULARITIES = (Granularity.PER_TENSOR, Granularity.PER_CHANNEL, Granularity.BLOCK, Granularity.PER_GROUP)
 
 
 def quant_range(dtype: torch.dtype) -> tuple[float, float]:
@@ -49,7 +56,9 @@ def quant_range(dtype: torch.dtype) -> tuple[float, float]:
     if dtype in (torch.int8, torch.uint8):
         info = torch.iinfo(dtype)
         return float(info.min), float(info.max)
-    raise ValueError(f"{dtype} is not a quantized dtype; expected one of {QUANT_DTYPES}")
+    if dtype == INT4_DTYPE:
+        return -8.0, 7.0
+    raise ValueError(f"{dtype} is not a quantized dtype; expected one of {WEIGHT_DTYPES}")
 
 
 def symmetric_quant_max(dtype: torch.dtype) -> float:
@@ -60,7 +69,7 @@ def symmetric_quant_max(dtype: torch.dtype) -> float:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return {torch.int8: "int8", torch.uint8: "uint8", FP8_DTYPE: "fp8"}.get(dtype, str(dtype))
+    return {torch.int8: "int8", torch.uint8: "uint8", FP8_DTYPE: "fp8", INT4_DTYPE: "int4"}.get(dtype, str(dtype))
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ class QuantScheme:
     weight_granularity: Granularity
     dynamic: bool
     symmetric: bool = True
+    weight_group_size: int | None = None  # g of a PER_GROUP weight scale; None otherwise
 
     def __post_init__(self) -> None:
         for name in ("activation_granularity", "weight_granularity"):
@@ -80,9 +90,10 @@ class QuantScheme:
                 object.__setattr__(self, name, Granularity(getattr(self, name)))
             except ValueError:
                 raise ValueError(f"{name} {getattr(self, name)!r} is not one of {[g.value for g in Granularity]}") from None
-        for role, dtype in (("activation", self.activation_dtype), ("weight", self.weight_dtype)):
-            if dtype not in QUANT_DTYPES:
-                raise ValueError(f"{role} dtype {dtype} is not supported; expected one of {QUANT_DTYPES}")
+        for role, dtype, allowed in (("activation", self.activation_dtype, QUANT_DTYPES),
+                                     ("weight", self.weight_dtype, WEIGHT_DTYPES)):
+            if dtype not in allowed:
+                raise ValueError(f"{role} dtype {dtype} is not supported; expected one of {allowed}")
         if self.activation_granularity not in ACTIVATION_GRANULARITIES:
             raise ValueError(
                 f"activation granularity {self.activation_granularity} is not one of "
@@ -101,6 +112,16 @@ class QuantScheme:
             raise ValueError("fp8 activations are symmetric only")
         if self.activation_dtype == torch.uint8 and self.symmetric:
             raise ValueError("uint8 activations need a zero point (symmetric=False)")
+        self._check_weight_groups()
+
+    def _check_weight_groups(self) -> None:
+        grouped = self.weight_granularity == Granularity.PER_GROUP
+        if grouped and self.weight_dtype != INT4_DTYPE:
+            raise ValueError("per-group weight scales are supported for int4 weights only")
+        if grouped != (self.weight_group_size is not None):
+            raise ValueError("weight_group_size is required by, and only allowed with, per-group weight scales")
+        if grouped and (not isinstance(self.weight_group_size, int) or self.weight_group_size <= 0):
+            raise ValueError(f"weight_group_size must be a positive int, got {self.weight_group_size!r}")
 
     @property
     def is_fp8(self) -> bool:
@@ -111,7 +132,9 @@ class QuantScheme:
         kind = "dyn" if self.dynamic else "static"
         act = self.activation_granularity.value.removeprefix("per_")
         asym = " asym" if not self.symmetric else ""
-        return (
-            f"{dtype_name(self.activation_dtype)} {kind}-{act}{asym} x "
-            f"{self.weight_granularity.value.replace('_', '-')}"
-        )
+        weight = self.weight_granularity.value.replace("_", "-")
+        if self.weight_group_size is not None:
+            weight += f"-{self.weight_group_size}"
+        if self.weight_dtype == INT4_DTYPE:
+            weight = f"int4 {weight}"
+        return f"{dtype_name(self.activation_dtype)} {kind}-{act}{asym} x {weight}"

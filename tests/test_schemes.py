@@ -5,7 +5,15 @@ import dataclasses
 import pytest
 import torch
 
-from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme, dtype_name, quant_range, symmetric_quant_max
+from qfuse.schemes import (
+    FP8_DTYPE,
+    INT4_DTYPE,
+    Granularity,
+    QuantScheme,
+    dtype_name,
+    quant_range,
+    symmetric_quant_max,
+)
 
 G = Granularity
 
@@ -21,6 +29,10 @@ G = Granularity
          "fp8 static-tensor x per-channel"),
         (QuantScheme(torch.uint8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True, symmetric=False),
          "uint8 dyn-token asym x per-channel"),
+        (QuantScheme(torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, dynamic=True, weight_group_size=128),
+         "int8 dyn-token x int4 per-group-128"),
+        (QuantScheme(torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True),
+         "int8 dyn-token x int4 per-channel"),
         (QuantScheme(torch.int8, torch.int8, G.PER_TENSOR, G.PER_TENSOR, dynamic=False, symmetric=False),
          "int8 static-tensor asym x per-tensor"),
     ],
@@ -37,7 +49,14 @@ def test_describe(scheme, label):
         ((torch.int8, torch.int8, G.PER_CHANNEL, G.PER_CHANNEL, True), "activation granularity"),
         ((torch.int8, torch.int8, G.BLOCK, G.PER_CHANNEL, True), "activation granularity"),
         ((torch.int8, torch.int8, G.PER_TOKEN, G.PER_TOKEN, True), "weight granularity"),
-        ((torch.int8, torch.int8, G.PER_TOKEN, G.PER_GROUP, True), "weight granularity"),
+        ((torch.int8, torch.int8, G.PER_TOKEN, G.PER_GROUP, True), "per-group weight scales are supported for int4"),
+        ((torch.int8, torch.int8, G.PER_TOKEN, G.PER_GROUP, True, True, 128), "for int4 weights only"),
+        ((torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, True), "weight_group_size is required by"),
+        ((torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, True, True, 128), "only allowed with, per-group"),
+        ((torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, True, True, 0), "must be a positive int, got 0"),
+        ((torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, True, True, 64.0), "must be a positive int, got 64.0"),
+        ((INT4_DTYPE, INT4_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, True), "activation dtype torch.int4 is not supported"),
+        ((FP8_DTYPE, INT4_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, True), "both be fp8 or both be integer"),
         ((torch.int8, torch.uint8, G.PER_TOKEN, G.PER_CHANNEL, True, False), "uint8 weights are not supported"),
         ((torch.int8, FP8_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, True), "both be fp8 or both be integer"),
         ((FP8_DTYPE, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True), "both be fp8 or both be integer"),
@@ -53,7 +72,7 @@ def test_invalid_schemes_raise_value_error(fields, message):
 def test_granularity_errors_name_the_valid_choices():
     with pytest.raises(ValueError) as raised:
         QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_TOKEN, True)
-    assert "['per_tensor', 'per_channel', 'block']" in str(raised.value)
+    assert "['per_tensor', 'per_channel', 'block', 'per_group']" in str(raised.value)
 
 
 def test_scheme_is_a_frozen_hashable_key():
@@ -83,7 +102,7 @@ def test_string_granularity_is_normalised_or_rejected():
 
 @pytest.mark.parametrize(
     "dtype, expected",
-    [(torch.int8, (-128.0, 127.0)), (torch.uint8, (0.0, 255.0)), (FP8_DTYPE, (-448.0, 448.0))],
+    [(torch.int8, (-128.0, 127.0)), (torch.uint8, (0.0, 255.0)), (FP8_DTYPE, (-448.0, 448.0)), (INT4_DTYPE, (-8.0, 7.0))],
 )
 def test_quant_range(dtype, expected):
     assert quant_range(dtype) == expected
@@ -99,5 +118,13 @@ def test_symmetric_quant_max():
 
 
 def test_dtype_name():
-    assert [dtype_name(d) for d in (torch.int8, torch.uint8, FP8_DTYPE)] == ["int8", "uint8", "fp8"]
+    assert [dtype_name(d) for d in (torch.int8, torch.uint8, FP8_DTYPE, INT4_DTYPE)] == ["int8", "uint8", "fp8", "int4"]
     assert dtype_name(torch.float16) == "torch.float16"
+
+
+def test_int4_group_scheme_is_a_distinct_key_per_group_size():
+    w4a8 = QuantScheme(torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, dynamic=True, weight_group_size=128)
+    assert w4a8 == QuantScheme(torch.int8, INT4_DTYPE, "per_token", "per_group", True, True, 128)
+    assert w4a8 != dataclasses.replace(w4a8, weight_group_size=64)
+    assert symmetric_quant_max(INT4_DTYPE) == 7.0
+    assert QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True).weight_group_size is None

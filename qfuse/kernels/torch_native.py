@@ -19,7 +19,7 @@ import torch
 
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.platform import Platform
-from qfuse.schemes import Granularity
+from qfuse.schemes import INT4_DTYPE, Granularity
 
 # cuBLASLt's int8 GEMM behind torch._int_mm needs more than 16 rows on CUDA.
 _CUDA_INT_MM_MIN_ROWS = 17
@@ -41,6 +41,8 @@ class TorchKernel(Kernel):
 
     def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
         scheme = key.scheme
+        if scheme.weight_dtype == INT4_DTYPE:
+            return False, "int4 weights (W4A8) are not implemented in the torch kernel"
         if scheme.activation_granularity == Granularity.PER_GROUP or scheme.weight_granularity == Granularity.BLOCK:
             return False, "torch has no block-scaled GEMM (per-group activation / 128x128 weight scales)"
         if key.device_type == "cuda":

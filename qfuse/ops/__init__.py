@@ -3,5 +3,9 @@
 from qfuse.ops.quantize import dynamic_quant, dynamic_quant_asymmetric, static_quant
 from qfuse.ops.scaled_mm import quant_scaled_mm, scaled_mm
 from qfuse.ops.verify import check_close
+from qfuse.ops.w4a8 import w4a8_scaled_mm
 
-__all__ = ["check_close", "dynamic_quant", "dynamic_quant_asymmetric", "quant_scaled_mm", "scaled_mm", "static_quant"]
+__all__ = [
+    "check_close", "dynamic_quant", "dynamic_quant_asymmetric", "quant_scaled_mm", "scaled_mm", "static_quant",
+    "w4a8_scaled_mm",
+]

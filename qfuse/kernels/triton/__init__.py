@@ -17,7 +17,7 @@ import torch
 
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.platform import Platform
-from qfuse.schemes import Granularity
+from qfuse.schemes import INT4_DTYPE, Granularity
 
 
 class TritonKernel(Kernel):
@@ -33,6 +33,8 @@ class TritonKernel(Kernel):
 
     def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
         scheme = key.scheme
+        if scheme.weight_dtype == INT4_DTYPE:
+            return False, "int4 weights (W4A8) are not implemented in the Triton kernel"
         if not scheme.symmetric:
             return False, "zero points (asymmetric activations) are not implemented in the Triton kernel"
         if scheme.is_fp8 and platform.is_rocm:

@@ -1,0 +1,189 @@
+"""`xpu`: W4A8 on Intel GPUs, through oneDNN's int4 x int8 matmul (`_xpu_C::int4_gemm_w4a8`).
+
+    a, scale_a = dynamic per-token symmetric int8 quantization of x      (qfuse's own quantizer)
+    out[m, n]  = scale_a[m] * sum_k a[m, k] * w[k, n] * scale_w[k // g, n] + bias[n]
+    w: int4 values in [-8, 7], stored packed (below); the op writes float16, cast to the out dtype
+
+What `can_implement` accepts (the constants below are the data it reads):
+
+    rule            accepted
+    --------------  ----------------------------------------------------------------
+    machine         an XPU with vllm-xpu-kernels importable (it registers torch.ops._xpu_C)
+    weight          int4, symmetric; per-group with g a multiple of 32 (and dividing K), or per-channel
+    activation      int8, dynamic, per-token, symmetric (quantized inside the kernel)
+    sizes           static K (in features) and N (out features), multiples of 8; any M
+    dtypes          float16 or bfloat16 activations and output; oneDNN writes float16, so a
+                    bfloat16 model gets a one-time warning and a cast back to bfloat16
+
+Packing (`pack_int4`, the layout of vLLM's XPUW4A8IntLinearKernel): the [N, K] int4 values, plus 8
+(so each is a nibble in [0, 15]), eight consecutive K values per int32, the first in the lowest
+four bits: packed[n, j] = sum_i (w[n, 8 j + i] + 8) << 4 i, an int32 [N, K / 8] tensor. The op gets
+it as `packed.t()` ([K / 8, N], the "NT" view oneDNN reads), the scale as a contiguous [K / g, N]
+matrix, and the weight zero point as the one-value int8 tensor [8] (one value = symmetric: oneDNN
+subtracts 8 from every nibble). Per-channel scales are one group of K.
+
+Learned from (facts, not code): vLLM's model_executor/kernels/linear/mixed_precision/xpu.py
+(XPUW4A8IntLinearKernel: constraints, packing, the call) and _xpu_ops.py (its per-token quantizer),
+and vllm-xpu-kernels' int4_gemm_w4a8 / dnnl_matmul_w4a8_int4 (scale grouping {group_size, 1}, one
+zero point = symmetric, float16 output).
+
+NOT RUN ON XPU: this machine and the CI have no Intel GPU. Constraints, packing and the call into the
+op are tested on CPU, the call against a stand-in op with the same schema (tests/kernels/test_xpu.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.prepared import PreparedWeight
+from qfuse.platform import Platform
+from qfuse.schemes import INT4_DTYPE, Granularity, dtype_name
+
+XPU_KERNELS_LIBRARY = "vllm_xpu_kernels"
+GROUP_SIZE_MULTIPLE = 32
+ALIGNMENT = 8  # K and N
+FLOAT_DTYPES = (torch.float16, torch.bfloat16)  # activation and output
+ONEDNN_OUT_DTYPE = torch.float16
+NIBBLE_OFFSET = 8  # stored nibble = int4 value + 8; also oneDNN's symmetric weight zero point
+VALUES_PER_INT32 = 8
+BITS_PER_VALUE = 4
+
+
+def pack_int4(values: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] holding int4 values in [-8, 7] -> int32 [N, K / 8], eight nibbles per int32."""
+    if values.dtype != torch.int8 or values.dim() != 2:
+        raise ValueError(f"pack_int4 takes an int8 [N, K] matrix, got {values.dtype} of shape {tuple(values.shape)}")
+    rows, cols = values.shape
+    if cols % VALUES_PER_INT32:
+        raise ValueError(f"pack_int4 needs K to be a multiple of {VALUES_PER_INT32}, got {cols}")
+    if values.numel() and (values.min() < -NIBBLE_OFFSET or values.max() >= NIBBLE_OFFSET):
+        raise ValueError(f"int4 values must lie in [-8, 7], got [{values.min()}, {values.max()}]")
+    nibbles = (values.to(torch.int64) + NIBBLE_OFFSET).reshape(rows, cols // VALUES_PER_INT32, VALUES_PER_INT32)
+    shifts = torch.arange(0, 32, BITS_PER_VALUE, dtype=torch.int64, device=values.device)
+    unsigned = (nibbles << shifts).sum(dim=-1)  # distinct bits, so the sum is the bitwise or
+    return torch.where(unsigned >= 2**31, unsigned - 2**32, unsigned).to(torch.int32)  # as two's complement
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [N, K / 8] from `pack_int4` -> int8 [N, K] with values in [-8, 7]."""
+    if packed.dtype != torch.int32 or packed.dim() != 2:
+        raise ValueError(f"unpack_int4 takes an int32 [N, K / 8] matrix, "
+                         f"got {packed.dtype} of shape {tuple(packed.shape)}")
+    unsigned = packed.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(0, 32, BITS_PER_VALUE, dtype=torch.int64, device=packed.device)
+    nibbles = (unsigned.unsqueeze(-1) >> shifts) & 0xF
+    return (nibbles - NIBBLE_OFFSET).to(torch.int8).flatten(-2)
+
+
+def xpu_int4_gemm_w4a8():
+    """The oneDNN W4A8 op: int4_gemm_w4a8(A int8 [M, K], A_scale [M, 1], A_zp int32 [M, 1],
+    B int32 [K / 8, N] (NT view), B_scale [K / g, N], B_zp, int group_size, Tensor? g_idx,
+    Tensor? bias) -> float16 [M, N]. The only place qfuse touches vllm-xpu-kernels."""
+    import vllm_xpu_kernels._xpu_C  # noqa: F401  (registers torch.ops._xpu_C)
+
+    return torch.ops._xpu_C.int4_gemm_w4a8
+
+
+@functools.cache
+def warn_float16_output_once() -> None:
+    warnings.warn(
+        "qfuse's xpu W4A8 kernel runs oneDNN's int4_gemm_w4a8, which writes float16; qfuse casts the result "
+        "back to bfloat16 (a float16 model avoids the cast and float16's narrower range)",
+        stacklevel=3,
+    )
+
+
+def _activation_verdict(scheme) -> Verdict:
+    if scheme.activation_dtype != torch.int8 or not scheme.symmetric:
+        return False, f"the xpu kernel quantizes activations to symmetric int8, not {scheme.describe()}"
+    if not scheme.dynamic or scheme.activation_granularity != Granularity.PER_TOKEN:
+        return False, f"the xpu kernel quantizes activations dynamically per token, not {scheme.describe()}"
+    return OK
+
+
+def _weight_verdict(scheme, k: int | None) -> Verdict:
+    if scheme.weight_granularity == Granularity.PER_CHANNEL:
+        return OK
+    if scheme.weight_granularity != Granularity.PER_GROUP:
+        granularity = scheme.weight_granularity.value
+        return False, f"the xpu kernel takes per-group or per-channel int4 weight scales, not {granularity}"
+    group = scheme.weight_group_size
+    if group % GROUP_SIZE_MULTIPLE:
+        return False, f"the xpu kernel needs a weight group size that is a multiple of {GROUP_SIZE_MULTIPLE}, got {group}"
+    if k is not None and k % group:
+        return False, f"the weight group size {group} does not divide K={k}"
+    return OK
+
+
+class XpuKernel(Kernel):
+    name = "xpu"
+    fuses_activation_quant = True  # the op takes the float activation: it is quantized right before the matmul
+    prepares_weight = True  # int4 values -> packed int32
+
+    def is_supported(self, platform: Platform) -> Verdict:
+        if platform.device_type != "xpu":
+            return False, f"the xpu kernel runs on Intel GPUs (XPU) only, not on {platform.describe()}"
+        if not platform.has(XPU_KERNELS_LIBRARY):
+            return False, "vllm-xpu-kernels is not installed (it provides the oneDNN op _xpu_C::int4_gemm_w4a8)"
+        return OK
+
+    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
+        scheme = key.scheme
+        if getattr(scheme, "is_weight_only", False):
+            return False, "the xpu kernel is W4A8: it needs a quantized activation; this scheme is weight-only"
+        if scheme.weight_dtype != INT4_DTYPE:
+            return False, f"the xpu kernel is W4A8: it takes int4 weights, not {dtype_name(scheme.weight_dtype)}"
+        for verdict in (_activation_verdict(scheme), _weight_verdict(scheme, key.k)):
+            if not verdict[0]:
+                return verdict
+        if not all(size is not None and size % ALIGNMENT == 0 for size in (key.k, key.n)):
+            return False, f"the xpu kernel needs static K and N that are multiples of {ALIGNMENT} (K={key.k}, N={key.n})"
+        if key.out_dtype not in FLOAT_DTYPES:
+            return False, f"the xpu kernel takes and returns float16 or bfloat16, not {key.out_dtype}"
+        if key.out_dtype == torch.bfloat16:
+            warn_float16_output_once()
+        return OK
+
+    def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
+        """[K, N] int4 values in int8 -> packed int32 [N, K / 8]; scale as contiguous [K / g, N]; zero point [8]."""
+        if azp_b is not None:
+            raise ValueError("the xpu kernel takes symmetric int4 weights; the weight has a zero point")
+        if scale_b is None or scale_b.dim() != 2 or scale_b.shape[1] != b.shape[1] or b.shape[0] % scale_b.shape[0]:
+            shape = None if scale_b is None else tuple(scale_b.shape)
+            raise ValueError(f"the xpu kernel needs a [K / g, N] weight scale for its [K, N] = {tuple(b.shape)} "
+                             f"weight, got {shape}")
+        k, n = b.shape
+        zero_point = torch.tensor([NIBBLE_OFFSET], dtype=torch.int8, device=b.device)
+        return PreparedWeight(pack_int4(b.t()), scale_b.contiguous(), zero_point, k, n)
+
+    def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
+        if a.dtype != torch.int8 or azp_a is not None:
+            raise ValueError(f"the xpu kernel takes a symmetric int8 activation, "
+                             f"got {a.dtype} with zero point {azp_a is not None}")
+        if out_dtype not in FLOAT_DTYPES:
+            raise ValueError(f"the xpu kernel returns float16 or bfloat16, not {out_dtype}")
+        if out_dtype == torch.bfloat16:
+            warn_float16_output_once()
+        rows = a.shape[0]
+        scale_a = _per_token_scale(scale_a, rows, a.device)
+        zero_point_a = torch.zeros(rows, 1, dtype=torch.int32, device=a.device)
+        group_size = weight.k // weight.scale.shape[0]
+        bias = None if bias is None else bias.to(ONEDNN_OUT_DTYPE)
+        out = xpu_int4_gemm_w4a8()(a.contiguous(), scale_a, zero_point_a, weight.data.t(), weight.scale,
+                                   weight.zero_point, group_size, None, bias)
+        return out.to(out_dtype)
+
+
+def _per_token_scale(scale: torch.Tensor | None, rows: int, device: torch.device) -> torch.Tensor:
+    """None / one value / [M, 1] -> a contiguous [M, 1] scale (the per-token layout oneDNN reads)."""
+    if scale is None:
+        return torch.ones(rows, 1, device=device, dtype=torch.float32)
+    if scale.numel() == 1:
+        return scale.reshape(1, 1).expand(rows, 1).contiguous()
+    if tuple(scale.shape) == (rows, 1):
+        return scale.contiguous()
+    raise ValueError(f"the xpu kernel takes a per-token activation scale [{rows}, 1], got shape {tuple(scale.shape)}")

@@ -1,0 +1,89 @@
+"""`qfuse::w4a8_scaled_mm`: a linear with int4 weights and int8 activations (W4A8).
+
+    w4a8_scaled_mm(x, b, scale_b, bias, group_size, eps, out_dtype, kernel)
+        = q(x) * scale_x @ (b * scale_b, each scale row covering `group_size` rows of K) + bias,
+          cast to out_dtype, where q(x), scale_x is x quantized dynamically per token to symmetric
+          int8 (amax floored at eps) by the kernel, right before its matmul.
+
+Operands: `x` float [..., K] (the output is [..., N]); `b` the int4 weight as a [K, N] int8 matrix of
+values in [-8, 7], any strides (usually `w.t()` of a stored [N, K]); kernels that pack it do so once
+per weight (`qfuse.kernels.prepared`). `group_size` g > 0 with `scale_b` [K / g, N] (g divides K),
+or g = -1 for per-channel scales, `scale_b` [N] or [1, N]. `bias` [N].
+
+Kernels: `xpu` (oneDNN's int4 x int8 matmul) and `reference`. The reference kernel's math reads a
+weight scale per element, per row / column or per 128-block, so the op expands a g-group scale to
+one per element for it. This is a separate op because `qfuse::scaled_mm` takes int8 / fp8 weights
+whose block scales are 128 x 128; int4 values with any group size do not fit that contract.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qfuse.kernels import get_kernel
+from qfuse.kernels.prepared import prepare_once
+from qfuse.ops.scaled_mm import OUT_DTYPES
+
+PER_CHANNEL = -1  # group_size for one scale per output channel
+W4A8_KERNELS = ("xpu", "reference")
+_OP = "qfuse::w4a8_scaled_mm"
+
+
+def _check_operands(x, b, scale_b, bias, out_dtype, kernel) -> None:
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"{_OP}: activation must be floating point, got {x.dtype}")
+    if b.dtype != torch.int8 or b.dim() != 2:
+        raise ValueError(f"{_OP}: weight must be an int8 [K, N] matrix of int4 values, got {b.dtype} {tuple(b.shape)}")
+    if x.shape[-1] != b.shape[0]:
+        raise ValueError(f"{_OP}: activation has K={x.shape[-1]} but the [K, N] weight has {b.shape[0]} rows")
+    if not scale_b.dtype.is_floating_point:
+        raise ValueError(f"{_OP}: scale_b must be floating point, got {scale_b.dtype}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != b.shape[1]):
+        raise ValueError(f"{_OP}: bias must have shape [{b.shape[1]}], got {tuple(bias.shape)}")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"{_OP}: out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    if kernel not in W4A8_KERNELS:
+        raise ValueError(f"{_OP}: kernel {kernel!r} does not implement W4A8; use one of {W4A8_KERNELS}")
+
+
+def _group_scale(scale_b: torch.Tensor, k: int, n: int, group_size: int) -> tuple[torch.Tensor, int]:
+    """scale_b as [K / g, N] and g (K for per-channel scales)."""
+    if group_size == PER_CHANNEL:
+        if scale_b.numel() != n:
+            raise ValueError(f"{_OP}: per-channel scale_b must have {n} values, got shape {tuple(scale_b.shape)}")
+        return scale_b.reshape(1, n), k
+    if group_size <= 0 or k % group_size:
+        raise ValueError(f"{_OP}: group_size must be -1 (per channel) or a positive divisor of K={k}, got {group_size}")
+    if tuple(scale_b.shape) != (k // group_size, n):
+        raise ValueError(f"{_OP}: scale_b must have shape {(k // group_size, n)} for group_size {group_size}, "
+                         f"got {tuple(scale_b.shape)}")
+    return scale_b, group_size
+
+
+@torch.library.custom_op("qfuse::w4a8_scaled_mm", mutates_args=())
+def w4a8_scaled_mm(
+    x: torch.Tensor,
+    b: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    group_size: int,
+    eps: float,
+    out_dtype: torch.dtype,
+    kernel: str,
+) -> torch.Tensor:
+    _check_operands(x, b, scale_b, bias, out_dtype, kernel)
+    (k, n), out_shape = b.shape, (*x.shape[:-1], b.shape[1])
+    scale, group = _group_scale(scale_b, k, n, group_size)
+    if kernel == "reference":
+        scale = scale.repeat_interleave(group, dim=0)  # [K, N]: one scale per weight element
+    implementation = get_kernel(kernel)
+    weight = prepare_once(implementation, b, scale, None)
+    out = implementation.quant_apply(x.reshape(-1, k), weight, None, bias, torch.int8, eps, out_dtype)
+    return out.reshape(out_shape)
+
+
+@w4a8_scaled_mm.register_fake
+def _(x, b, scale_b, bias, group_size, eps, out_dtype, kernel):
+    _check_operands(x, b, scale_b, bias, out_dtype, kernel)
+    _group_scale(scale_b, b.shape[0], b.shape[1], group_size)
+    return x.new_empty((*x.shape[:-1], b.shape[1]), dtype=out_dtype)

@@ -1,0 +1,327 @@
+"""Tests for the `xpu` kernel (W4A8 through oneDNN's int4_gemm_w4a8) and the `qfuse::w4a8_scaled_mm`
+op. No Intel GPU or vllm-xpu-kernels exists here.
+
+Covered: every rule of is_supported / can_implement on constructed platforms and keys (and the
+one-time float16-output warning for bfloat16); int4 packing against a bit-by-bit Python model,
+exact round trips and the error cases; prepare_weight's layouts; and the contract of the call into
+oneDNN: a stand-in op with the schema of _xpu_C::int4_gemm_w4a8 (oneDNN's semantics, written here)
+receives the call through qfuse::w4a8_scaled_mm, and the test checks the layouts, dtypes and zero
+points it gets and the result against the reference kernel. The op's own tests (reference path vs
+float64, opcheck, errors) are in tests/ops/test_w4a8_ops.py.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
+from qfuse.kernels import GemmKey, choose_kernel, get_kernel, reference_math
+from qfuse.kernels import xpu as xpu_module
+from qfuse.kernels.xpu import pack_int4, unpack_int4
+from qfuse.platform import Platform
+from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme
+
+G = Granularity
+BF16, FP16 = torch.bfloat16, torch.float16
+XPU = Platform("xpu", libraries=frozenset({"vllm_xpu_kernels"}))
+XPU_WITHOUT_KERNELS = Platform("xpu", libraries=frozenset({"vllm"}))
+CPU = Platform("cpu", cpu_has_avx512_vnni=True, libraries=frozenset({"vllm_xpu_kernels"}))
+H100 = Platform("cuda", cuda_capability=(9, 0), libraries=frozenset({"triton"}))
+XPU_KERNEL = get_kernel("xpu")
+
+
+def w4a8(group_size=128, **changes):
+    fields = {"activation_dtype": torch.int8, "weight_dtype": INT4_DTYPE, "activation_granularity": G.PER_TOKEN,
+              "weight_granularity": G.PER_GROUP, "dynamic": True, "symmetric": True, "weight_group_size": group_size}
+    if group_size is None:
+        fields["weight_granularity"] = G.PER_CHANNEL
+    return QuantScheme(**(fields | changes))
+
+
+def key(scheme=None, n=4096, k=4096, out_dtype=FP16, device_type="xpu"):
+    scheme = w4a8() if scheme is None else scheme
+    return GemmKey(scheme, n=n, k=k, out_dtype=out_dtype, bias_dtype=out_dtype, device_type=device_type, fused_quant=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_warning():
+    xpu_module.warn_float16_output_once.cache_clear()
+    yield
+    xpu_module.warn_float16_output_once.cache_clear()
+
+
+# --- is_supported / can_implement ------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "platform, reason",
+    [
+        (XPU, ""),
+        (XPU_WITHOUT_KERNELS, "vllm-xpu-kernels is not installed (it provides the oneDNN op _xpu_C::int4_gemm_w4a8)"),
+        (CPU, "the xpu kernel runs on Intel GPUs (XPU) only, not on CPU (AVX-512 VNNI)"),
+        (H100, "the xpu kernel runs on Intel GPUs (XPU) only, not on CUDA GPU (capability 90)"),
+    ],
+)
+def test_is_supported(platform, reason):
+    assert XPU_KERNEL.is_supported(platform) == (not reason, reason)
+
+
+ACTIVATION_REASON = "the xpu kernel quantizes activations"
+
+
+@pytest.mark.parametrize(
+    "gemm, reason",
+    [
+        (key(), ""),
+        (key(w4a8(32)), ""),
+        (key(w4a8(64), k=64, n=8), ""),
+        (key(w4a8(None)), ""),
+        (key(w4a8(None), k=8, n=8), ""),
+        (key(QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True)),
+         "the xpu kernel is W4A8: it takes int4 weights, not int8"),
+        (key(QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, True)),
+         "the xpu kernel is W4A8: it takes int4 weights, not fp8"),
+        (key(w4a8(activation_dtype=torch.uint8, symmetric=False)),
+         f"{ACTIVATION_REASON} to symmetric int8, not uint8 dyn-token asym x int4 per-group-128"),
+        (key(w4a8(symmetric=False)), f"{ACTIVATION_REASON} to symmetric int8, not int8 dyn-token asym x int4 per-group-128"),
+        (key(w4a8(dynamic=False)), f"{ACTIVATION_REASON} dynamically per token, not int8 static-token x int4 per-group-128"),
+        (key(w4a8(activation_granularity=G.PER_TENSOR)),
+         f"{ACTIVATION_REASON} dynamically per token, not int8 dyn-tensor x int4 per-group-128"),
+        (key(w4a8(activation_granularity=G.PER_GROUP)),
+         f"{ACTIVATION_REASON} dynamically per token, not int8 dyn-group x int4 per-group-128"),
+        (key(w4a8(None, weight_granularity=G.PER_TENSOR)),
+         "the xpu kernel takes per-group or per-channel int4 weight scales, not per_tensor"),
+        (key(w4a8(None, weight_granularity=G.BLOCK)), "the xpu kernel takes per-group or per-channel int4 weight scales, not block"),
+        (key(w4a8(48)), "the xpu kernel needs a weight group size that is a multiple of 32, got 48"),
+        (key(w4a8(16)), "the xpu kernel needs a weight group size that is a multiple of 32, got 16"),
+        (key(w4a8(96), k=4096), "the weight group size 96 does not divide K=4096"),
+        (key(k=4100), "the weight group size 128 does not divide K=4100"),
+        (key(w4a8(None), k=4100), "the xpu kernel needs static K and N that are multiples of 8 (K=4100, N=4096)"),
+        (key(n=4100), "the xpu kernel needs static K and N that are multiples of 8 (K=4096, N=4100)"),
+        (key(k=None), "the xpu kernel needs static K and N that are multiples of 8 (K=None, N=4096)"),
+        (key(n=None), "the xpu kernel needs static K and N that are multiples of 8 (K=4096, N=None)"),
+        (key(out_dtype=torch.float32), "the xpu kernel takes and returns float16 or bfloat16, not torch.float32"),
+    ],
+)
+def test_can_implement(gemm, reason):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no float16-output warning for float16
+        assert XPU_KERNEL.can_implement(gemm, XPU) == (not reason, reason)
+
+
+def test_weight_only_keys_are_rejected():
+    class WeightOnly:
+        is_weight_only = True  # QuantScheme may grow this property
+
+    assert XPU_KERNEL.can_implement(key(WeightOnly()), XPU) == (
+        False, "the xpu kernel is W4A8: it needs a quantized activation; this scheme is weight-only")
+
+
+def test_bfloat16_is_accepted_with_a_one_time_float16_output_warning():
+    with pytest.warns(UserWarning, match="writes float16; qfuse casts the result back to bfloat16"):
+        assert XPU_KERNEL.can_implement(key(out_dtype=BF16), XPU) == (True, "")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert XPU_KERNEL.can_implement(key(out_dtype=BF16), XPU) == (True, "")
+
+
+def test_forced_xpu_is_chosen_and_int4_keys_are_rejected_elsewhere_with_a_reason():
+    assert choose_kernel(key(), XPU, forced="xpu").kernel is XPU_KERNEL
+    assert choose_kernel(key(device_type="cpu"), CPU, preference=("torch",)).rejected == {
+        "torch": "int4 weights (W4A8) are not implemented in the torch kernel"}
+    assert choose_kernel(key(device_type="cuda"), H100, preference=("triton",)).rejected == {
+        "triton": "int4 weights (W4A8) are not implemented in the Triton kernel"}
+
+
+# --- packing ---------------------------------------------------------------------------------------
+
+def pack_bit_by_bit(values):
+    """The packing rule in plain Python: word j of row n holds w[n, 8j + i] + 8 in bits 4i..4i+3."""
+    rows = []
+    for row in values.tolist():
+        words = []
+        for start in range(0, len(row), 8):
+            word = sum((value + 8) << (4 * i) for i, value in enumerate(row[start:start + 8]))
+            words.append(word - 2**32 if word >= 2**31 else word)
+        rows.append(words)
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def test_pack_int4_matches_the_bit_by_bit_rule():
+    values = torch.randint(-8, 8, (6, 40), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    packed = pack_int4(values)
+    assert packed.dtype == torch.int32 and packed.shape == (6, 5)
+    assert torch.equal(packed, pack_bit_by_bit(values))
+
+
+@pytest.mark.parametrize(
+    "row, word",
+    [([-8] * 8, 0), ([7] * 8, -1), ([-7] + [-8] * 7, 1), ([-8] * 7 + [0], -(2**31)), ([0] * 8, 0x88888888 - 2**32)],
+)
+def test_pack_int4_known_words(row, word):
+    assert pack_int4(torch.tensor([row], dtype=torch.int8)).item() == word
+
+
+def test_unpack_int4_round_trips_every_value_at_every_position():
+    every_value_everywhere = ((torch.arange(16)[:, None] + torch.arange(64)[None, :]) % 16 - 8).to(torch.int8)
+    random_values = torch.randint(-8, 8, (33, 256), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
+    for values in (every_value_everywhere, random_values, random_values.t().contiguous()[:, :32].t()):
+        assert torch.equal(unpack_int4(pack_int4(values)), values)
+    words = torch.randint(-(2**31), 2**31, (5, 7), dtype=torch.int64).to(torch.int32)
+    assert torch.equal(pack_int4(unpack_int4(words)), words)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: pack_int4(torch.zeros(2, 8, dtype=torch.int32)), r"takes an int8 \[N, K\] matrix, got torch.int32"),
+        (lambda: pack_int4(torch.zeros(8, dtype=torch.int8)), r"takes an int8 \[N, K\] matrix, got torch.int8 of shape \(8,\)"),
+        (lambda: pack_int4(torch.zeros(2, 12, dtype=torch.int8)), "needs K to be a multiple of 8, got 12"),
+        (lambda: pack_int4(torch.full((1, 8), 8, dtype=torch.int8)), r"must lie in \[-8, 7\], got \[8, 8\]"),
+        (lambda: pack_int4(torch.full((1, 8), -9, dtype=torch.int8)), r"must lie in \[-8, 7\], got \[-9, -9\]"),
+        (lambda: unpack_int4(torch.zeros(2, 1, dtype=torch.int64)), r"takes an int32 \[N, K / 8\] matrix, got torch.int64"),
+    ],
+)
+def test_packing_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# --- prepare_weight --------------------------------------------------------------------------------
+
+def int4_weight(n=24, k=64, group_size=32, seed=0):
+    """(int4 values [N, K] in int8, scale [K / g, N]); group_size None: per channel, scale [1, N]."""
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randint(-8, 8, (n, k), dtype=torch.int8, generator=generator)
+    groups = 1 if group_size is None else k // group_size
+    return values, torch.rand(groups, n, generator=generator) * 0.02 + 0.001
+
+
+def test_prepare_weight_packs_and_keeps_the_group_scale():
+    values, scale = int4_weight()
+    prepared = XPU_KERNEL.prepare_weight(values.t(), scale.t().contiguous().t(), None)  # a non-contiguous scale view
+    assert torch.equal(prepared.data, pack_int4(values)) and prepared.data.shape == (24, 8)
+    assert prepared.scale.is_contiguous() and torch.equal(prepared.scale, scale)
+    assert prepared.zero_point.dtype == torch.int8 and prepared.zero_point.tolist() == [8]
+    assert (prepared.k, prepared.n) == (64, 24)
+
+
+@pytest.mark.parametrize(
+    "scale, zero_point, message",
+    [
+        (torch.ones(2, 24), torch.tensor(1), "symmetric int4 weights; the weight has a zero point"),
+        (None, None, r"needs a \[K / g, N\] weight scale for its \[K, N\] = \(64, 24\) weight, got None"),
+        (torch.ones(24), None, r"got \(24,\)"),
+        (torch.ones(3, 24), None, r"got \(3, 24\)"),
+        (torch.ones(2, 12), None, r"got \(2, 12\)"),
+    ],
+)
+def test_prepare_weight_errors(scale, zero_point, message):
+    values, _ = int4_weight()
+    with pytest.raises(ValueError, match=message):
+        XPU_KERNEL.prepare_weight(values.t(), scale, zero_point)
+
+
+# --- the op and the call into oneDNN, against a stand-in ------------------------------------------
+
+CALLS = []
+
+
+@torch.library.custom_op("qfuse_test_xpu::int4_gemm_w4a8", mutates_args=())
+def standin_int4_gemm_w4a8(
+    A_: torch.Tensor,
+    A_scale: torch.Tensor,
+    A_zp: torch.Tensor,
+    B: torch.Tensor,
+    B_scale: torch.Tensor,
+    B_zp: torch.Tensor,
+    group_size: int,
+    g_idx: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """_xpu_C::int4_gemm_w4a8's schema with oneDNN's semantics, in float64: B is the [K / 8, N] NT
+    view of int32 words, nibble i of word j in column n is weight row 8 j + i; one B_zp value is
+    subtracted from every nibble; B_scale[k // group_size, n]; the result is float16."""
+    CALLS.append({"A": A_.clone(), "A_contiguous": A_.is_contiguous(), "A_scale": A_scale.clone(), "A_zp": A_zp.clone(),
+                  "B": B, "B_stride": B.stride(), "B_scale": B_scale.clone(), "B_scale_contiguous": B_scale.is_contiguous(),
+                  "B_zp": B_zp.clone(), "group_size": group_size, "g_idx": g_idx, "bias": bias})
+    words = B.t().to(torch.int64)  # [N, K / 8]
+    nibbles = (words.unsqueeze(-1) >> (4 * torch.arange(8))) & 0xF
+    weight_nk = nibbles.flatten(-2) - B_zp.to(torch.int64)
+    weight = weight_nk.t().to(torch.float64) * B_scale.to(torch.float64).repeat_interleave(group_size, dim=0)
+    out = ((A_.to(torch.float64) - A_zp.to(torch.float64)) * A_scale.to(torch.float64)) @ weight
+    if bias is not None:
+        out = out + bias.to(torch.float64)
+    return out.to(torch.float16)
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    CALLS.clear()
+    monkeypatch.setattr(xpu_module, "xpu_int4_gemm_w4a8", lambda: torch.ops.qfuse_test_xpu.int4_gemm_w4a8)
+    yield CALLS
+    CALLS.clear()
+
+
+def w4a8_operands(group_size, dtype, m=(2, 3), n=24, k=64, seed=0):
+    values, scale = int4_weight(n, k, group_size, seed)
+    generator = torch.Generator().manual_seed(seed + 100)
+    x = torch.randn(*m, k, generator=generator).to(dtype)
+    bias = torch.randn(n, generator=generator).to(dtype)
+    scale_arg = scale.reshape(n) if group_size is None else scale
+    return x, values, scale_arg, bias, -1 if group_size is None else group_size
+
+
+@pytest.mark.parametrize("group_size", [32, 64, None])
+@pytest.mark.parametrize("dtype", [FP16, BF16])
+def test_the_op_calls_onednn_with_packed_weights_and_matches_the_reference(standin, group_size, dtype):
+    x, values, scale, bias, group_arg = w4a8_operands(group_size, dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.ops.qfuse.w4a8_scaled_mm(x, values.t(), scale, bias, group_arg, 1e-5, dtype, "xpu")
+    assert [str(w.message).startswith("qfuse's xpu W4A8 kernel") for w in caught] == ([True] if dtype == BF16 else [])
+    (call,) = standin
+    quantized, token_scale = reference_math.dynamic_quant(x.reshape(6, 64), torch.int8, G.PER_TOKEN, 1e-5)
+    assert torch.equal(call["A"], quantized) and call["A_contiguous"]
+    assert call["A_scale"].shape == (6, 1) and call["A_scale"].dtype == dtype and torch.equal(call["A_scale"], token_scale)
+    assert call["A_zp"].dtype == torch.int32 and call["A_zp"].shape == (6, 1) and not call["A_zp"].any()
+    assert call["B"].dtype == torch.int32 and call["B"].shape == (8, 24) and call["B_stride"] == (1, 8)  # NT view
+    assert torch.equal(call["B"].t(), pack_int4(values))
+    assert call["B_scale_contiguous"] and torch.equal(call["B_scale"], scale.reshape(-1, 24))
+    assert call["B_zp"].dtype == torch.int8 and call["B_zp"].tolist() == [8]
+    assert call["group_size"] == (64 if group_size is None else group_size) and call["g_idx"] is None
+    assert call["bias"].dtype == FP16 and torch.equal(call["bias"], bias.to(FP16))
+    assert out.dtype == dtype and out.shape == (2, 3, 24)
+    reference = torch.ops.qfuse.w4a8_scaled_mm(x, values.t(), scale, bias, group_arg, 1e-5, dtype, "reference")
+    torch.testing.assert_close(out, reference)
+
+
+def test_the_packed_weight_is_made_once_per_weight(standin):
+    x, values, scale, bias, group_arg = w4a8_operands(32, FP16, seed=3)
+    weight = values.t()
+    for _ in range(2):
+        torch.ops.qfuse.w4a8_scaled_mm(x, weight, scale, bias, group_arg, 1e-5, FP16, "xpu")
+    first, second = standin
+    assert first["B"].data_ptr() == second["B"].data_ptr()
+
+
+@pytest.mark.parametrize("group_size", [32, None])
+def test_opcheck_through_the_stand_in(standin, group_size):
+    x, values, scale, bias, group_arg = w4a8_operands(group_size, FP16, seed=7)
+    for args in ((x, values.t(), scale, bias), (x[0], values.t(), scale, None)):
+        torch.library.opcheck(torch.ops.qfuse.w4a8_scaled_mm.default, (*args, group_arg, 1e-5, FP16, "xpu"))
+
+
+def test_apply_rejects_what_onednn_cannot_compute(standin):
+    values, scale = int4_weight()
+    weight = XPU_KERNEL.prepare_weight(values.t(), scale, None)
+    a, scale_a = torch.zeros(3, 64, dtype=torch.int8), torch.ones(3, 1)
+    with pytest.raises(ValueError, match="takes a symmetric int8 activation, got torch.uint8"):
+        XPU_KERNEL.apply(a.to(torch.uint8), weight, scale_a, None, None, FP16)
+    with pytest.raises(ValueError, match="with zero point True"):
+        XPU_KERNEL.apply(a, weight, scale_a, None, torch.zeros(3, 1, dtype=torch.int32), FP16)
+    with pytest.raises(ValueError, match="returns float16 or bfloat16, not torch.float32"):
+        XPU_KERNEL.apply(a, weight, scale_a, None, None, torch.float32)
+    with pytest.raises(ValueError, match=r"per-token activation scale \[3, 1\], got shape \(3, 2\)"):
+        XPU_KERNEL.apply(a, weight, torch.ones(3, 2), None, None, FP16)
+    assert standin == []
