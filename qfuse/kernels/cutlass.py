@@ -32,7 +32,7 @@ import torch
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform, current_platform
-from qfuse.schemes import Granularity
+from qfuse.schemes import FP8_DTYPE, Granularity
 
 ALIGNMENT = 16
 MIN_CAPABILITY = {"int8": 75, "fp8": 89}
@@ -60,8 +60,8 @@ class CutlassKernel(Kernel):
     def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
         scheme, backend = key.scheme, cutlass_backend(platform)
         dtype = "fp8" if scheme.is_fp8 else "int8"
-        if getattr(scheme, "is_weight_only", False):
-            return False, "weight-only quantization is not a CUTLASS scaled GEMM"
+        if scheme.weight_dtype not in (torch.int8, FP8_DTYPE) or getattr(scheme, "is_weight_only", False):
+            return False, "CUTLASS scaled mm takes int8 or fp8 activations and weights of the same dtype"
         if dtype == "int8" and backend == "aten":
             return False, "int8 CUTLASS needs vLLM's cutlass_scaled_mm (not importable); ATen's int8 GEMM is cuBLASLt"
         if platform.capability < MIN_CAPABILITY[dtype]:

@@ -13,7 +13,7 @@ from qfuse.kernels import GemmKey, get_kernel, reference_math
 from qfuse.kernels import cutlass as cutlass_module
 from qfuse.kernels.prepared import prepare_once
 from qfuse.platform import Platform
-from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme
+from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme
 
 G = Granularity
 H100 = Platform("cuda", cuda_capability=(9, 0), libraries=frozenset({"triton"}))
@@ -27,6 +27,7 @@ FP8 = QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True
 FP8_TENSOR = QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TENSOR, G.PER_TENSOR, dynamic=False)
 FP8_BLOCK = QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_GROUP, G.BLOCK, dynamic=True)
 INT8 = QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True)
+W4A8 = QuantScheme(torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, dynamic=True, weight_group_size=128)
 INT8_ASYMMETRIC = QuantScheme(torch.uint8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True, symmetric=False)
 BF16 = torch.bfloat16
 CUTLASS = get_kernel("cutlass")
@@ -46,6 +47,7 @@ def key(scheme=FP8, out_dtype=BF16, bias_dtype=BF16):
         (H100_VLLM, key(out_dtype=torch.float16, bias_dtype=torch.float16), ""),
         (T4_VLLM, key(INT8), ""),
         (H100, key(INT8), "int8 CUTLASS needs vLLM's cutlass_scaled_mm (not importable); ATen's int8 GEMM is cuBLASLt"),
+        (H100_VLLM, key(W4A8), "CUTLASS scaled mm takes int8 or fp8 activations and weights of the same dtype"),
         (V100_VLLM, key(INT8), "CUTLASS int8 needs capability >= 75 (this GPU: 70)"),
         (A100_VLLM, key(), "CUTLASS fp8 needs capability >= 89 (this GPU: 80)"),
         (H100_VLLM, key(INT8_ASYMMETRIC), "zero points (asymmetric activations) are not implemented with CUTLASS here"),
