@@ -59,8 +59,9 @@ def _cpu_is_amd_zen() -> bool:
     return "AuthenticAMD" in text and family is not None and int(family.group(1)) >= 23  # Zen is family 17h+
 
 
-#: Optional libraries that kernels build on: Triton, vLLM (CUTLASS, CPU fp8 GEMM), AITER, zentorch.
-OPTIONAL_LIBRARIES = ("triton", "vllm", "aiter", "zentorch")
+#: Optional libraries that kernels build on (import names): Triton, vLLM (CUTLASS, CPU fp8 GEMM),
+#: AITER (ROCm), zentorch (AMD Zen CPUs), vllm-xpu-kernels (Intel GPU W4A8).
+OPTIONAL_LIBRARIES = ("triton", "vllm", "aiter", "zentorch", "vllm_xpu_kernels")
 
 
 def _importable_libraries() -> frozenset[str]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
-from qfuse.kernels.prepared import PreparedWeight
+from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
 from qfuse.platform import Platform, current_platform
 from qfuse.schemes import FP8_DTYPE, Granularity
 
@@ -42,10 +42,6 @@ OUT_DTYPES = {"vllm": (torch.bfloat16, torch.float16), "aten": (torch.bfloat16,)
 def cutlass_backend(platform: Platform) -> str:
     """Which CUTLASS runs: vLLM's kernels when importable, else ATen's row-wise fp8 GEMM."""
     return "vllm" if platform.has("vllm") else "aten"
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 class CutlassKernel(Kernel):
@@ -81,20 +77,18 @@ class CutlassKernel(Kernel):
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
         """Column-major [K16, N16] weight (zero padded) and a float32 [1, N16] or [] scale."""
         k, n = b.shape
-        k_padded, n_padded = _round_up(k, ALIGNMENT), _round_up(n, ALIGNMENT)
-        column_major = torch.zeros((n_padded, k_padded), dtype=b.dtype, device=b.device)
-        column_major[:n, :k] = b.t()
+        data = padded_weight(b, ALIGNMENT, ALIGNMENT)
+        n_padded = data.shape[1]
         scale = None if scale_b is None else scale_b.to(torch.float32)
         if scale is not None and scale.numel() != 1 and n_padded != n:
             scale = torch.nn.functional.pad(scale.reshape(1, n), (0, n_padded - n), value=1.0)
-        return PreparedWeight(column_major.t(), scale, azp_b, k, n)
+        return PreparedWeight(data, scale, azp_b, k, n)
 
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
         if azp_a is not None or weight.zero_point is not None:
             raise ValueError("the cutlass kernel has no zero points; use kernel='torch' for asymmetric int8")
         k_padded, n_padded = weight.data.shape
-        if a.shape[1] != k_padded:
-            a = torch.nn.functional.pad(a, (0, k_padded - a.shape[1]))
+        a = padded_activation(a, k_padded)
         rows = a.shape[0]
         unit = torch.ones((), device=a.device, dtype=torch.float32)
         scale_a = (unit if scale_a is None else scale_a.to(torch.float32)).reshape(-1, 1).expand(rows, 1).contiguous()

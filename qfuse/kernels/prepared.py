@@ -10,6 +10,11 @@ Cache key, per input tensor (weight, its scale, its zero point): a weak referenc
 while the reference lives), the view's offset, shape, strides and dtype, and the version counter,
 so an in-place update of the weight (`load_state_dict`, `copy_`) prepares it again. Inference
 tensors have no version counter: they are prepared on every call rather than risk a stale entry.
+The cache never holds the weight's own storage (that would keep a deleted model's weight alive):
+a prepared weight that is the input weight itself (the kernel had nothing to do) is not cached.
+
+Padding helpers shared by kernels that need aligned sizes (zero padding is exact: the extra
+products are zero): `padded_weight` once, `padded_activation` per call.
 """
 
 from __future__ import annotations
@@ -58,7 +63,9 @@ def prepare_once(kernel, b: torch.Tensor, scale: torch.Tensor | None, zero_point
     prepared = _CACHE.get(key)
     if prepared is None:
         _evict_expired()
-        prepared = _CACHE[key] = kernel.prepare_weight(b, scale, zero_point)
+        prepared = kernel.prepare_weight(b, scale, zero_point)
+        if StorageWeakRef(prepared.data.untyped_storage()) != key[1][0]:
+            _CACHE[key] = prepared
     return prepared
 
 
@@ -71,3 +78,22 @@ def cached_weight_count() -> int:
     """How many prepared weights are alive (for tests and debug output)."""
     _evict_expired()
     return len(_CACHE)
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def padded_weight(b: torch.Tensor, k_multiple: int, n_multiple: int = 1) -> torch.Tensor:
+    """The [K, N] weight column-major and zero padded to [K', N'] (b itself if it already is)."""
+    k, n = b.shape
+    if k % k_multiple == 0 and n % n_multiple == 0 and b.stride(0) == 1:
+        return b
+    column_major = b.new_zeros((round_up(n, n_multiple), round_up(k, k_multiple)))
+    column_major[:n, :k] = b.t()
+    return column_major.t()
+
+
+def padded_activation(a: torch.Tensor, k_padded: int) -> torch.Tensor:
+    """a [M, K] with zero columns appended up to k_padded (a itself when nothing is missing)."""
+    return a if a.shape[1] == k_padded else torch.nn.functional.pad(a, (0, k_padded - a.shape[1]))

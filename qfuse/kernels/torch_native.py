@@ -10,7 +10,9 @@
           torch._scaled_mm 14.1 ms, upcast-to-bf16 mm 7.3 ms, upcast-to-fp32 mm 9.7 ms.
 
 Not implemented here (the registry moves on to another kernel): block / per-group scales,
-and CUDA sizes that cuBLAS rejects (int8: K and N multiples of 8; fp8: multiples of 16).
+and CUDA sizes that cuBLAS rejects (int8: K and N multiples of 8; fp8: multiples of 16). On ROCm
+the int8 path is the same torch._int_mm (hipBLASLt); it was not run on ROCm hardware. ROCm fp8
+(e4m3fnuz) is the aiter kernel's.
 """
 
 from __future__ import annotations
@@ -33,11 +35,9 @@ class TorchKernel(Kernel):
     name = "torch"
 
     def is_supported(self, platform: Platform) -> Verdict:
-        if platform.device_type == "cpu":
+        if platform.device_type in ("cpu", "cuda"):
             return OK
-        if platform.device_type == "cuda" and not platform.is_rocm:
-            return OK
-        return False, f"torch kernel runs on CPU and NVIDIA CUDA only, not on {platform.describe()}"
+        return False, f"torch kernel runs on CPU and CUDA / ROCm GPUs only, not on {platform.describe()}"
 
     def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
         scheme = key.scheme
@@ -49,6 +49,8 @@ class TorchKernel(Kernel):
             factor = 16 if scheme.is_fp8 else 8
             if not (_multiple_of(key.k, factor) and _multiple_of(key.n, factor)):
                 return False, f"cuBLAS needs static K and N that are multiples of {factor} (K={key.k}, N={key.n})"
+            if scheme.is_fp8 and platform.is_rocm:
+                return False, "ROCm fp8 is e4m3fnuz; the torch kernel takes e4m3fn"
             if scheme.is_fp8 and platform.capability < 89:
                 return False, f"torch._scaled_mm needs fp8 tensor cores (capability >= 89, this GPU: {platform.capability})"
         return OK

@@ -8,7 +8,7 @@ not, so the registry works where Triton is missing. Limits (`can_implement`):
     fp8 e4m3     capability >= 8.9
     scales       every granularity: per-tensor, per-token / per-channel, 1x128 / 128x128 blocks
     zero points  none (asymmetric activations run on the torch kernel)
-    sizes        any M >= 1, N, K (masked); int64 offsets
+    sizes        any M >= 1, N, K (masked; K padded to a multiple of 16 for aligned loads); int64 offsets
 """
 
 from __future__ import annotations
@@ -16,13 +16,20 @@ from __future__ import annotations
 import torch
 
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
 from qfuse.platform import Platform
 from qfuse.schemes import INT4_DTYPE, Granularity
+
+
+#: K is padded to this multiple (weights once, activations per call): with K = 4100 the unaligned
+#: rows cost 40-60x on an H200 (benchmarks/gpu_kernels.py, docs/benchmarks.md).
+K_ALIGNMENT = 16
 
 
 class TritonKernel(Kernel):
     name = "triton"
     fuses_activation_quant = True  # its one-pass quantizer beats Inductor's generated reduction
+    prepares_weight = True
 
     def is_supported(self, platform: Platform) -> Verdict:
         if platform.device_type != "cuda":
@@ -44,11 +51,18 @@ class TritonKernel(Kernel):
             return False, f"needs capability >= {needed} for {'fp8' if scheme.is_fp8 else 'int8'} dot (this GPU: {platform.capability})"
         return OK
 
+    def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
+        """K padded to a multiple of 16 (zeros), so rows are 16-byte aligned for vector loads.
+
+        Block scales keep their shape: padding K to 16 never adds a 128-group."""
+        return PreparedWeight(padded_weight(b, K_ALIGNMENT), scale_b, azp_b, *b.shape)
+
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
         if azp_a is not None or weight.zero_point is not None:
             raise ValueError("the triton kernel has no zero points; use kernel='torch' for asymmetric int8")
         from qfuse.kernels.triton.scaled_mm import triton_scaled_mm
 
+        a = padded_activation(a, weight.data.shape[0])
         return triton_scaled_mm(a, weight.data, scale_a, weight.scale, bias, out_dtype)
 
     def dynamic_quant(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
