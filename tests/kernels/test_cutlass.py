@@ -1,9 +1,9 @@
 """Tests for the `cutlass` kernel: its constraint table, the padding in prepare_weight and apply,
 and the call into vLLM's op (a stand-in registered here: vLLM is not installed).
 
-The ATen backend's call, torch._scaled_mm with row-wise scales, also runs on CPU, so the padding
-and slicing are checked numerically here against the float64 reference; tests/test_cuda.py runs
-the kernel on the GPU machine.
+The ATen backend's call, torch._scaled_mm with row-wise scales, also runs on CPU (torch >= 2.13),
+so the padding and slicing are checked numerically against the float64 reference on the GPU when
+there is one, else on the CPU; tests/test_cuda.py runs the kernel end to end on the GPU machine.
 """
 
 import pytest
@@ -31,6 +31,7 @@ W4A8 = QuantScheme(torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, dynamic=Tru
 INT8_ASYMMETRIC = QuantScheme(torch.uint8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True, symmetric=False)
 BF16 = torch.bfloat16
 CUTLASS = get_kernel("cutlass")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def key(scheme=FP8, out_dtype=BF16, bias_dtype=BF16):
@@ -83,7 +84,7 @@ def fp8_operands(m, k, n, per_tensor=False, seed=0):
         scale_a = torch.rand(m, 1, generator=generator) / 50 + 1e-3
         scale_b = torch.rand(1, n, generator=generator) / 50 + 1e-3
     bias = torch.randn(n, generator=generator).to(BF16)
-    return a, weight.t(), scale_a, scale_b, bias
+    return [tensor.to(DEVICE) for tensor in (a, weight.t(), scale_a, scale_b, bias)]
 
 
 def test_prepare_weight_pads_to_16_column_major_with_unit_scales():
