@@ -20,6 +20,11 @@ Supported granularities:
 
 int4 weights (`INT4_DTYPE`, W4A8) are a marker: the tensors hold the values [-8, 7] unpacked in
 int8 until a kernel packs them (`qfuse.kernels.xpu.pack_int4`).
+
+Weight-only schemes (W8A16): an activation dtype that is a float dtype (bf16, fp16, fp32) means the
+activation is not quantized; only the int8 or fp8 weight is. Such a scheme has no activation scale,
+so its activation fields are fixed (per-tensor, static, symmetric); `QuantScheme.weight_only` builds
+one.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ FP8_DTYPE = torch.float8_e4m3fn
 QUANT_DTYPES = (torch.int8, torch.uint8, FP8_DTYPE)
 INT4_DTYPE = torch.int4  # a weight dtype only; torch has no int4 tensors, the values live in int8
 WEIGHT_DTYPES = (*QUANT_DTYPES, INT4_DTYPE)
+#: Activation dtypes of a weight-only scheme (the activation stays in this float dtype), and its weights.
+FLOAT_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+WEIGHT_ONLY_DTYPES = (torch.int8, FP8_DTYPE)
 GROUP_SIZE = 128
 
 
@@ -68,8 +76,12 @@ def symmetric_quant_max(dtype: torch.dtype) -> float:
     return quant_range(dtype)[1]
 
 
+_DTYPE_NAMES = {torch.int8: "int8", torch.uint8: "uint8", FP8_DTYPE: "fp8", INT4_DTYPE: "int4",
+                torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
-    return {torch.int8: "int8", torch.uint8: "uint8", FP8_DTYPE: "fp8", INT4_DTYPE: "int4"}.get(dtype, str(dtype))
+    return _DTYPE_NAMES.get(dtype, str(dtype))
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,7 @@ class QuantScheme:
                 object.__setattr__(self, name, Granularity(getattr(self, name)))
             except ValueError:
                 raise ValueError(f"{name} {getattr(self, name)!r} is not one of {[g.value for g in Granularity]}") from None
-        for role, dtype, allowed in (("activation", self.activation_dtype, QUANT_DTYPES),
+        for role, dtype, allowed in (("activation", self.activation_dtype, QUANT_DTYPES + FLOAT_ACTIVATION_DTYPES),
                                      ("weight", self.weight_dtype, WEIGHT_DTYPES)):
             if dtype not in allowed:
                 raise ValueError(f"{role} dtype {dtype} is not supported; expected one of {allowed}")
@@ -106,6 +118,9 @@ class QuantScheme:
             )
         if self.weight_dtype == torch.uint8:
             raise ValueError("uint8 weights are not supported; weights are symmetric int8 or fp8")
+        if self.is_weight_only:
+            self._check_weight_only()
+            return
         if (self.activation_dtype == FP8_DTYPE) != (self.weight_dtype == FP8_DTYPE):
             raise ValueError("activation and weight must both be fp8 or both be integer")
         if self.activation_dtype == FP8_DTYPE and not self.symmetric:
@@ -123,12 +138,39 @@ class QuantScheme:
         if grouped and (not isinstance(self.weight_group_size, int) or self.weight_group_size <= 0):
             raise ValueError(f"weight_group_size must be a positive int, got {self.weight_group_size!r}")
 
+    def _check_weight_only(self) -> None:
+        if self.weight_dtype not in WEIGHT_ONLY_DTYPES:
+            raise ValueError(f"weight-only schemes take {WEIGHT_ONLY_DTYPES} weights, not {self.weight_dtype}")
+        self._check_weight_groups()
+        if (self.activation_granularity, self.dynamic, self.symmetric) != (Granularity.PER_TENSOR, False, True):
+            raise ValueError(
+                f"a weight-only scheme ({self.activation_dtype} activation, not quantized) has no activation "
+                "scale: use activation_granularity=per_tensor, dynamic=False, symmetric=True "
+                "(QuantScheme.weight_only builds one)"
+            )
+
+    @classmethod
+    def weight_only(
+        cls, weight_dtype: torch.dtype, weight_granularity: Granularity, activation_dtype: torch.dtype = torch.bfloat16
+    ) -> QuantScheme:
+        """A scheme whose weight is quantized and whose activation stays in `activation_dtype` (W8A16)."""
+        return cls(activation_dtype, weight_dtype, Granularity.PER_TENSOR, weight_granularity, dynamic=False)
+
+    @property
+    def is_weight_only(self) -> bool:
+        """The activation is not quantized (a float activation dtype): only the weight carries a scale."""
+        return self.activation_dtype in FLOAT_ACTIVATION_DTYPES
+
     @property
     def is_fp8(self) -> bool:
-        return self.activation_dtype == FP8_DTYPE
+        """The weight (and the activation, unless weight-only) is fp8."""
+        return self.weight_dtype == FP8_DTYPE
 
     def describe(self) -> str:
-        """A short label such as 'int8 dyn-token x per-channel'."""
+        """A short label such as 'int8 dyn-token x per-channel' or 'bf16 x fp8 block (weight-only)'."""
+        if self.is_weight_only:
+            return (f"{dtype_name(self.activation_dtype)} x {dtype_name(self.weight_dtype)} "
+                    f"{self.weight_granularity.value.replace('_', '-')} (weight-only)")
         kind = "dyn" if self.dynamic else "static"
         act = self.activation_granularity.value.removeprefix("per_")
         asym = " asym" if not self.symmetric else ""

@@ -35,6 +35,8 @@ G = Granularity
          "int8 dyn-token x int4 per-channel"),
         (QuantScheme(torch.int8, torch.int8, G.PER_TENSOR, G.PER_TENSOR, dynamic=False, symmetric=False),
          "int8 static-tensor asym x per-tensor"),
+        (QuantScheme.weight_only(FP8_DTYPE, G.BLOCK), "bf16 x fp8 block (weight-only)"),
+        (QuantScheme.weight_only(torch.int8, G.PER_CHANNEL, torch.float32), "fp32 x int8 per-channel (weight-only)"),
     ],
 )
 def test_describe(scheme, label):
@@ -44,7 +46,13 @@ def test_describe(scheme, label):
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ((torch.float16, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True), "activation dtype torch.float16 is not supported"),
+        ((torch.int32, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True), "activation dtype torch.int32 is not supported"),
+        ((torch.float64, FP8_DTYPE, G.PER_TENSOR, G.BLOCK, False), "activation dtype torch.float64 is not supported"),
+        ((torch.bfloat16, FP8_DTYPE, G.PER_TOKEN, G.BLOCK, False), "weight-only scheme .* has no activation scale"),
+        ((torch.bfloat16, FP8_DTYPE, G.PER_TENSOR, G.BLOCK, True), "weight-only scheme .* has no activation scale"),
+        ((torch.bfloat16, FP8_DTYPE, G.PER_TENSOR, G.BLOCK, False, False), "weight-only scheme .* no activation scale"),
+        ((torch.bfloat16, INT4_DTYPE, G.PER_TENSOR, G.PER_GROUP, False, True, 128), "weight-only schemes take"),
+        ((torch.float32, torch.uint8, G.PER_TENSOR, G.PER_CHANNEL, False), "uint8 weights are not supported"),
         ((torch.int8, torch.int32, G.PER_TOKEN, G.PER_CHANNEL, True), "weight dtype torch.int32 is not supported"),
         ((torch.int8, torch.int8, G.PER_CHANNEL, G.PER_CHANNEL, True), "activation granularity"),
         ((torch.int8, torch.int8, G.BLOCK, G.PER_CHANNEL, True), "activation granularity"),
@@ -89,6 +97,23 @@ def test_scheme_is_a_frozen_hashable_key():
 def test_is_fp8():
     assert QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, True).is_fp8
     assert not QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True).is_fp8
+    assert QuantScheme.weight_only(FP8_DTYPE, G.BLOCK).is_fp8  # the weight decides
+    assert not QuantScheme.weight_only(torch.int8, G.PER_CHANNEL).is_fp8
+
+
+@pytest.mark.parametrize("activation_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_weight_only_scheme(activation_dtype):
+    scheme = QuantScheme.weight_only(FP8_DTYPE, G.BLOCK, activation_dtype)
+    assert scheme.is_weight_only
+    assert scheme == QuantScheme(activation_dtype, FP8_DTYPE, G.PER_TENSOR, G.BLOCK, dynamic=False)
+    assert (scheme.activation_granularity, scheme.dynamic, scheme.symmetric) == (G.PER_TENSOR, False, True)
+    assert scheme != QuantScheme.weight_only(FP8_DTYPE, G.PER_CHANNEL, activation_dtype)
+
+
+def test_weight_only_default_activation_is_bf16_and_quantized_schemes_are_not_weight_only():
+    assert QuantScheme.weight_only(torch.int8, G.PER_CHANNEL).activation_dtype == torch.bfloat16
+    assert not QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True).is_weight_only
+    assert not QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_GROUP, G.BLOCK, True).is_weight_only
 
 
 def test_string_granularity_is_normalised_or_rejected():
@@ -119,7 +144,8 @@ def test_symmetric_quant_max():
 
 def test_dtype_name():
     assert [dtype_name(d) for d in (torch.int8, torch.uint8, FP8_DTYPE, INT4_DTYPE)] == ["int8", "uint8", "fp8", "int4"]
-    assert dtype_name(torch.float16) == "torch.float16"
+    assert [dtype_name(d) for d in (torch.bfloat16, torch.float16, torch.float32)] == ["bf16", "fp16", "fp32"]
+    assert dtype_name(torch.float64) == "torch.float64"
 
 
 def test_int4_group_scheme_is_a_distinct_key_per_group_size():

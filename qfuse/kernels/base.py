@@ -5,7 +5,8 @@ A kernel answers two questions before it is used, each with a reason a user can 
 (can it compute this scheme at these sizes, on this machine's generation of hardware?).
 `qfuse.kernels.registry.choose_kernel` walks a priority list and asks both. The ops then call,
 on the kernel that was chosen, `prepare_weight` (once per weight: see `prepared.prepare_once`)
-and `apply` (or `quant_apply`, which quantizes the activation first).
+and `apply` (or `quant_apply`, which quantizes the activation first; or `weight_only_apply`, whose
+activation stays float: weight-only schemes, `QuantScheme.is_weight_only`).
 
 Operand conventions (the ops normalise to these before a kernel sees them):
 - `a`: quantized activation [M, K] (int8, uint8 is never passed: the passes shift it to int8, or fp8);
@@ -87,6 +88,17 @@ class Kernel(abc.ABC):
         out_dtype: torch.dtype,
     ) -> torch.Tensor:
         """((a - azp_a) * scale_a) @ weight + bias as `out_dtype`, for a [M, K] activation."""
+
+    def weight_only_apply(
+        self, x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        """x @ weight + bias as `out_dtype` for a float (not quantized) [M, K] activation (weight-only,
+        `qfuse::weight_only_scaled_mm`). Kernels that implement it accept weight-only keys in
+        `can_implement`; the others reject them, so this default is never reached through the registry."""
+        raise NotImplementedError(
+            f"kernel {self.name!r} has no weight-only GEMM (float activation x quantized weight); "
+            "its can_implement must reject weight-only schemes (QuantScheme.is_weight_only)"
+        )
 
     # Quantizers: plain torch math unless a kernel has a faster one.
 

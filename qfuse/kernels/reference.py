@@ -24,3 +24,6 @@ class ReferenceKernel(Kernel):
 
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
         return reference_math.scaled_mm(a, weight.data, scale_a, weight.scale, bias, azp_a, weight.zero_point, out_dtype)
+
+    def weight_only_apply(self, x, weight, bias, out_dtype):
+        return reference_math.weight_only_scaled_mm(x, weight.data, weight.scale, bias, out_dtype)

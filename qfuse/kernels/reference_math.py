@@ -12,6 +12,10 @@ Scaled mm, in float64 (int8 sums and fp8 products are exact there), for every sc
 
     out = ((a - azp_a) * scale_a) @ ((b - azp_b) * scale_b) + bias, cast to out_dtype
 
+Weight-only (W8A16), the same with a float activation x that carries no scale or zero point:
+
+    out = x @ (b * scale_b) + bias, cast to out_dtype
+
 These functions are also every kernel's default quantizer (`Kernel.dynamic_quant` and friends).
 """
 
@@ -106,3 +110,9 @@ def scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
     if bias is not None:
         out = out + bias.to(torch.float64)
     return out.to(out_dtype)
+
+
+def weight_only_scaled_mm(x, b, scale_b, bias, out_dtype):
+    """Weight-only (W8A16): x @ (b * scale_b) + bias in float64, cast to out_dtype; x is a float
+    activation [M, K] that is not quantized (no scale, no zero point)."""
+    return scaled_mm(x, b, None, scale_b, bias, None, None, out_dtype)

@@ -41,6 +41,8 @@ class TorchKernel(Kernel):
 
     def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
         scheme = key.scheme
+        if scheme.is_weight_only:
+            return False, "weight-only schemes (float activation) are not implemented in the torch kernel"
         if scheme.weight_dtype == INT4_DTYPE:
             return False, "int4 weights (W4A8) are not implemented in the torch kernel"
         if scheme.activation_granularity == Granularity.PER_GROUP or scheme.weight_granularity == Granularity.BLOCK:

@@ -4,8 +4,9 @@ from qfuse.ops.quantize import dynamic_quant, dynamic_quant_asymmetric, static_q
 from qfuse.ops.scaled_mm import quant_scaled_mm, scaled_mm
 from qfuse.ops.verify import check_close
 from qfuse.ops.w4a8 import w4a8_scaled_mm
+from qfuse.ops.weight_only import weight_only_scaled_mm
 
 __all__ = [
     "check_close", "dynamic_quant", "dynamic_quant_asymmetric", "quant_scaled_mm", "scaled_mm", "static_quant",
-    "w4a8_scaled_mm",
+    "w4a8_scaled_mm", "weight_only_scaled_mm",
 ]

@@ -1,0 +1,290 @@
+"""`onednn`: oneDNN's int8 GEMM on x86 CPUs (AMX tiles or AVX-512 VNNI), and fp8 block W8A16.
+
+    W8A8 int8   ((a - azp_a) * scale_a) @ (b * scale_b) + bias   torch.ops.onednn.qlinear_pointwise
+    W8A16 fp8   x @ (b * scale_b) + bias, x bf16 (not quantized)  vLLM's fp8_scaled_mm_cpu, else oneDNN bf16
+
+Constraints (the constants below; `can_implement` / `is_supported`, each tested):
+
+    machine      x86 CPU with AMX or AVX-512 VNNI; torch built with oneDNN (mkldnn)
+    int8 W8A8    activation int8 (uint8 arrives shifted to int8), per-tensor or per-token scale,
+                 static or dynamic, zero point one value or one per row; weight int8, per-tensor or
+                 per-channel scale, no zero point (qlinear ignores w_zero_point: wrong results);
+                 no per-group / 128x128 block scales; out fp32 / bf16 / fp16; any M, K, N
+    fp8 W8A8     rejected: torch's fp8 qlinear has no oneDNN brgemm behind it (no primitive in
+                 ONEDNN_VERBOSE) and is 1.6-2x slower than the torch kernel's bf16 upcast, measured
+                 on this AVX-512 VNNI CPU and on an AMX Xeon (torch 2.11): the torch kernel runs it
+    fp8 W8A16    weight fp8 e4m3fn with 128x128 block scales (vLLM's CPU kernel: K blocks of 128,
+                 N blocks a multiple of 32); activation bf16 only (the weight is prepared once as
+                 bf16; fp16 / fp32 would need another copy or a lossy cast); out bf16 or fp32
+
+What runs where:
+    prepare_weight, once per weight (`prepared.prepare_once`):
+        int8   onednn.qlinear_prepack(b^T): oneDNN's blocked layout for this CPU (AMX or VNNI);
+               weight scale as float32 [N] or [1]; column sums of b times its scale (for per-row
+               zero points)
+        fp8    vLLM importable and AMX (vLLM's own gate), N a multiple of 16, K even (its packing):
+               convert_weight_packed(b^T) and the block scale as [N/128, K/128]; otherwise
+               b * scale_b dequantized to bf16 [N, K] and reordered by oneDNN
+               (mkldnn._reorder_linear_weight, the bf16 layout Inductor's CPU freezing uses)
+    apply, per call:
+        a + 128 as uint8 (one xor): oneDNN's brgemm takes uint8 activations on AVX-512 VNNI; int8
+        ones fall to its reference kernel (`ref_int8`), 150x slower at M = 1 and 2000x at M = 32
+        (K = N = 1024) here; AMX runs both at one speed.
+        One value of scale_a and azp_a: one qlinear call does it all (zero point azp_a + 128,
+        scales, fp32 bias, out dtype). qlinear takes one activation scale and zero point, so with a
+        per-token scale or per-row zero point it runs with scale 1, zero point 128, no bias, fp32
+        out, and a torch epilogue does (acc - azp_a * column_sums) * scale_a + bias, cast.
+    weight_only_apply, per call: vLLM's fp8_scaled_mm_cpu (bf16 out; cast to fp32 when asked), or
+        mkldnn._linear_pointwise(x, packed bf16 weight, fp32 bias); an fp32 output is the bf16 GEMM
+        result widened, plus the bias in fp32.
+
+Measured, median ms, K = N = 4096, torch 2.13, this CPU (AMD EPYC Zen 4, AVX-512 VNNI + BF16, no
+AMX, 2 threads), caches flushed before each call: `.venv/bin/python benchmarks/cpu_w8a16.py --w8a8 --runs 9`
+
+    M     onednn int8   onednn int8     torch kernel    int8 as int8   fp8 qlinear   torch kernel
+          per-tensor    per-token       (torch._int_mm) (ref_int8)                   fp8 (bf16 mm)
+    1       1.20          1.14            0.97            178            65.9          43.1
+    32      2.09          2.23            4.48             -             81.3          49.0
+    256    10.3          10.9            13.4              -            123            64.9
+
+    M     W8A16: bf16 once,   bf16 once,   bf16 once,     fp32 once,   dequantize
+          oneDNN pack (used)  F.linear     mm [K, N]      F.linear     per call + mm
+    1       1.79               1.95         2.69           3.65         155
+    32      3.35               3.83         4.79          10.9          155
+    256    19.9               20.1         21.2           52.9          173
+
+On an AMX Xeon (the GPU machine's host, 16 threads, torch 2.11, warm caches) qlinear took 0.07 /
+0.12 / 0.28 ms at M = 1 / 32 / 256 against torch._int_mm's 0.13 / 0.16 / 0.34, for int8 and
+uint8 activations alike, and fp8 qlinear 13-15 ms against 7-8 ms for the bf16 upcast.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.prepared import PreparedWeight
+from qfuse.platform import Platform, current_platform
+from qfuse.schemes import FP8_DTYPE, GROUP_SIZE, Granularity
+
+INT8_ACTIVATION_GRANULARITIES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN)
+INT8_WEIGHT_GRANULARITIES = (Granularity.PER_TENSOR, Granularity.PER_CHANNEL)
+INT8_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: int8 activations are shifted by this into uint8, the activation type of oneDNN's VNNI brgemm.
+ACTIVATION_SHIFT = 128
+
+W8A16_ACTIVATION_DTYPES = (torch.bfloat16,)
+W8A16_OUT_DTYPES = (torch.bfloat16, torch.float32)
+W8A16_K_BLOCK = 128
+W8A16_N_BLOCK_MULTIPLE = 32
+#: vLLM's convert_weight_packed (from sgl-kernel) packs N in tiles of 16 and K in VNNI pairs.
+VLLM_PACK_N_MULTIPLE = 16
+VLLM_PACK_K_MULTIPLE = 2
+
+FP8_W8A8_REASON = (
+    "fp8 W8A8 is not onednn's: torch's fp8 qlinear has no oneDNN brgemm behind it and is 1.6-2x slower "
+    "than the torch kernel's bf16 upcast (measured on AVX-512 VNNI and on AMX)"
+)
+
+
+def int8_engine(platform: Platform) -> str:
+    """Which oneDNN int8 GEMM this CPU gets: AMX tiles when it has them, else AVX-512 VNNI."""
+    return "AMX" if platform.cpu_has_amx else "AVX-512 VNNI"
+
+
+def w8a16_block_verdict(k_block: int, n_block: int) -> Verdict:
+    """Whether a k_block x n_block fp8 weight-scale block fits the CPU W8A16 kernel (vLLM's constraint)."""
+    if k_block != W8A16_K_BLOCK:
+        return False, f"W8A16 needs K blocks of {W8A16_K_BLOCK} (vLLM's CPU fp8 kernel), got {k_block}"
+    if n_block % W8A16_N_BLOCK_MULTIPLE:
+        return False, f"W8A16 needs N blocks that are a multiple of {W8A16_N_BLOCK_MULTIPLE}, got {n_block}"
+    return OK
+
+
+@dataclass(frozen=True)
+class OneDnnWeight(PreparedWeight):
+    """A weight prepacked by oneDNN: `packed` is the opaque MKLDNN tensor its op takes.
+
+    An MKLDNN tensor has no storage, and `prepare_once` compares the storage of `data` with the
+    weight's, so `data` holds a plain tensor: for int8, the weight's column sums times its scale,
+    float32 [1, N] (what a per-row activation zero point subtracts); for bf16 W8A16, nothing (an
+    empty tensor). int8: `scale` float32 [N] or [1], `zero_point` the all-zero int32 weight zero
+    point that qlinear wants.
+    """
+
+    packed: torch.Tensor | None = None
+
+    @property
+    def scaled_column_sums(self) -> torch.Tensor:
+        return self.data
+
+
+def _packed_as(weight: PreparedWeight, dtype: torch.dtype) -> bool:
+    return isinstance(weight, OneDnnWeight) and weight.packed is not None and weight.packed.dtype == dtype
+
+
+class OneDnnKernel(Kernel):
+    name = "onednn"
+    prepares_weight = True
+
+    def describe(self, platform: Platform) -> str:
+        return f"oneDNN int8 GEMM on {int8_engine(platform)}"
+
+    def is_supported(self, platform: Platform) -> Verdict:
+        if platform.device_type != "cpu":
+            return False, f"onednn runs on x86 CPUs, not on {platform.describe()}"
+        if not torch.backends.mkldnn.is_available():
+            return False, "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+        if not (platform.cpu_has_amx or platform.cpu_has_avx512_vnni):
+            return False, f"oneDNN's int8 GEMM needs AMX or AVX-512 VNNI; this {platform.describe()} has neither"
+        return OK
+
+    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
+        if key.device_type != "cpu":
+            return False, f"onednn takes CPU tensors, not {key.device_type}"
+        return _weight_only_verdict(key) if key.scheme.is_weight_only else _int8_verdict(key)
+
+    def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
+        if azp_b is not None:
+            raise ValueError("onednn takes symmetric weights (qlinear ignores a weight zero point); azp_b must be None")
+        if b.dtype == torch.int8:
+            return _prepare_int8(b, scale_b)
+        if b.dtype == FP8_DTYPE:
+            return _prepare_fp8_weight_only(b, scale_b)
+        raise ValueError(f"onednn takes int8 (W8A8) or fp8 (W8A16) weights, got {b.dtype}")
+
+    def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
+        if a.dtype != torch.int8 or not _packed_as(weight, torch.int8):
+            raise ValueError(f"onednn's W8A8 GEMM takes int8 activations and weights, got {a.dtype} x "
+                             f"{weight.data.dtype} ({FP8_W8A8_REASON})")
+        shifted = a.view(torch.uint8) ^ ACTIVATION_SHIFT
+        zero_point = torch.tensor(ACTIVATION_SHIFT, dtype=torch.int32)
+        if azp_a is not None and azp_a.numel() == 1:
+            zero_point = zero_point + azp_a.reshape(()).to(torch.int32)
+        per_row = (scale_a is not None and scale_a.numel() > 1) or (azp_a is not None and azp_a.numel() > 1)
+        if not per_row:
+            return _qlinear(shifted, scale_a, zero_point, weight, bias, out_dtype)
+        out = _qlinear(shifted, None, zero_point, weight, None, torch.float32)
+        if azp_a is not None and azp_a.numel() > 1:
+            out = out - azp_a.to(torch.float32) * weight.scaled_column_sums
+        if scale_a is not None:
+            out = out * scale_a.to(torch.float32)
+        if bias is not None:
+            out = out + bias.to(torch.float32)
+        return out.to(out_dtype)
+
+    def weight_only_apply(self, x, weight, bias, out_dtype):
+        if x.dtype not in W8A16_ACTIVATION_DTYPES:
+            raise ValueError(f"onednn's W8A16 takes {W8A16_ACTIVATION_DTYPES} activations, got {x.dtype}")
+        if weight.data.dtype == FP8_DTYPE:
+            return _vllm_fp8_scaled_mm(x, weight, bias, out_dtype)
+        if not _packed_as(weight, torch.bfloat16):
+            raise ValueError("onednn's W8A16 takes an fp8 weight; this one was prepared for int8 W8A8")
+        if out_dtype == torch.bfloat16:
+            return _bf16_linear(x, weight.packed, bias)
+        out = _bf16_linear(x, weight.packed, None).to(out_dtype)
+        return out if bias is None else out + bias.to(out_dtype)
+
+
+def _int8_verdict(key: GemmKey) -> Verdict:
+    scheme = key.scheme
+    if scheme.is_fp8:
+        return False, FP8_W8A8_REASON
+    if scheme.weight_dtype != torch.int8:
+        return False, f"onednn's qlinear takes int8 weights, not {scheme.weight_dtype}"
+    if scheme.activation_granularity not in INT8_ACTIVATION_GRANULARITIES:
+        return False, "oneDNN's qlinear takes one activation scale (per-token rows are scaled after it), not 1x128 groups"
+    if scheme.weight_granularity not in INT8_WEIGHT_GRANULARITIES:
+        return False, "oneDNN's qlinear takes per-tensor or per-channel weight scales, not 128x128 blocks or groups"
+    if key.out_dtype not in INT8_OUT_DTYPES:
+        return False, f"oneDNN's qlinear writes fp32, bf16 or fp16, not {key.out_dtype}"
+    return OK
+
+
+def _weight_only_verdict(key: GemmKey) -> Verdict:
+    scheme = key.scheme
+    if scheme.weight_dtype != FP8_DTYPE or scheme.weight_granularity != Granularity.BLOCK:
+        return False, "onednn's weight-only path takes fp8 e4m3fn weights with 128x128 block scales"
+    block = w8a16_block_verdict(GROUP_SIZE, GROUP_SIZE)  # qfuse's block scale is 128 x 128
+    if not block[0]:
+        return block
+    if scheme.activation_dtype not in W8A16_ACTIVATION_DTYPES:
+        return False, (f"onednn's W8A16 takes bf16 activations (its weight is prepared once as bf16), "
+                       f"not {scheme.activation_dtype}")
+    if key.out_dtype not in W8A16_OUT_DTYPES:
+        return False, f"onednn's W8A16 writes bf16 or fp32, not {key.out_dtype}"
+    return OK
+
+
+def _prepare_int8(b: torch.Tensor, scale_b: torch.Tensor | None) -> OneDnnWeight:
+    k, n = b.shape
+    if scale_b is not None and scale_b.numel() not in (1, n):
+        raise ValueError(f"onednn's qlinear takes one weight scale or one per channel ({n}), got {tuple(scale_b.shape)}")
+    packed = torch.ops.onednn.qlinear_prepack(b.t().contiguous(), None)  # takes [N, K]; M unknown
+    scale = torch.ones(1) if scale_b is None else scale_b.reshape(-1).to(torch.float32)
+    column_sums = b.sum(dim=0, dtype=torch.int32).to(torch.float32).reshape(1, n) * scale
+    zero_point = torch.zeros(scale.shape, dtype=torch.int32)
+    return OneDnnWeight(column_sums, scale, zero_point, k, n, packed=packed)
+
+
+def _qlinear(shifted, scale_a, zero_point, weight: OneDnnWeight, bias, out_dtype) -> torch.Tensor:
+    """onednn.qlinear_pointwise on the uint8-shifted activation: one activation scale and zero point."""
+    scale = torch.ones(()) if scale_a is None else scale_a.reshape(()).to(torch.float32)
+    return torch.ops.onednn.qlinear_pointwise.tensor(
+        shifted, scale, zero_point, weight.packed, weight.scale, weight.zero_point,
+        None if bias is None else bias.to(torch.float32),
+        1.0, 0, out_dtype, "none", [], "",  # output scale 1, zero point 0: a float output
+    )
+
+
+def dequantize_weight(b: torch.Tensor, scale_b: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """b [K, N] times its scale (one value, [1, N], or 128x128 blocks), as `dtype`."""
+    (k, n), weight = b.shape, b.to(torch.float32)
+    if scale_b is not None:
+        scale = scale_b.to(torch.float32)
+        if scale.dim() == 2 and tuple(scale.shape) != (1, n):  # one per 128x128 block
+            scale = scale.repeat_interleave(GROUP_SIZE, 0)[:k].repeat_interleave(GROUP_SIZE, 1)[:, :n]
+        weight = weight * scale
+    return weight.to(dtype)
+
+
+def vllm_cpu_ops():
+    """vLLM's CPU custom ops (`torch.ops._C`), registered by importing vllm's extension."""
+    import vllm._custom_ops  # noqa: F401  (loads vllm._C)
+
+    return torch.ops._C
+
+
+def _vllm_w8a16_usable(platform: Platform, k: int, n: int, scale_b: torch.Tensor | None) -> bool:
+    block_scale = scale_b is not None and tuple(scale_b.shape) == (math.ceil(k / GROUP_SIZE), math.ceil(n / GROUP_SIZE))
+    return (platform.has("vllm") and platform.cpu_has_amx and block_scale
+            and n % VLLM_PACK_N_MULTIPLE == 0 and k % VLLM_PACK_K_MULTIPLE == 0
+            and hasattr(vllm_cpu_ops(), "fp8_scaled_mm_cpu"))
+
+
+def _prepare_fp8_weight_only(b: torch.Tensor, scale_b: torch.Tensor | None) -> PreparedWeight:
+    k, n = b.shape
+    if _vllm_w8a16_usable(current_platform("cpu"), k, n, scale_b):
+        packed = vllm_cpu_ops().convert_weight_packed(b.t().contiguous())  # [N, K] -> AMX VNNI layout
+        return PreparedWeight(packed, scale_b.t().contiguous().to(torch.float32), None, k, n)
+    weight = dequantize_weight(b, scale_b, torch.bfloat16).t().contiguous()  # [N, K]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)  # oneDNN's bf16 layout; M unknown
+    return OneDnnWeight(torch.empty(0, dtype=torch.bfloat16), None, None, k, n, packed=packed)
+
+
+def _bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] bf16 @ the packed bf16 weight (+ bias, added in float32 by oneDNN), bf16 [M, N]."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None if bias is None else bias.to(torch.float32),
+                                              "none", [], "")
+
+
+def _vllm_fp8_scaled_mm(x, weight: PreparedWeight, bias, out_dtype) -> torch.Tensor:
+    """vLLM's kernel writes the activation's dtype (bf16) and adds a float32 bias."""
+    out = vllm_cpu_ops().fp8_scaled_mm_cpu(
+        x.contiguous(), weight.data, weight.scale, [GROUP_SIZE, GROUP_SIZE],  # block [N, K]
+        None if bias is None else bias.to(torch.float32), x.dtype, True,  # is_vnni: packed once
+    )
+    return out.to(out_dtype)

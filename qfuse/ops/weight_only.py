@@ -1,0 +1,63 @@
+"""`qfuse::weight_only_scaled_mm`: a linear whose weight is quantized and whose activation is not (W8A16).
+
+    weight_only_scaled_mm(x, b, scale_b, bias, out_dtype, kernel)
+        = x @ (b * scale_b) + bias, cast to out_dtype
+
+Operands: `x` float [..., K] (bf16, fp16 or fp32; the output is [..., N]); `b` the int8 or fp8 weight
+as a [K, N] matrix, any strides (usually `w.t()` of a stored [N, K]); `scale_b` one value, [N] /
+[1, N], or one per 128x128 block [ceil(K/128), ceil(N/128)] (the fp8 block-quantized checkpoints);
+`bias` [N]. `kernel` names the registry kernel chosen for a weight-only `GemmKey`
+(`QuantScheme.weight_only`); it runs `Kernel.weight_only_apply` on its prepared form of the weight,
+made once per weight (`qfuse.kernels.prepared`).
+
+A separate op because `qfuse::scaled_mm` takes a quantized activation with its scale and zero point,
+and `qfuse::quant_scaled_mm` quantizes a float one: here nothing quantizes the activation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qfuse.kernels import get_kernel
+from qfuse.kernels.prepared import prepare_once
+from qfuse.ops.scaled_mm import OUT_DTYPES, _normalize_scale_b, _output_shape
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, WEIGHT_ONLY_DTYPES
+
+_OP = "weight_only_scaled_mm"
+
+
+def _check_operands(x, b, bias, out_dtype) -> tuple:
+    """The output shape, after checking dtypes and shapes (ValueError naming the problem)."""
+    if x.dtype not in FLOAT_ACTIVATION_DTYPES:
+        raise ValueError(f"qfuse::{_OP}: activation must be one of {FLOAT_ACTIVATION_DTYPES}, got {x.dtype}")
+    if b.dtype not in WEIGHT_ONLY_DTYPES:
+        raise ValueError(f"qfuse::{_OP}: weight must be one of {WEIGHT_ONLY_DTYPES}, got {b.dtype}")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"qfuse::{_OP}: out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    out_shape = _output_shape(x, b, _OP)
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != b.shape[1]):
+        raise ValueError(f"qfuse::{_OP}: bias must have shape [{b.shape[1]}], got {tuple(bias.shape)}")
+    return out_shape
+
+
+@torch.library.custom_op("qfuse::weight_only_scaled_mm", mutates_args=())
+def weight_only_scaled_mm(
+    x: torch.Tensor,
+    b: torch.Tensor,
+    scale_b: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    kernel: str,
+) -> torch.Tensor:
+    out_shape = _check_operands(x, b, bias, out_dtype)
+    k, n = b.shape
+    implementation = get_kernel(kernel)
+    weight = prepare_once(implementation, b, _normalize_scale_b(scale_b, k, n), None)
+    return implementation.weight_only_apply(x.reshape(-1, k), weight, bias, out_dtype).reshape(out_shape)
+
+
+@weight_only_scaled_mm.register_fake
+def _(x, b, scale_b, bias, out_dtype, kernel):
+    out_shape = _check_operands(x, b, bias, out_dtype)
+    _normalize_scale_b(scale_b, *b.shape)
+    return x.new_empty(out_shape, dtype=out_dtype)

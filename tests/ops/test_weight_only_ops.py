@@ -1,0 +1,113 @@
+"""Tests for `qfuse::weight_only_scaled_mm` (W8A16: a float activation, an int8 / fp8 weight with its scale).
+
+The expected result is computed here in float64, the 128x128 block scale expanded by index,
+independently of qfuse. Covered: the reference kernel (the ground truth) on odd shapes with block,
+per-channel and int8 weights; `torch.library.opcheck`; ValueErrors naming the problem; a kernel
+without a weight-only GEMM raising NotImplementedError; the op inside torch.compile with dynamic
+shapes (the onednn kernel, whose numerics are tested in tests/kernels/test_onednn.py). CPU only.
+"""
+
+import math
+
+import pytest
+import torch
+
+import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
+from qfuse.kernels import get_kernel
+from qfuse.schemes import FP8_DTYPE
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+ONE_ROUNDING = {FP32: 1e-6, BF16: 2.0**-7, FP16: 2.0**-10}
+# opcheck's test_schema compares inputs with allclose, which CPU torch cannot do for fp8 (as in
+# test_scaled_mm_ops.py): it runs on an int8 weight, the fp8 weight gets the other checks.
+FP8_OPCHECK_UTILS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def w8a16_operands(m, k, n, with_bias, seed=0):
+    """x bf16 [M, K], an fp8 weight [K, N] (a `w.t()` view), its 128x128 block scale, a bias or None."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=generator).to(BF16)
+    b = (torch.randn(n, k, generator=generator) * 40).to(FP8_DTYPE).t()
+    scale_b = torch.rand(math.ceil(k / 128), math.ceil(n / 128), generator=generator) * 0.01 + 1e-3
+    bias = torch.randn(n, generator=generator) if with_bias else None
+    return x, b, scale_b, bias
+
+
+def expected_weight_only(x, b, scale_b, bias):
+    """float64, the block scale expanded by index, independently of qfuse."""
+    k, n = b.shape
+    weight = b.to(torch.float64) * scale_b.to(torch.float64)[torch.arange(k) // 128][:, torch.arange(n) // 128]
+    out = x.reshape(-1, k).to(torch.float64) @ weight
+    return (out if bias is None else out + bias.to(torch.float64)).reshape(*x.shape[:-1], n)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 300, 200), (33, 256, 130), (5, 77, 45), (2, 100, 200)])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("out_dtype", [BF16, FP32, FP16])
+def test_reference_matches_float64(m, k, n, with_bias, out_dtype):
+    x, b, scale_b, bias = w8a16_operands(m, k, n, with_bias)
+    out = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, out_dtype, "reference")
+    expected = expected_weight_only(x, b, scale_b, bias)
+    rel, magnitude = ONE_ROUNDING[out_dtype], expected.abs().max().item()
+    assert out.dtype == out_dtype and out.shape == expected.shape
+    torch.testing.assert_close(out.to(torch.float64), expected.to(out_dtype).to(torch.float64),
+                               rtol=rel, atol=rel * magnitude)
+
+
+def test_reference_takes_int8_weights_and_per_channel_scales():
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 40, generator=generator, dtype=FP16)
+    b = torch.randint(-128, 128, (40, 24), dtype=torch.int8, generator=generator)
+    scale_b = torch.rand(24, generator=generator)
+    out = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, None, FP32, "reference")
+    expected = x.to(torch.float64) @ (b.to(torch.float64) * scale_b.to(torch.float64))
+    torch.testing.assert_close(out, expected.to(FP32))
+
+
+@pytest.mark.parametrize("kernel", ["onednn", "reference"])
+def test_opcheck(kernel):
+    x, b, scale_b, bias = w8a16_operands(3, 200, 130, True)
+    for args in ((x, b, scale_b, bias, BF16, kernel), (x.reshape(1, 3, 200), b, scale_b, None, FP32, kernel)):
+        torch.library.opcheck(torch.ops.qfuse.weight_only_scaled_mm.default, args, test_utils=FP8_OPCHECK_UTILS)
+
+
+def test_opcheck_with_schema_check_on_an_int8_weight():
+    x, _, _, bias = w8a16_operands(3, 200, 130, True)
+    b = torch.randint(-128, 128, (130, 200), dtype=torch.int8).t()
+    torch.library.opcheck(torch.ops.qfuse.weight_only_scaled_mm.default, (x, b, torch.rand(130), bias, FP32, "reference"))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda x, b, s, bias: (x.to(torch.int8), b, s, bias, BF16), "activation must be one of"),
+        (lambda x, b, s, bias: (x, b.to(torch.uint8), s, bias, BF16), "weight must be one of"),
+        (lambda x, b, s, bias: (x, b, s, bias, torch.int32), "out_dtype must be one of"),
+        (lambda x, b, s, bias: (x, b, s, bias[:-1], BF16), r"bias must have shape \[130\]"),
+        (lambda x, b, s, bias: (x, b, s[:1], bias, BF16), "scale_b of shape"),
+        (lambda x, b, s, bias: (x[:, :-1], b, s, bias, BF16), "activation has K=199"),
+    ],
+)
+def test_errors_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        torch.ops.qfuse.weight_only_scaled_mm(*change(*w8a16_operands(3, 200, 130, True)), "reference")
+
+
+def test_a_kernel_without_weight_only_raises_not_implemented():
+    x, b, scale_b, bias = w8a16_operands(3, 200, 130, True)
+    with pytest.raises(NotImplementedError, match="kernel 'torch' has no weight-only GEMM"):
+        torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, BF16, "torch")
+    torch_kernel = get_kernel("torch")
+    with pytest.raises(NotImplementedError, match="its can_implement must reject weight-only schemes"):
+        torch_kernel.weight_only_apply(x, torch_kernel.prepare_weight(b, scale_b, None), None, FP32)
+
+
+def test_under_torch_compile_with_dynamic_shapes():
+    def linear_gelu(x, b, scale_b, bias):
+        return torch.nn.functional.gelu(torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, BF16, "onednn"))
+
+    compiled = torch.compile(linear_gelu, dynamic=True, fullgraph=True)
+    for m, k, n in ((3, 300, 200), (17, 260, 150)):  # M, K and N symbolic (the weight is an input)
+        x, b, scale_b, bias = w8a16_operands(m, k, n, True)
+        x = x.reshape(1, m, k)
+        torch.testing.assert_close(compiled(x, b, scale_b, bias), linear_gelu(x, b, scale_b, bias))
