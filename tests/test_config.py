@@ -88,8 +88,9 @@ def test_lists_are_stored_as_tuples():
     "changes, error, message",
     [
         ({"patterns": ("reference_linear", "bogus")}, ValueError, r"unknown qfuse pattern families \['bogus'\]"),
-        ({"kernel": "cutlass"}, ValueError, r"unknown qfuse kernels \['cutlass'\]; known: \['reference', 'torch', 'triton'\]"),
-        ({"kernel_preference": ("torch", "aiter")}, ValueError, r"unknown qfuse kernels \['aiter'\]"),
+        ({"kernel": "cublaslt"}, ValueError, r"unknown qfuse kernels \['cublaslt'\]; known: \['aiter', 'cutlass', "
+                                             r"'onednn', 'reference', 'torch', 'triton', 'xpu', 'zentorch'\]"),
+        ({"kernel_preference": ("torch", "hipblaslt")}, ValueError, r"unknown qfuse kernels \['hipblaslt'\]"),
         ({"disabled_kernels": "nope"}, ValueError, r"unknown qfuse kernels \['nope'\]"),
         ({"kernel": "torch", "disabled_kernels": ("torch",)}, ValueError, "kernel 'torch' is both forced and disabled"),
         ({"debug_dir": ""}, ValueError, "debug_dir must be a non-empty path"),

@@ -64,7 +64,8 @@ def prepare_once(kernel, b: torch.Tensor, scale: torch.Tensor | None, zero_point
     if prepared is None:
         _evict_expired()
         prepared = kernel.prepare_weight(b, scale, zero_point)
-        if StorageWeakRef(prepared.data.untyped_storage()) != key[1][0]:
+        opaque = prepared.data.layout != torch.strided  # e.g. a packed MKLDNN tensor: never the input
+        if opaque or StorageWeakRef(prepared.data.untyped_storage()) != key[1][0]:
             _CACHE[key] = prepared
     return prepared
 

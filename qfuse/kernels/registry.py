@@ -10,25 +10,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from qfuse.kernels.aiter import AiterKernel
 from qfuse.kernels.base import GemmKey, Kernel
 from qfuse.kernels.cutlass import CutlassKernel
+from qfuse.kernels.onednn import OneDnnKernel
 from qfuse.kernels.reference import ReferenceKernel
 from qfuse.kernels.torch_native import TorchKernel
 from qfuse.kernels.triton import TritonKernel
+from qfuse.kernels.xpu import XpuKernel
+from qfuse.kernels.zentorch import ZentorchKernel
 from qfuse.platform import Platform
 
 KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (
     CutlassKernel(),
     TritonKernel(),
     TorchKernel(),
+    AiterKernel(),
+    ZentorchKernel(),
+    OneDnnKernel(),
+    XpuKernel(),
     ReferenceKernel(),
 )}
 
+#: First kernel that can run a linear wins. Vendor kernels first, Triton as the portable GPU
+#: fallback, torch last (it covers zero points and everything cuBLAS / ATen can take).
 PRIORITY: dict[str, tuple[str, ...]] = {
-    "cpu": ("torch",),
+    "cpu": ("zentorch", "onednn", "torch"),
     "cuda": ("cutlass", "triton", "torch"),
-    "rocm": ("triton",),
-    "xpu": (),
+    "rocm": ("aiter", "triton", "torch"),
+    "xpu": ("xpu", "triton"),
 }
 
 
