@@ -11,6 +11,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import qfuse
+from qfuse.platform import current_platform
 from qfuse.passes.manager import QfusePass
 from tests.helpers import compile_and_run
 from tests.passes.test_reference_linear import int_mm_linear, operands
@@ -113,7 +114,7 @@ def test_warm_fx_graph_cache_hit_is_correct(tmp_path, monkeypatch):
 
 def test_debug_writes_graphs_and_report(tmp_path):
     x, w, w_scale, bias = operands((5, 64))
-    _, report = compile_and_run(int_mm_linear, x, w, w_scale, bias, debug=True, debug_dir=str(tmp_path))
+    _, report = compile_and_run(int_mm_linear, x, w, w_scale, bias, kernel="torch", debug=True, debug_dir=str(tmp_path))
     graph_dir = tmp_path / f"pid{os.getpid()}" / report.graph_name
     assert "torch.ops.aten._int_mm.default" in (graph_dir / "0_before.py").read_text()
     after = (graph_dir / "1_after_reference_linear.py").read_text()
@@ -133,4 +134,27 @@ def test_unknown_forced_kernel_is_an_error():
         return torch._int_mm(q, w.t()).float() * 0.1 * 0.01
 
     with pytest.raises(Exception, match="unknown qfuse kernels"):
-        torch.compile(linear, backend="qfuse", options={"kernel": "cutlass"})(x)
+        torch.compile(linear, backend="qfuse", options={"kernel": "cublaslt"})(x)
+
+
+def test_forced_kernel_that_cannot_run_here_is_an_error_with_its_reason():
+    x, w, w_scale, bias = operands((5, 64))
+    with pytest.raises(Exception, match="forced kernel 'cutlass' cannot run .*: CUTLASS runs on NVIDIA GPUs, not on CPU"):
+        torch.compile(int_mm_linear, backend="qfuse", options={"kernel": "cutlass"})(x, w, w_scale, bias)
+
+
+@pytest.mark.parametrize("shape", [(33, 64), (2, 9, 64)], ids=["M33", "3D"])
+def test_default_cpu_kernel_of_this_machine_matches_eager(shape):
+    """Whatever the CPU priority list picks here (zentorch on Zen with zentorch installed, else
+    onednn on AVX-512 VNNI / AMX, else torch), the compiled linear matches eager. (At a static
+    M = 1 the per-token scale is one value: a per-tensor scheme, which zentorch does not take.)"""
+    x, w, w_scale, bias = operands(shape)
+    out, report = compile_and_run(int_mm_linear, x, w, w_scale, bias, dynamic=True)
+    platform = current_platform("cpu")
+    expected_kernel = next(name for name, ok in (
+        ("zentorch", platform.cpu_is_amd_zen and platform.cpu_has_avx512_vnni and platform.has("zentorch")),
+        ("onednn", platform.cpu_has_avx512_vnni or platform.cpu_has_amx),
+        ("torch", True),
+    ) if ok)
+    assert [record.kernel for record in report.fused] == [expected_kernel]
+    torch.testing.assert_close(out, int_mm_linear(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)

@@ -48,6 +48,7 @@ class GemmKey:
     bias_dtype: torch.dtype | None  # None: no bias
     device_type: str
     fused_quant: bool = False  # the kernel gets the float activation and quantizes it itself
+    weight_zero_point: bool = False  # the weight carries a zero point (asymmetric PT2E weights)
 
     @property
     def has_bias(self) -> bool:
@@ -64,6 +65,8 @@ class Kernel(abc.ABC):
     #: Whether `prepare_weight` changes the weight (repacking, padding, re-encoding), so that its
     #: result is worth caching per weight. Kernels that consume the weight as it is leave it False.
     prepares_weight: ClassVar[bool] = False
+    #: Whether `apply` honours a weight zero point; the registry rejects the others for such keys.
+    takes_weight_zero_point: ClassVar[bool] = False
 
     @abc.abstractmethod
     def is_supported(self, platform: Platform) -> Verdict: ...

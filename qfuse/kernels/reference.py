@@ -14,6 +14,7 @@ from qfuse.platform import Platform
 
 class ReferenceKernel(Kernel):
     name = "reference"
+    takes_weight_zero_point = True
     fuses_activation_quant = True  # when forced, every step runs as qfuse's own emulated op
 
     def is_supported(self, platform: Platform) -> Verdict:

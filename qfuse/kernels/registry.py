@@ -70,10 +70,13 @@ def priority_list(platform: Platform) -> tuple[str, ...]:
 
 def _verdict(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
     """Why `kernel` cannot run `key` here, or '' if it can."""
-    for ok, reason in (kernel.is_supported(platform), kernel.can_implement(key, platform)):
-        if not ok:
-            return reason
-    return ""
+    ok, reason = kernel.is_supported(platform)
+    if not ok:
+        return reason
+    if key.weight_zero_point and not kernel.takes_weight_zero_point:
+        return f"{kernel.name} takes symmetric weights only (this weight has a zero point)"
+    ok, reason = kernel.can_implement(key, platform)
+    return "" if ok else reason
 
 
 def choose_kernel(

@@ -33,6 +33,7 @@ def _multiple_of(value: int | None, factor: int) -> bool:
 
 class TorchKernel(Kernel):
     name = "torch"
+    takes_weight_zero_point = True
 
     def is_supported(self, platform: Platform) -> Verdict:
         if platform.device_type in ("cpu", "cuda"):

@@ -66,6 +66,7 @@ class FusedLinear:
         return GemmKey(
             scheme=self.scheme, n=static_int(n), k=static_int(k), out_dtype=self.out_dtype,
             bias_dtype=None if self.bias is None else fake_value(self.bias).dtype, device_type=fake_value(self.a).device.type,
+            weight_zero_point=self.azp_b is not None,
         )
 
 

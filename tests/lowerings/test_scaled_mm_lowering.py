@@ -18,7 +18,7 @@ def compiled_code(fn, *args, **options):
 @pytest.mark.parametrize("shape", [(1, 64), (2, 7, 64)], ids=["M1", "3D"])
 def test_torch_kernel_lowers_to_int_mm_and_a_fused_epilogue(shape):
     x, w, w_scale, bias = operands(shape)
-    out, code = compiled_code(int_mm_linear, x, w, w_scale, bias)
+    out, code = compiled_code(int_mm_linear, x, w, w_scale, bias, kernel="torch")
     assert "extern_kernels._int_mm" in code and "qfuse.scaled_mm" not in code
     torch.testing.assert_close(out, int_mm_linear(x, w, w_scale, bias), rtol=1e-5, atol=1e-5)
 
