@@ -100,7 +100,7 @@ class PassReport(RecordSelection):
                 lines.append(f"  fused      {record.pattern}  [{record.family}]")
                 lines.append(f"  scheme     {record.scheme}")
                 lines.append(f"  kernel     {record.kernel}")
-                lines += [f"  not {name:<7}{reason}" for name, reason in record.rejected_kernels.items()]
+                lines += [f"  {'not ' + name:<10} {reason}" for name, reason in record.rejected_kernels.items()]
                 if record.note:
                     lines.append(f"  note       {record.note}")
                 if record.max_error is not None:
