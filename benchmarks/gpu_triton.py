@@ -4,13 +4,16 @@
 
 1. Ceilings: HBM bandwidth from a 1 GiB device copy (bytes read + written / time).
 2. Scaled mm, M in {1, 16, 128, 1024, 4096} x (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}:
-   bf16 torch.mm; fp8 torch._scaled_mm tensor-wise and row-wise; torch._int_mm + rescale (two
-   kernels); qfuse Triton fp8 row-wise (per-token x per-channel) and int8 with the scales in its
-   epilogue; for M <= 16 the share of HBM bandwidth spent reading the 1-byte weight.
+   bf16 torch.mm; fp8 torch._scaled_mm tensor-wise and row-wise (also with use_fast_accum=True);
+   torch._int_mm + rescale (two kernels); the qfuse `triton` kernel (as it dispatches: the persistent
+   TMA kernel above M = 128 on Hopper) fp8 row-wise (per-token x per-channel) and int8 with the
+   scales in its epilogue, and fp8 with fast accumulation (no promotion) at M >= 1024; for M <= 16
+   the share of HBM bandwidth spent reading the 1-byte weight, and that of a device copy of it.
 3. Dynamic per-token fp8 quant at M=4096, K=14336 (bf16 in): the Triton kernel vs Inductor's code
    for the same reference-form function, as a share of HBM bandwidth.
-4. The reference-form fp8 W8A8 linear (bf16 in and out) compiled three ways: plain Inductor,
-   backend="qfuse" with the torch kernel, and with the triton kernel.
+4. The reference-form fp8 W8A8 linear (bf16 in and out) compiled by plain Inductor and by
+   backend="qfuse" with its default kernel choice (cutlass on CUDA) and with kernel="triton",
+   each without and with CUDA graphs (Inductor's `triton.cudagraphs`, what mode="reduce-overhead" sets).
 With --tune, first searches block configs per M bucket (`tune`), prints the best and uses them.
 Times: triton.testing.do_bench, median, in milliseconds. Writes gpu_triton.json to --out.
 """
@@ -28,6 +31,9 @@ import torch
 import triton
 from triton.testing import do_bench
 
+from qfuse.kernels.prepared import PreparedWeight
+from qfuse.kernels.registry import get_kernel
+from qfuse.kernels.triton import persistent_mm
 from qfuse.kernels.triton import scaled_mm as triton_mm
 from qfuse.kernels.triton.quant import triton_dynamic_quant
 from qfuse.schemes import Granularity
@@ -53,6 +59,12 @@ def operands(m, n, k, dtype):
     return a, w, torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
 
 
+def triton_kernel(a, w, sa, sb):
+    """The registry's `triton` kernel on a weight stored [N, K], as the compiled op calls it."""
+    weight = PreparedWeight(w.t(), sb, None, w.shape[1], w.shape[0])
+    return get_kernel("triton").apply(a, weight, sa, None, None, torch.bfloat16)
+
+
 def scaled_mm_rows(m, n, k, bandwidth):
     a8, w8, sa, sb = operands(m, n, k, FP8)
     ai, wi, _, _ = operands(m, n, k, torch.int8)
@@ -62,19 +74,26 @@ def scaled_mm_rows(m, n, k, bandwidth):
         "bf16 mm": bench(lambda: torch.mm(x, w.t())),
         "fp8 _scaled_mm tensorwise": bench(lambda: torch._scaled_mm(a8, w8.t(), one, one, out_dtype=torch.bfloat16)),
         "fp8 _scaled_mm rowwise": bench(lambda: torch._scaled_mm(a8, w8.t(), sa, sb, out_dtype=torch.bfloat16)),
-        "fp8 triton rowwise": bench(lambda: triton_mm.triton_scaled_mm(a8, w8.t(), sa, sb, None, torch.bfloat16)),
-        "triton int8 scaled": bench(lambda: triton_mm.triton_scaled_mm(ai, wi.t(), sa, sb, None, torch.bfloat16)),
+        "fp8 _scaled_mm rowwise fast accum": bench(lambda: torch._scaled_mm(a8, w8.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)),
+        "fp8 triton rowwise": bench(lambda: triton_kernel(a8, w8, sa, sb)),
+        "triton int8 scaled": bench(lambda: triton_kernel(ai, wi, sa, sb)),
     }
+    if m >= 1024:
+        times["fp8 triton rowwise fast accum"] = bench(lambda: persistent_mm.persistent_scaled_mm(a8, w8.t(), sa, sb, None, torch.bfloat16, promote=0))
     if m > 16:  # cuBLAS int8 needs M > 16
         times["_int_mm + rescale"] = bench(lambda: (torch._int_mm(ai, wi.t()) * sa * sb).to(torch.bfloat16))
     row = {"m": m, "n": n, "k": k, "ms": times,
            "fp8_triton_vs_rowwise": times["fp8 _scaled_mm rowwise"] / times["fp8 triton rowwise"],
            "fp8_triton_tflops": 2 * m * n * k / times["fp8 triton rowwise"] / 1e9}
+    if m >= 1024:
+        row["fp8_triton_fast_vs_rowwise_fast"] = times["fp8 _scaled_mm rowwise fast accum"] / times["fp8 triton rowwise fast accum"]
     if "_int_mm + rescale" in times:
         row["int8_triton_vs_int_mm_rescale"] = times["_int_mm + rescale"] / times["triton int8 scaled"]
     if m <= 16:
         for name in ("fp8 triton rowwise", "triton int8 scaled", "fp8 _scaled_mm rowwise"):
             row[f"weight_read_share_of_hbm[{name}]"] = n * k / (times[name] * 1e-3) / bandwidth
+        copy = torch.empty_like(w8)
+        row["weight_copy_share_of_hbm"] = 2 * n * k / (bench(lambda: copy.copy_(w8)) * 1e-3) / bandwidth
     return row
 
 
@@ -101,21 +120,34 @@ def fp8_linear(x, w, w_scale):
     return (y * s * w_scale).to(torch.bfloat16)
 
 
+class Fp8Linear(torch.nn.Module):
+    """`fp8_linear` with its weight as buffers, so that CUDA graphs keep them static (not copied in)."""
+
+    def __init__(self, w, w_scale):
+        super().__init__()
+        self.register_buffer("w", w)
+        self.register_buffer("w_scale", w_scale)
+
+    def forward(self, x):
+        return fp8_linear(x, self.w, self.w_scale)
+
+
 def linear_rows():
     rows = []
+    compilers = (("inductor", "inductor", {}), ("qfuse", "qfuse", {}), ("qfuse triton", "qfuse", {"kernel": "triton"}))
     for m, (n, k) in itertools.product((1024, 4096), SHAPES):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w, w_scale = torch.randn(n, k, device="cuda").to(FP8), torch.rand(n, device="cuda") + 0.5
+        module = Fp8Linear(torch.randn(n, k, device="cuda").to(FP8), torch.rand(n, device="cuda") + 0.5)
         times = {}
-        for label, backend, options in (("inductor", "inductor", None), ("qfuse torch", "qfuse", {"kernel": "torch"}),
-                                        ("qfuse triton", "qfuse", {"kernel": "triton"})):
+        for (label, backend, options), cudagraphs in itertools.product(compilers, (False, True)):
             torch._dynamo.reset()
-            compiled = torch.compile(fp8_linear, backend=backend, options=options)
-            compiled(x, w, w_scale)
-            times[label] = bench(lambda: compiled(x, w, w_scale))
+            compiled = torch.compile(module, backend=backend, options={**options, "triton.cudagraphs": cudagraphs})
+            for _ in range(3):  # CUDA graphs record on the second or third call
+                compiled(x)
+            times[label + (" cudagraphs" if cudagraphs else "")] = bench(lambda: compiled(x))
+        baseline = {label: "inductor cudagraphs" if label.endswith("cudagraphs") else "inductor" for label in times}
         rows.append({"m": m, "n": n, "k": k, "ms": times,
-                     "speedup_torch": times["inductor"] / times["qfuse torch"],
-                     "speedup_triton": times["inductor"] / times["qfuse triton"]})
+                     "speedup": {label: times[baseline[label]] / times[label] for label in times if not label.startswith("inductor")}})
     return rows
 
 
@@ -173,14 +205,18 @@ def main():
         extras = {key: round(value, 3) for key, value in row.items() if key not in ("m", "n", "k", "ms")}
         print(row["m"], row["n"], row["k"], {name: round(t, 4) for name, t in row["ms"].items()}, extras)
     for m in (1024, 4096):
-        ratios = [row["fp8_triton_vs_rowwise"] for row in gemm if row["m"] == m]
-        print(f"fp8 triton / rowwise geomean at M={m}: {math.prod(ratios) ** (1 / len(ratios)):.3f}")
+        for key in ("fp8_triton_vs_rowwise", "fp8_triton_fast_vs_rowwise_fast", "int8_triton_vs_int_mm_rescale"):
+            ratios = [row[key] for row in gemm if row["m"] == m]
+            print(f"{key} geomean at M={m}: {math.prod(ratios) ** (1 / len(ratios)):.3f}")
     quant = quant_row(bandwidth)
     print("quant", quant)
     linear = linear_rows()
     for row in linear:
         print("linear", row["m"], row["n"], row["k"], {k: round(v, 4) for k, v in row["ms"].items()},
-              round(row["speedup_torch"], 3), round(row["speedup_triton"], 3))
+              {k: round(v, 3) for k, v in row["speedup"].items()})
+    for label in linear[0]["speedup"]:
+        ratios = [row["speedup"][label] for row in linear]
+        print(f"linear speedup geomean {label}: {math.prod(ratios) ** (1 / len(ratios)):.3f}")
     result = {"machine": info, "hbm_bytes_per_s": bandwidth, "tuned_configs": {f"{label} M={m}": config for (label, m), config in (tuned or {}).items()}, "scaled_mm": gemm,
               "quant": quant, "linear": linear}
     Path(args.out).mkdir(parents=True, exist_ok=True)

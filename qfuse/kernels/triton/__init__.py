@@ -1,7 +1,9 @@
 """`triton`: qfuse's portable GPU kernels (scaled matmul, quantizers), fast on Hopper.
 
-The kernels live beside this file (`scaled_mm.py`, `quant.py`) and import Triton; this module does
-not, so the registry works where Triton is missing. Limits (`can_implement`):
+The kernels live beside this file and import Triton; this module does not, so the registry works
+where Triton is missing: `scaled_mm.py` (every scale granularity, any M; tiles per M bucket),
+`persistent_mm.py` (Hopper TMA, one program per multiprocessor: fp8 with row-wise scales at large M)
+and `quant.py` (one-pass quantizers). Limits (`can_implement`):
 
     device       CUDA GPUs (ROCm: int8 only, its fp8 is e4m3fnuz), with Triton installed
     int8         capability >= 8.0 (int8 tensor-core dot)
@@ -62,10 +64,12 @@ class TritonKernel(Kernel):
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
         if azp_a is not None or weight.zero_point is not None:
             raise ValueError("the triton kernel has no zero points; use kernel='torch' for asymmetric int8")
+        from qfuse.kernels.triton.persistent_mm import persistent_scaled_mm, should_run_persistent
         from qfuse.kernels.triton.scaled_mm import triton_scaled_mm
 
         a = padded_activation(a, weight.data.shape[0])
-        return triton_scaled_mm(a, weight.data, scale_a, weight.scale, bias, out_dtype)
+        launch = persistent_scaled_mm if should_run_persistent(a, weight.data, scale_a, weight.scale) else triton_scaled_mm
+        return launch(a, weight.data, scale_a, weight.scale, bias, out_dtype)
 
     def dynamic_quant(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
         if granularity == Granularity.PER_TENSOR:

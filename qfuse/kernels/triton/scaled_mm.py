@@ -8,11 +8,13 @@
     with BLOCK_K dividing 128 so that a K step never straddles two scale groups.
     Offsets are int64 where M * K or K * N may exceed 2**31; M, N, K need not be block multiples.
 
-Block sizes come from `CONFIGS`, a table per M bucket chosen by `benchmarks/tune_triton.py` on an
+Block sizes come from `CONFIGS`, a table per M bucket chosen by `benchmarks/gpu_triton.py --tune-only` on an
 H100/H200 (see docs/benchmarks.md); `pick_config` returns the entry for a call.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -34,6 +36,25 @@ CONFIGS: dict[str, dict[int, tuple[int, int, int, int, int, int]]] = {
     "int8": {16: (16, 64, 512, 8, 4, 4), 128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 3)},
     "fp8": {16: (16, 64, 512, 8, 4, 6), 128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 4)},
 }
+
+
+@triton.jit
+def _scale_bias_store(out, offs_m, offs_n, mask_m, mask_n, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
+                      stride_cm, stride_cn, stride_sam, stride_sbn,
+                      SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The epilogue every scaled-mm kernel shares: out (float32) * scale_a * scale_b + bias -> C."""
+    if SCALE_A == _TENSOR:
+        out *= tl.load(scale_a_ptr)
+    elif SCALE_A == _VECTOR:
+        out *= tl.load(scale_a_ptr + offs_m * stride_sam, mask=mask_m, other=0.0)[:, None]
+    if SCALE_B == _TENSOR:
+        out *= tl.load(scale_b_ptr)
+    elif SCALE_B == _VECTOR:
+        out *= tl.load(scale_b_ptr + offs_n * stride_sbn, mask=mask_n, other=0.0)[None, :]
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -99,18 +120,8 @@ def _scaled_mm_kernel(
     out = acc.to(tl.float32)
     if PROMOTE_EVERY > 1:
         out += partial
-    if SCALE_A == _TENSOR:
-        out *= tl.load(scale_a_ptr)
-    elif SCALE_A == _VECTOR:
-        out *= tl.load(scale_a_ptr + offs_m * stride_sam, mask=mask_m, other=0.0)[:, None]
-    if SCALE_B == _TENSOR:
-        out *= tl.load(scale_b_ptr)
-    elif SCALE_B == _VECTOR:
-        out *= tl.load(scale_b_ptr + offs_n * stride_sbn, mask=mask_n, other=0.0)[None, :]
-    if HAS_BIAS:
-        out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    _scale_bias_store(out, offs_m, offs_n, mask_m, mask_n, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
+                      stride_cm, stride_cn, stride_sam, stride_sbn, SCALE_A, SCALE_B, HAS_BIAS)
 
 
 def pick_config(m: int, is_fp8: bool, blocked: bool) -> tuple[int, int, int, int, int, int]:
@@ -147,17 +158,27 @@ def promote_every(dtype: torch.dtype, out_dtype: torch.dtype) -> int:
     return 4 if dtype == torch.float8_e4m3fn and out_dtype in (torch.bfloat16, torch.float16) else 1
 
 
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 elsewhere: Triton's interpreter on CPU)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def output_and_float32_scales(a, b, scale_a, scale_b, out_dtype):
+    """The [M, N] output to fill, and the scales as float32 (what the kernels' epilogues load)."""
+    c = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=out_dtype)
+    return c, *(None if scale is None else scale.to(torch.float32) for scale in (scale_a, scale_b))
+
+
 def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None, promote=None):
     """Launch the kernel for normalised operands (a [M, K], b [K, N], scales as the op passes them).
 
     `config` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) overrides the table and
     `promote` the fp8 promotion interval (`promote_every`): the benchmark scripts use them."""
     (m, k), n = a.shape, b.shape[1]
-    c = torch.empty((m, n), device=a.device, dtype=out_dtype)
-    if m == 0 or n == 0:
+    c, sa, sb = output_and_float32_scales(a, b, scale_a, scale_b, out_dtype)
+    if c.numel() == 0:
         return c
-    sa = None if scale_a is None else scale_a.to(torch.float32)
-    sb = None if scale_b is None else scale_b.to(torch.float32)
     kind_a, kind_b = _scale_kind(sa, (m, 1)), _scale_kind(sb, (1, n))
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_config(
         m, a.dtype != torch.int8, BLOCK_SCALE in (kind_a, kind_b)
