@@ -8,12 +8,16 @@
    torch._int_mm + rescale (two kernels); the qfuse `triton` kernel (as it dispatches: the persistent
    TMA kernel above M = 128 on Hopper) fp8 row-wise (per-token x per-channel) and int8 with the
    scales in its epilogue, and fp8 with fast accumulation (no promotion) at M >= 1024; for M <= 16
-   the share of HBM bandwidth spent reading the 1-byte weight, and that of a device copy of it.
+   the share of HBM bandwidth spent reading the 1-byte weight (and that of a device copy of it),
+   timed by do_bench and, as a decode step runs, by CUDA-graph replays over weights 4x the L2
+   beside a read-only kernel's share (`decode_weight_read`, gpu_timing.py says why both).
 3. Dynamic per-token fp8 quant at M=4096, K=14336 (bf16 in): the Triton kernel vs Inductor's code
    for the same reference-form function, as a share of HBM bandwidth.
 4. The reference-form fp8 W8A8 linear (bf16 in and out) compiled by plain Inductor and by
    backend="qfuse" with its default kernel choice (cutlass on CUDA) and with kernel="triton",
-   each without and with CUDA graphs (Inductor's `triton.cudagraphs`, what mode="reduce-overhead" sets).
+   each without and with CUDA graphs (Inductor's `triton.cudagraphs`, what mode="reduce-overhead" sets)
+   on an input marked static (`mark_static_address`: the graph reads it in place, as it would the
+   output of the layer before inside a captured model, instead of copying it in first).
 With --tune, first searches block configs per M bucket (`tune`), prints the best and uses them.
 Times: triton.testing.do_bench, median, in milliseconds. Writes gpu_triton.json to --out.
 """
@@ -29,7 +33,6 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench
 
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.kernels.registry import get_kernel
@@ -38,19 +41,11 @@ from qfuse.kernels.triton import scaled_mm as triton_mm
 from qfuse.kernels.triton.quant import triton_dynamic_quant
 from qfuse.schemes import Granularity
 
+from gpu_timing import bench, graph_ms_per_call, hbm_bandwidth, read_only  # noqa: E402  (beside this script)
+
 FP8 = torch.float8_e4m3fn
 M_VALUES = (1, 16, 128, 1024, 4096)
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
-
-
-def bench(fn) -> float:
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def hbm_bandwidth() -> float:
-    source = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    target = torch.empty_like(source)
-    return 2 * source.numel() / (bench(lambda: target.copy_(source)) * 1e-3)
 
 
 def operands(m, n, k, dtype):
@@ -94,7 +89,25 @@ def scaled_mm_rows(m, n, k, bandwidth):
             row[f"weight_read_share_of_hbm[{name}]"] = n * k / (times[name] * 1e-3) / bandwidth
         copy = torch.empty_like(w8)
         row["weight_copy_share_of_hbm"] = 2 * n * k / (bench(lambda: copy.copy_(w8)) * 1e-3) / bandwidth
+        row["decode_weight_read_share_of_hbm"] = decode_weight_read(m, n, k, bandwidth)
     return row
+
+
+def decode_weight_read(m, n, k, bandwidth, l2_factor=4):
+    """Weight bytes / time / HBM bandwidth as a decode step sees it: one CUDA graph of calls over
+    different weights, together `l2_factor` times the L2 (see gpu_timing.py)."""
+    count = max(8, math.ceil(l2_factor * torch.cuda.get_device_properties(0).L2_cache_size / (n * k)))
+    fp8 = [operands(m, n, k, FP8) for _ in range(count)]
+    int8 = [operands(m, n, k, torch.int8) for _ in range(count)]
+    one = torch.ones((), device="cuda")
+    variants = {
+        "read only": [read_only(w) for _, w, _, _ in fp8],
+        "fp8 triton rowwise": [lambda o=o: triton_kernel(*o) for o in fp8],
+        "triton int8 scaled": [lambda o=o: triton_kernel(*o) for o in int8],
+        "fp8 _scaled_mm rowwise": [lambda a=a, w=w, sa=sa, sb=sb: torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16) for a, w, sa, sb in fp8],
+        "fp8 _scaled_mm tensorwise": [lambda a=a, w=w: torch._scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16) for a, w, _, _ in fp8],
+    }
+    return {name: n * k / (graph_ms_per_call(calls) * 1e-3) / bandwidth for name, calls in variants.items()}
 
 
 def reference_quant(x):
@@ -137,6 +150,7 @@ def linear_rows():
     compilers = (("inductor", "inductor", {}), ("qfuse", "qfuse", {}), ("qfuse triton", "qfuse", {"kernel": "triton"}))
     for m, (n, k) in itertools.product((1024, 4096), SHAPES):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        torch._dynamo.mark_static_address(x)
         module = Fp8Linear(torch.randn(n, k, device="cuda").to(FP8), torch.rand(n, device="cuda") + 0.5)
         times = {}
         for (label, backend, options), cudagraphs in itertools.product(compilers, (False, True)):
@@ -151,20 +165,18 @@ def linear_rows():
     return rows
 
 
-SMALL_M_SPACE = itertools.product((16,), (32, 64), (128, 256, 512), (2, 4), (3, 4, 6))
 LARGE_M_SPACE = itertools.product((64, 128), (128, 256), (64, 128), (4, 8), (3, 4))
 
 
-def tune(buckets=(16, 128, 4096)):
-    """Best config per dtype and M bucket (geomean over SHAPES): small tiles with deep K steps for
-    M <= 16 (the weight read must keep enough bytes in flight), wgmma tiles above."""
-    small = [(bm, bn, bk, 8, warps, stages) for bm, bn, bk, warps, stages in SMALL_M_SPACE]
+def tune(buckets=(128, 4096)):
+    """Best wgmma-tile config per dtype and M bucket (geomean over SHAPES). M <= 16 picks its tile
+    width by grid fill instead (`scaled_mm.DECODE_TILES`, measured by gpu_decode.py)."""
     large = [(bm, bn, bk, 8, warps, stages) for bm, bn, bk, warps, stages in LARGE_M_SPACE
              if not (bm == 128 and bn == 256 and (stages == 4 or bk == 128))]
     best = {}
     for (label, dtype), m in itertools.product((("fp8", FP8), ("int8", torch.int8)), buckets):
         scores = {}
-        for config in small if m <= 16 else large:
+        for config in large:
             if config[0] > max(16, 2 * m):
                 continue
             total = 0.0
@@ -186,7 +198,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tune", action="store_true")
     parser.add_argument("--tune-only", action="store_true", help="search configs, print them, stop")
-    parser.add_argument("--buckets", type=int, nargs="+", default=[16, 128, 4096], help="M values to tune")
+    parser.add_argument("--buckets", type=int, nargs="+", default=[128, 4096], help="M values to tune")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = parser.parse_args()
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
@@ -196,7 +208,7 @@ def main():
         tuned = tune(args.buckets)
         if args.tune_only:
             return
-        triton_mm.CONFIGS = {label: {16: tuned[label, 16], 128: tuned[label, 128], 2**62: tuned[label, 4096]}
+        triton_mm.CONFIGS = {label: {128: tuned[label, 128], 2**62: tuned[label, 4096]}
                              for label in ("fp8", "int8")}
     bandwidth = hbm_bandwidth()
     print(f"HBM copy bandwidth: {bandwidth / 1e12:.2f} TB/s")

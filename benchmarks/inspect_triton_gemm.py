@@ -24,6 +24,6 @@ for dtype in (torch.float8_e4m3fn, torch.int8):
     for compiled in triton_mm._scaled_mm_kernel.device_caches[0][0].values():
         if (dtype == torch.int8) == ("i8" in str(compiled.src.signature)):
             ptx = compiled.asm["ptx"]
-            print(dtype, triton_mm.pick_config(4096, dtype != torch.int8, False),
+            print(dtype, triton_mm.pick_config(4096, 4096, dtype != torch.int8, False, triton_mm.multiprocessors(a.device)),
                   f"registers {compiled.n_regs} spills {compiled.n_spills}",
                   f"wgmma {len(re.findall(r'wgmma.mma_async', ptx))} mma.sync {len(re.findall(r'mma.sync', ptx))}")

@@ -11,7 +11,8 @@ while the reference lives), the view's offset, shape, strides and dtype, and the
 so an in-place update of the weight (`load_state_dict`, `copy_`) prepares it again. Inference
 tensors have no version counter: they are prepared on every call rather than risk a stale entry.
 The cache never holds the weight's own storage (that would keep a deleted model's weight alive):
-a prepared weight that is the input weight itself (the kernel had nothing to do) is not cached.
+when the prepared weight is the input weight itself (the kernel had nothing to do), the entry only
+records that, and later calls rebuild the (trivial) prepared form from the inputs they are given.
 
 Padding helpers shared by kernels that need aligned sizes (zero padding is exact: the extra
 products are zero): `padded_weight` once, `padded_activation` per call.
@@ -52,7 +53,8 @@ def _cacheable(*tensors: torch.Tensor | None) -> bool:
     return not any(t is not None and t.is_inference() for t in tensors)
 
 
-_CACHE: dict[tuple, PreparedWeight] = {}
+_CACHE: dict[tuple, PreparedWeight | object] = {}
+_AS_GIVEN = object()  # cache entry: the kernel uses this weight as given (nothing to prepare)
 
 
 def prepare_once(kernel, b: torch.Tensor, scale: torch.Tensor | None, zero_point: torch.Tensor | None) -> PreparedWeight:
@@ -61,12 +63,14 @@ def prepare_once(kernel, b: torch.Tensor, scale: torch.Tensor | None, zero_point
         return kernel.prepare_weight(b, scale, zero_point)
     key = (kernel.name, _tensor_key(b), _tensor_key(scale), _tensor_key(zero_point))
     prepared = _CACHE.get(key)
+    if prepared is _AS_GIVEN:
+        return kernel.prepare_weight(b, scale, zero_point)
     if prepared is None:
         _evict_expired()
         prepared = kernel.prepare_weight(b, scale, zero_point)
         opaque = prepared.data.layout != torch.strided  # e.g. a packed MKLDNN tensor: never the input
-        if opaque or StorageWeakRef(prepared.data.untyped_storage()) != key[1][0]:
-            _CACHE[key] = prepared
+        as_given = not opaque and StorageWeakRef(prepared.data.untyped_storage()) == key[1][0]
+        _CACHE[key] = _AS_GIVEN if as_given else prepared
     return prepared
 
 
@@ -78,7 +82,7 @@ def _evict_expired() -> None:
 def cached_weight_count() -> int:
     """How many prepared weights are alive (for tests and debug output)."""
     _evict_expired()
-    return len(_CACHE)
+    return sum(entry is not _AS_GIVEN for entry in _CACHE.values())
 
 
 def round_up(value: int, multiple: int) -> int:

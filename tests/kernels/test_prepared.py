@@ -6,6 +6,7 @@ import gc
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from qfuse.kernels.base import OK, Kernel
 from qfuse.kernels.prepared import (
@@ -62,12 +63,23 @@ def test_entries_die_with_their_weight():
     assert cached_weight_count() == before
 
 
-def test_a_weight_the_kernel_returns_as_it_is_is_not_cached():
+def test_a_weight_the_kernel_returns_as_it_is_is_not_held_and_not_looked_for_again(monkeypatch):
+    from qfuse.kernels import prepared
+
     kernel, weight = CountingKernel(copies=False), torch.ones(8, 4)
+    storage = StorageWeakRef(weight.untyped_storage())
     before = cached_weight_count()
-    prepare_once(kernel, weight, None, None)
-    prepare_once(kernel, weight, None, None)
-    assert kernel.calls == 2 and cached_weight_count() == before
+    scans = []
+    monkeypatch.setattr(prepared, "_evict_expired", lambda: scans.append(1))
+    assert prepare_once(kernel, weight, None, None).data is weight
+    assert prepare_once(kernel, weight, None, None).data is weight
+    assert kernel.calls == 2  # rebuilt from the inputs: the cache does not hold the weight...
+    assert len(scans) == 1  # ...but remembers there is nothing to prepare (no cache scan per call)
+    monkeypatch.undo()
+    assert cached_weight_count() == before
+    del weight
+    gc.collect()
+    assert storage.expired()
 
 
 def test_inference_tensors_are_prepared_every_call():

@@ -56,6 +56,34 @@ def test_scaled_mm_matches_reference(m, k, n, dtype, kind, out_dtype):
     assert_matches_reference(out, a, weight.t(), scale_a, scale_b, bias, out_dtype)
 
 
+def test_decode_tiles_fill_the_gpu_with_column_blocks():
+    from qfuse.kernels.triton.scaled_mm import DECODE_M, pick_config
+
+    sms = 132
+    assert pick_config(1, 4096, True, False, sms)[:2] == (DECODE_M, 32)  # 128 blocks, not 64
+    assert pick_config(16, 14336, False, False, sms)[:2] == (DECODE_M, 128)  # 112 blocks
+    assert pick_config(1, 256, True, False, sms)[1] == 16  # nothing fills it: the narrowest
+    assert pick_config(1, 4096, True, True, sms)[2] == 128  # a K step never straddles two scale groups
+    assert pick_config(17, 4096, True, False, sms)[0] == 64  # above decode sizes: the M-bucket table
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
+@pytest.mark.parametrize("block_n", [16, 32, 64, 128])
+def test_every_decode_tile_matches_reference(block_n, dtype):
+    from qfuse.kernels.triton.scaled_mm import DECODE_M, DECODE_TILES, triton_scaled_mm
+
+    block_k, num_warps, num_stages = DECODE_TILES[block_n]["fp8" if dtype == FP8 else "int8"]
+    m, k, n = 3, block_k + 48, 2 * block_n + 5  # a partial K step and a partial column block
+    a, weight = quantized((m, k), dtype, 20), quantized((n, k), dtype, 21)
+    scale_a, scale_b = scales("token_channel", m, k, n)
+    bias = torch.randn(n).to(DEVICE)
+    from qfuse.ops.scaled_mm import _flatten_operands
+
+    a2d, sa, sb, _, _ = _flatten_operands(a, weight.t(), scale_a, scale_b, bias, None, None, "test")
+    out = triton_scaled_mm(a2d, weight.t(), sa, sb, bias, torch.float32, (DECODE_M, block_n, block_k, 8, num_warps, num_stages))
+    assert_matches_reference(out, a, weight.t(), scale_a, scale_b, bias, torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
 def test_scaled_mm_3d_activation_and_kn_weight(dtype):
     a, weight = quantized((2, 9, 96), dtype, 4), quantized((96, 40), dtype, 5)  # weight stored [K, N]

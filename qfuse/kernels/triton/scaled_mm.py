@@ -8,8 +8,9 @@
     with BLOCK_K dividing 128 so that a K step never straddles two scale groups.
     Offsets are int64 where M * K or K * N may exceed 2**31; M, N, K need not be block multiples.
 
-Block sizes come from `CONFIGS`, a table per M bucket chosen by `benchmarks/gpu_triton.py --tune-only` on an
-H100/H200 (see docs/benchmarks.md); `pick_config` returns the entry for a call.
+Block sizes (`pick_config`): for M <= 16 the tile width that fills the GPU with column blocks
+(`DECODE_TILES`, measured by `benchmarks/gpu_decode.py`), above that a table per M bucket
+(`CONFIGS`, chosen by `benchmarks/gpu_triton.py --tune-only`); both on an H200, docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -28,13 +29,28 @@ _GROUP = tl.constexpr(SCALE_GROUP)
 
 # (max M of the bucket) -> (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), chosen by
 # `python benchmarks/gpu_triton.py --tune-only` on an NVIDIA H200 (torch 2.11, triton 3.6): per dtype,
-# the best geomean over (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)} at M = 16, 128 and
-# 4096 (search spaces in the script: deep-K small tiles for M <= 16, wgmma tiles above).
+# the best geomean over (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)} at M = 128 and 4096.
 # fp8 tiles of 64+ rows use Hopper's wgmma, which accumulates fp8 products in reduced precision
 # (about 2**-13 relative per K block, as cuBLAS does without fast accumulation).
 CONFIGS: dict[str, dict[int, tuple[int, int, int, int, int, int]]] = {
-    "int8": {16: (16, 64, 512, 8, 4, 4), 128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 3)},
-    "fp8": {16: (16, 64, 512, 8, 4, 6), 128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 4)},
+    "int8": {128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 3)},
+    "fp8": {128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 4)},
+}
+
+# M <= 16 (decode) reads the weight once and does little else: the time is how fast the column
+# blocks pull the weight from HBM, so the grid must reach every multiprocessor. BLOCK_N is the widest
+# tile whose column blocks cover DECODE_GRID_FILL of the multiprocessors (else the narrowest), with
+# (BLOCK_K, num_warps, num_stages) per dtype. Measured by `python benchmarks/gpu_decode.py` on an
+# H200 (CUDA-graph replays over weights 4x the L2): at N = 4096, 32-wide tiles (128 blocks) read
+# 44-66% of HBM bandwidth against 29-60% for 64-wide ones (64 blocks); at N = 14336, 128-wide
+# tiles (112 blocks) read 76-80%.
+DECODE_M = 16
+DECODE_GRID_FILL = 0.75
+DECODE_TILES: dict[int, dict[str, tuple[int, int, int]]] = {
+    128: {"fp8": (256, 4, 4), "int8": (256, 4, 4)},
+    64: {"fp8": (256, 4, 4), "int8": (256, 4, 4)},
+    32: {"fp8": (1024, 4, 4), "int8": (512, 4, 6)},
+    16: {"fp8": (512, 2, 6), "int8": (512, 2, 6)},
 }
 
 
@@ -124,9 +140,16 @@ def _scaled_mm_kernel(
                       stride_cm, stride_cn, stride_sam, stride_sbn, SCALE_A, SCALE_B, HAS_BIAS)
 
 
-def pick_config(m: int, is_fp8: bool, blocked: bool) -> tuple[int, int, int, int, int, int]:
-    table = CONFIGS["fp8" if is_fp8 else "int8"]
-    config = next(config for bound, config in sorted(table.items()) if m <= bound)
+def pick_config(m: int, n: int, is_fp8: bool, blocked: bool, multiprocessor_count: int) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for an [M, K] x [K, N] call."""
+    label = "fp8" if is_fp8 else "int8"
+    if m <= DECODE_M:
+        widths = sorted(DECODE_TILES, reverse=True)
+        block_n = next((w for w in widths if triton.cdiv(n, w) >= DECODE_GRID_FILL * multiprocessor_count), widths[-1])
+        block_k, num_warps, num_stages = DECODE_TILES[block_n][label]
+        config = (DECODE_M, block_n, block_k, 8, num_warps, num_stages)
+    else:
+        config = next(config for bound, config in sorted(CONFIGS[label].items()) if m <= bound)
     if blocked and SCALE_GROUP % config[2]:
         config = (*config[:2], SCALE_GROUP, *config[3:])
     return config
@@ -181,7 +204,7 @@ def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None, promo
         return c
     kind_a, kind_b = _scale_kind(sa, (m, 1)), _scale_kind(sb, (1, n))
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_config(
-        m, a.dtype != torch.int8, BLOCK_SCALE in (kind_a, kind_b)
+        m, n, a.dtype != torch.int8, BLOCK_SCALE in (kind_a, kind_b), multiprocessors(a.device)
     )
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     dummy = c  # never read when the constexpr kind says so
