@@ -89,7 +89,8 @@ def scaled_mm_rows(m, n, k, bandwidth):
             row[f"weight_read_share_of_hbm[{name}]"] = n * k / (times[name] * 1e-3) / bandwidth
         copy = torch.empty_like(w8)
         row["weight_copy_share_of_hbm"] = 2 * n * k / (bench(lambda: copy.copy_(w8)) * 1e-3) / bandwidth
-        row["decode_weight_read_share_of_hbm"] = decode_weight_read(m, n, k, bandwidth)
+        for name, share in decode_weight_read(m, n, k, bandwidth).items():
+            row[f"decode_weight_read_share_of_hbm[{name}]"] = share
     return row
 
 
