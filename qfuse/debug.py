@@ -5,7 +5,7 @@ With `debug=True` (or `QFUSE_DEBUG=1`) each graph qfuse compiles gets its own di
 overwrite each other. It holds:
 
     0_before.py, 1_after_<pass>.py, ...   the graph as readable FX code (shapes, dtypes, devices)
-    patterns.txt                          the pattern families and the traced patterns in use
+    patterns.txt                          what each pattern family in use matches
     report.txt, report.json               what was fused, with which kernel, and every near miss
 
     depyf/                                decompiled Dynamo bytecode and Inductor output code,

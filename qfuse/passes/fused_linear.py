@@ -18,6 +18,7 @@ from qfuse.kernels import GemmKey, choose_kernel
 from qfuse.ops.verify import tolerance_for
 from qfuse.passes.graph_utils import aten, fake_value, insert_call, module_path, scalar_tensor, static_int
 from qfuse.passes.report import LinearRecord, PassReport
+from qfuse.passes.scale_algebra import ScaleProduct
 from qfuse.platform import current_platform
 from qfuse.schemes import QuantScheme
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from qfuse.config import QfuseConfig
 
 Operand = Node | float | int | None
+Scale = Operand | ScaleProduct
 RECORD_KEY = "qfuse_record"  # node.meta key: the LinearRecord of a fused op
 
 
@@ -54,8 +56,8 @@ class FusedLinear:
     replaces: Node  # the node whose value the fused op takes over
     output_shape: list | None = None  # reshape the [M, N] result to this (absorbed views)
     output_padding: tuple[int, int] = (0, 0)  # zero rows, columns to append (Inductor's shape padding)
-    scale_a: Operand = None
-    scale_b: Operand = None
+    scale_a: Scale = None
+    scale_b: Scale = None
     bias: Node | None = None
     azp_a: Operand = None
     azp_b: Operand = None
@@ -76,8 +78,10 @@ def record_near_miss(context: PassContext, anchor: Node, family: str, reason: st
     )
 
 
-def _as_tensor_node(graph: Graph, operand: Operand, dtype: torch.dtype, device: torch.device) -> Node | None:
-    """Python numbers from the graph become 0-dim constants; nodes pass through."""
+def _as_tensor_node(graph: Graph, operand: Scale, dtype: torch.dtype, device: torch.device) -> Node | None:
+    """Python numbers from the graph become 0-dim constants, scale products one node; nodes pass through."""
+    if isinstance(operand, ScaleProduct):
+        return operand.emit(graph, device)
     if operand is None or isinstance(operand, Node):
         return operand
     return scalar_tensor(graph, operand, dtype, device)

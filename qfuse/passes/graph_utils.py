@@ -97,13 +97,6 @@ def strip_zero_padding(node: Any) -> tuple[Any, list[int]]:
     return node, []
 
 
-def is_computed(value: Any) -> bool:
-    """Whether a scale is computed in the graph (dynamic) rather than an input, a stored buffer or
-    a constant (static)."""
-    value, _ = strip_views(value)
-    return isinstance(value, Node) and value.op == "call_function" and value.target not in CONSTANT_OPS
-
-
 def module_path(node: Node) -> str:
     """The user's module a node came from ("blocks.0.mlp.up_proj"), or '' when not recorded."""
     stack = node.meta.get("nn_module_stack") or {}

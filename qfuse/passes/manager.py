@@ -39,13 +39,8 @@ assert tuple(PASS_MODULES) == PATTERN_FAMILIES
 
 
 def describe(family: str) -> str:
-    """What a pattern family matches: its docstring, plus its traced patterns where it has them."""
-    module = PASS_MODULES[family]
-    text = (module.__doc__ or "").strip()
-    traced = getattr(module, "traced_patterns", None)
-    if traced is not None:
-        text += "\n\nTraced patterns:\n" + "\n".join(f"  {pattern}" for group in traced() for pattern in group)
-    return text
+    """What a pattern family matches: its module docstring."""
+    return (PASS_MODULES[family].__doc__ or "").strip()
 
 
 _recent_reports: deque[PassReport] = deque(maxlen=64)

@@ -36,13 +36,13 @@ from qfuse.passes.graph_utils import (
     aten,
     dtype_of,
     insert_call,
-    is_computed,
     prims,
     same_shape,
     shape_of,
     strip_views,
     strip_zero_padding,
 )
+from qfuse.passes.quant_forms import is_dynamic_scale
 from qfuse.schemes import Granularity, QuantScheme
 
 
@@ -182,7 +182,7 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         weight_granularity=(
             Granularity.PER_CHANNEL if weight_dq.granularity == Granularity.PER_CHANNEL else Granularity.PER_TENSOR
         ),
-        dynamic=is_computed(activation_dq.scale),
+        dynamic=is_dynamic_scale(activation_dq.scale),
         symmetric=_is_zero(activation_zero_point),
     )
     return FusedLinear(

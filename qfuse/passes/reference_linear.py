@@ -3,26 +3,31 @@
 The matmul (the anchor), in the three forms people write:
 
     torch._int_mm(a_int8, b_int8)                       int32 accumulator
-    torch._scaled_mm(a, b, scale_a, scale_b, ...)       fp8 (unit scales, or its own scales)
+    torch._scaled_mm(a, b, scale_a, scale_b, ...)       fp8 (its own scales, unit or not)
     torch.mm(a_q.float(), w_q.float().t())              a float matmul of upcast int8 / fp8
 
 where b is the weight as [K, N]: a `w.t()` of a stored [N, K] weight, or a stored [K, N] one.
 
 The dequantize epilogue, walked from the matmul along nodes with a single user, in any order
-that keeps the math (out = acc * scale_a * scale_b + bias):
+that keeps the math (out = acc * scale factors + bias):
 
     convert(acc, float)          the int32 accumulator to float
-    mul(y, s) or mul(s, y)       s per-tensor (a tensor or a Python number), per-row [M, 1],
-                                 per-column [N] / [1, N], or a pre-multiplied row * column
+    mul(y, s), mul(s, y),        any number of scale factors, each one value (a tensor or a Python
+    div(y, s)                    number), per-row [M, 1] or per-column [N] / [1, N] / [N, 1].t(),
+                                 alone or multiplied together; `qfuse.passes.scale_algebra` sorts
+                                 them into the activation's and the weight's scale
+    slice(y, 0, 0, M)            vLLM's narrow after padding the tokens: moved onto the activation
     add(y, bias)                 bias [N], once, after the scales
     view / reshape(y)            2D <-> 3D, keeping the last dim
     convert(y, dtype)            the output cast; ends the epilogue
 
-Safety (`can_fuse_*`): quantized dtypes on both sides, every scale shaped per-tensor / per-row /
-per-column of the output (never growing it), at most one scale of each side, a float output.
-A matmul with no scale after it, or with a scale that cannot move into the fused op, is left
-alone (fusing half a dequantize would mislead), with the reason recorded.
-The activation quantization itself stays where it is (see `activation_quant`).
+The linear ends where a consumer is not part of the dequantize (in any dtype): a factor of the
+output's own shape (`silu(gate) * up`), an add of a full-shaped tensor, any other op.
+
+Safety (`can_fuse_*`): quantized dtypes on both sides, every factor one value / per-row /
+per-column of the output (never growing it), a float output. A matmul with no scale after it, or
+with a factor that fits no role, is left alone (fusing half a dequantize would mislead), with the
+factor named. The activation quantization itself stays where it is (see `activation_quant`).
 """
 
 from __future__ import annotations
@@ -35,18 +40,17 @@ from torch.fx import Graph, Node
 from qfuse.ops.scaled_mm import OUT_DTYPES
 from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import (
-    CONSTANT_OPS,
     VIEW_OPS,
     aten,
     converted_dtype,
     dtype_of,
     insert_call,
-    is_computed,
     same_size,
     shape_of,
-    show_shape,
     single_user,
 )
+from qfuse.passes.quant_forms import Quantizer, is_dynamic_scale, match_quantize, match_token_scale
+from qfuse.passes.scale_algebra import Factor, NotAScale, Role, ScaleProduct, base_of, factors_of, split_sides
 from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme, dtype_name
 
 FAMILY = "reference_linear"
@@ -54,19 +58,14 @@ QUANTIZED = (torch.int8, FP8_DTYPE)
 
 
 @dataclass
-class Scale:
-    value: Node | float | int
-    kind: str  # "tensor" (one value), "row" (per token), "column" (per channel)
-
-
-@dataclass
 class Epilogue:
     """The state of the walk down from the matmul."""
 
     last: Node
-    scales: list[Scale] = field(default_factory=list)
+    factors: list[Factor] = field(default_factory=list)
     bias: Node | None = None
     output_shape: list | None = None
+    row_slice: tuple | None = None  # (start, end) of a row slice of the output, moved onto the activation
     closed: bool = False  # after the output cast (or a bias fused by _scaled_mm), nothing more
     stopped_because: str = ""  # why the walk did not absorb the next node, when that is a near miss
 
@@ -75,13 +74,6 @@ def _argument(node: Node, index: int, name: str, default=None):
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get(name, default)
-
-
-def _is_unit_scale(node) -> bool:
-    return (
-        isinstance(node, Node) and node.target in CONSTANT_OPS
-        and (node.target == aten.ones.default or node.args[1] == 1)
-    )
 
 
 def _is_exact_upcast(node) -> bool:
@@ -112,9 +104,11 @@ def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] |
         return node.args[0], node.args[1], Epilogue(last=node), "_int_mm"
     if node.target == aten._scaled_mm.default:
         epilogue = Epilogue(last=node, bias=_argument(node, 4, "bias"))
-        for scale, kind in ((_argument(node, 2, "scale_a"), "row"), (_argument(node, 3, "scale_b"), "column")):
-            if not _is_unit_scale(scale):
-                epilogue.scales.append(Scale(scale, "tensor" if shape_of(scale) in ((), (1,), (1, 1)) else kind))
+        for scale in (_argument(node, 2, "scale_a"), _argument(node, 3, "scale_b")):
+            try:
+                epilogue.factors += factors_of(scale, node)
+            except NotAScale as reason:
+                raise NotFusable(f"_scaled_mm's own scale is not per-tensor / row / column: {reason}") from None
         if _argument(node, 5, "scale_result") is not None:
             raise NotFusable("_scaled_mm with scale_result is not supported")
         epilogue.closed = epilogue.bias is not None or dtype_of(node) != torch.float32
@@ -133,43 +127,30 @@ def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] |
     return None
 
 
-def classify_scale(scale, output: Node) -> Scale:
-    """can_fuse_scale: is `scale` per-tensor, per-row or per-column of `output`'s value (the
-    value it multiplies), without broadcasting it to a larger shape?"""
-    if isinstance(scale, (int, float)):
-        return Scale(float(scale), "tensor")
-    scale_shape, out_shape = shape_of(scale), shape_of(output)
-    if scale_shape is None or not dtype_of(scale).is_floating_point:
-        raise NotFusable(f"the scale {getattr(scale, 'name', scale)} is not a floating-point tensor")
-    if len(scale_shape) > len(out_shape):
-        raise NotFusable(
-            f"a scale has shape {show_shape(scale_shape)}, which would broadcast the "
-            f"{show_shape(out_shape)} output to more dims"
-        )
-    padded = (1,) * (len(out_shape) - len(scale_shape)) + scale_shape
-    lead, columns = padded[:-1], padded[-1]
-    if all(same_size(size, 1) for size in padded):
-        return Scale(scale, "tensor")
-    if same_size(columns, 1) and all(same_size(a, b) for a, b in zip(lead, out_shape[:-1])):
-        return Scale(scale, "row")
-    if all(same_size(size, 1) for size in lead) and same_size(columns, out_shape[-1]):
-        return Scale(scale, "column")
-    raise NotFusable(
-        f"a scale has shape {show_shape(scale_shape)}: neither one value, per-row "
-        f"{show_shape((*out_shape[:-1], 1))} nor per-column [{out_shape[-1]}] of the {show_shape(out_shape)} output"
-    )
+def _absorb_scale(epilogue: Epilogue, user: Node, current: Node) -> bool:
+    """Take the factors of a mul / div of `current` into the epilogue; False ends the linear there."""
+    if user.target == aten.div.Tensor and (user.args[0] is not current or "rounding_mode" in user.kwargs):
+        return False  # s / acc, or a floor / trunc division: no dequantize
+    (scale,) = [arg for arg in user.args if arg is not current] or [current]
+    try:
+        epilogue.factors += factors_of(scale, current, inverted=user.target == aten.div.Tensor)
+    except NotAScale as reason:
+        if not (reason.ends_linear and epilogue.factors):
+            epilogue.stopped_because = str(reason)
+        return False
+    return True
 
 
-def _split_premultiplied(scale, output: Node) -> list[Scale]:
-    """A scale computed as row * column (or one of them alone)."""
-    if isinstance(scale, Node) and scale.target == aten.mul.Tensor and len(scale.users) == 1:
-        try:
-            parts = [classify_scale(factor, output) for factor in scale.args]
-        except NotFusable:
-            parts = None
-        if parts and sorted(part.kind for part in parts) == ["column", "row"]:
-            return parts
-    return [classify_scale(scale, output)]
+def _is_row_slice(node: Node) -> bool:
+    """slice(y, 0, start, end) of a 2D matmul result (vLLM's narrow after padding the tokens)."""
+    args = list(node.args) + [0, None, None, 1][len(node.args) - 1:]
+    return node.target == aten.slice.Tensor and args[1] == 0 and args[4] == 1 and len(shape_of(node)) == 2
+
+
+def _rows_untouched(epilogue: Epilogue) -> bool:
+    """Whether a row slice here can move onto the activation: nothing so far depends on the rows."""
+    return (epilogue.output_shape is None and epilogue.row_slice is None and epilogue.bias is None
+            and all(factor.role == Role.TENSOR for factor in epilogue.factors))
 
 
 def walk_epilogue(epilogue: Epilogue) -> None:
@@ -177,7 +158,7 @@ def walk_epilogue(epilogue: Epilogue) -> None:
     while not epilogue.closed:
         current = epilogue.last
         user = single_user(current)
-        if user is None and len(current.users) > 1 and not epilogue.scales:
+        if user is None and len(current.users) > 1 and not epilogue.factors:
             epilogue.stopped_because = (
                 f"{current.name} has {len(current.users)} users, so what follows it cannot move into a fused op"
             )
@@ -188,15 +169,9 @@ def walk_epilogue(epilogue: Epilogue) -> None:
             if converted_dtype(user) not in OUT_DTYPES:
                 return
             epilogue.closed = dtype_of(current).is_floating_point  # an int32 -> float upcast goes on
-        elif target == aten.mul.Tensor and epilogue.bias is None:
-            (scale,) = [arg for arg in user.args if arg is not current] or [current]
-            try:
-                scales = epilogue.scales + _split_premultiplied(scale, current)
-                _assign_scales(scales)
-            except NotFusable as reason:
-                epilogue.stopped_because = str(reason)
+        elif target in (aten.mul.Tensor, aten.div.Tensor) and epilogue.bias is None:
+            if not _absorb_scale(epilogue, user, current):
                 return
-            epilogue.scales = scales
         elif target == aten.add.Tensor and epilogue.bias is None and "alpha" not in user.kwargs:
             (bias,) = [arg for arg in user.args if arg is not current] or [current]
             if not can_fuse_bias(bias, current):
@@ -204,6 +179,9 @@ def walk_epilogue(epilogue: Epilogue) -> None:
             epilogue.bias = bias
         elif target in VIEW_OPS and same_size(shape_of(user)[-1], shape_of(current)[-1]):
             epilogue.output_shape = list(user.args[1])
+        elif _is_row_slice(user) and _rows_untouched(epilogue):
+            args = list(user.args) + [0, None][len(user.args) - 2:]
+            epilogue.row_slice = (args[2], args[3])
         else:
             return
         epilogue.last = user
@@ -216,19 +194,6 @@ def can_fuse_bias(bias, output: Node) -> bool:
         shape is not None and dtype_of(bias).is_floating_point and 1 <= len(shape) <= len(shape_of(output))
         and all(same_size(size, 1) for size in shape[:-1]) and same_size(shape[-1], shape_of(output)[-1])
     )
-
-
-def _assign_scales(scales: list[Scale]) -> tuple[Scale | None, Scale | None]:
-    """can_fuse_scales: at most one activation (row / tensor) and one weight (column / tensor) scale."""
-    rows = [scale for scale in scales if scale.kind == "row"]
-    columns = [scale for scale in scales if scale.kind == "column"]
-    tensors = [scale for scale in scales if scale.kind == "tensor"]
-    if len(rows) > 1 or len(columns) > 1 or len(scales) > 2:
-        shapes = ", ".join(scale.kind for scale in scales)
-        raise NotFusable(f"{len(scales)} scale factors ({shapes}); a fused linear takes one per side")
-    scale_a = rows[0] if rows else (tensors.pop(0) if tensors else None)
-    scale_b = columns[0] if columns else (tensors.pop(0) if tensors else None)
-    return scale_a, scale_b
 
 
 def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
@@ -244,24 +209,37 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
     found = f"{pattern} ({dtype_name(a_dtype)}) found, but"
     if epilogue.stopped_because:  # part of the dequantize cannot move: fusing the rest would mislead
         raise NotFusable(f"{found} {epilogue.stopped_because}")
-    if not epilogue.scales:
+    if not epilogue.factors:
         raise NotFusable(f"{found} no dequantize scale is applied to its output")
     out_dtype = dtype_of(epilogue.last)
     if out_dtype not in OUT_DTYPES:
         raise NotFusable(f"{found} the epilogue ends in {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
-    scale_a, scale_b = _assign_scales(epilogue.scales)
+    quantizer = match_quantize(a)
+    scale_a, scale_b = split_sides(epilogue.factors, quantizer.scale if quantizer else None)
+    if epilogue.row_slice is not None:
+        with graph.inserting_before(anchor):
+            a = insert_call(graph, aten.slice.Tensor, (a, 0, *epilogue.row_slice))
     scheme = QuantScheme(
         activation_dtype=a_dtype, weight_dtype=b_dtype,
-        activation_granularity=Granularity.PER_TOKEN if scale_a and scale_a.kind == "row" else Granularity.PER_TENSOR,
-        weight_granularity=Granularity.PER_CHANNEL if scale_b and scale_b.kind == "column" else Granularity.PER_TENSOR,
-        dynamic=scale_a is not None and is_computed(scale_a.value),
+        activation_granularity=Granularity.PER_TOKEN if _per_token(scale_a, quantizer) else Granularity.PER_TENSOR,
+        weight_granularity=Granularity.PER_CHANNEL if scale_b and scale_b.role == Role.COLUMN else Granularity.PER_TENSOR,
+        dynamic=scale_a is not None and any(is_dynamic_scale(factor.value) for factor in scale_a.factors),
     )
     return FusedLinear(
         anchor=anchor, family=FAMILY, pattern=f"{pattern} + dequant epilogue", a=a, b=b, scheme=scheme,
         out_dtype=out_dtype, replaces=epilogue.last, output_shape=epilogue.output_shape,
-        scale_a=scale_a.value if scale_a else None, scale_b=scale_b.value if scale_b else None,
-        bias=_bias_as_vector(graph, epilogue.bias, epilogue.last),
+        scale_a=scale_a, scale_b=scale_b, bias=_bias_as_vector(graph, epilogue.bias, epilogue.last),
     )
+
+
+def _per_token(scale_a: ScaleProduct | None, quantizer: Quantizer | None) -> bool:
+    """A row factor, or the quantizer's per-token scale (one row: M = 1 makes it look per-tensor)."""
+    if scale_a is None:
+        return False
+    if scale_a.role == Role.ROW:
+        return True
+    return (quantizer is not None and match_token_scale(quantizer.scale) is not None
+            and any(base_of(factor.value) is base_of(quantizer.scale) for factor in scale_a.factors))
 
 
 def _bias_as_vector(graph: Graph, bias: Node | None, before: Node) -> Node | None:

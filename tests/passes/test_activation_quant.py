@@ -72,7 +72,7 @@ def quantized_with_a_divisor_of_100(x, w, w_scale, bias):
 
 @pytest.mark.parametrize("form, reason", [
     (quantized_with_another_scale, "quantized with another scale than the one the GEMM rescales by"),
-    (quantized_with_a_divisor_of_100, "the per-token scale divides by 100.0, not 127"),
+    (quantized_with_a_divisor_of_100, "the per-token scale is amax / 100.0, not amax / 127"),
 ])
 def test_a_quantization_that_cannot_fold_says_why(form, reason):
     x, w, w_scale, bias = operands((9, 64))

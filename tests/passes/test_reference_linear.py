@@ -173,12 +173,51 @@ def test_near_miss_is_not_rewritten_and_stays_correct(form):
     torch.testing.assert_close(out, form(x, w, w_scale, bias))
 
 
-def test_a_third_scale_factor_is_a_near_miss():
+def divided_by_a_number_and_a_reciprocal(x, w, w_scale, bias):
+    q, s = dynamic_int8(x)
+    return (torch._int_mm(q, w.t()).float() / 2.0 * w_scale.reciprocal().reciprocal() * s) / s * s
+
+
+def number_first_and_outer_product(x, w, w_scale, bias):
+    q, s = dynamic_int8(x)
+    return 3.0 * (torch._int_mm(q, w.t()) * (s * w_scale.reshape(1, -1))) + bias
+
+
+def column_scale_as_transposed_n1(x, w, w_scale, bias):
+    q, s = dynamic_int8(x)
+    return torch._int_mm(q, w.t()).float() * s * w_scale.reshape(-1, 1).t()
+
+
+def swiglu_up_projection(x, w, w_scale, bias):
+    """The linear ends at silu(gate) * up, whatever the dtype (float32: the output cast is a no-op)."""
+    q, s = dynamic_int8(x)
+    up = (torch._int_mm(q, w.t()).float() * s * w_scale).to(x.dtype)
+    return torch.nn.functional.silu(x[:, :48]) * up
+
+
+@pytest.mark.parametrize("form", [three_scale_factors, divided_by_a_number_and_a_reciprocal,
+                                  number_first_and_outer_product, column_scale_as_transposed_n1,
+                                  swiglu_up_projection], ids=lambda form: form.__name__)
+def test_scale_factors_of_one_role_combine(form):
     x, w, w_scale, bias = operands((5, 64))
-    out, report = compile_and_run(three_scale_factors, x, w, w_scale, bias)
+    out, report = compile_and_run(form, x, w, w_scale, bias)
     (record,) = report.records
-    assert not record.fused and "3 scale factors (row, column, row); a fused linear takes one per side" in record.reason
-    torch.testing.assert_close(out, three_scale_factors(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+    assert record.fused and record.scheme == "int8 dyn-token x per-channel", record.reason
+    assert report.ops_after["aten._int_mm.default"] == 0
+    torch.testing.assert_close(out, form(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+
+
+def test_a_factor_that_fits_no_role_is_named():
+    def per_batch_factor(x, w, w_scale, bias):
+        q, s = dynamic_int8(x)
+        y = torch._int_mm(q.reshape(-1, 64), w.t()).float() * s.reshape(-1, 1) * w_scale
+        return y.reshape(2, 5, -1) * torch.tensor([0.5, 2.0]).reshape(2, 1, 1)
+
+    x, w, w_scale, bias = operands((2, 5, 64))
+    out, report = compile_and_run(per_batch_factor, x, w, w_scale, bias)
+    (record,) = report.records
+    assert not record.fused and "has shape [2, 1, 1]: neither one value" in record.reason
+    torch.testing.assert_close(out, per_batch_factor(x, w, w_scale, bias))
 
 
 def test_plain_float_linear_is_not_a_candidate():
