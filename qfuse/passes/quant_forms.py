@@ -6,7 +6,7 @@
                   x / s may be written x * (1 / s), x * s.reciprocal() or x * r for a number r
     per-token s   amax(|x|, -1, keepdim=True) | max(|x|, -1, keepdim=True).values,
                   through any casts, then optionally clamp(min=eps) / clamp_min(eps) /
-                  maximum(eps), then / qmax or * (1 / qmax)
+                  maximum(eps), then / qmax or * (1 / qmax); or the eps clamp after the division
 
 `match_quantize` and `match_token_scale` return what was written, bounds, eps and dtypes exactly;
 `fold_verdict` says whether a kernel's own quantizer (`reference_math.dynamic_quant` /
@@ -48,13 +48,14 @@ class Quantizer:
 
 @dataclass(frozen=True)
 class TokenScale:
-    """s = max(amax(|x|, -1), eps) / divisor, computed in `dtype`."""
+    """s = max(amax(|x|, -1), eps) / divisor (or max(amax / divisor, eps)), computed in `dtype`."""
 
     x: Node
     eps: float
     divisor: float
     by_reciprocal: bool
     dtype: torch.dtype
+    eps_after_divide: bool = False
 
 
 def _float_source(node):
@@ -123,22 +124,33 @@ def _clamp_bounds(node: Node) -> tuple[float | None, float | None]:
     return _number(low), _number(high)
 
 
+def _lower_clamp(node) -> tuple[Node, float] | None:
+    """(input, eps) of clamp_min(y, eps) / clamp(y, min=eps) / maximum(y, eps), else None."""
+    if not isinstance(node, Node):
+        return None
+    if node.target == aten.clamp.default:
+        low, high = _clamp_bounds(node)
+        return (node.args[0], low) if low is not None and high is None else None
+    if node.target in (aten.clamp_min.default, aten.maximum.default):
+        low = _number(node.args[1])
+        return (node.args[0], low) if low is not None else None
+    return None
+
+
 def match_token_scale(scale) -> TokenScale | None:
     """The per-token absmax scale `scale` computes, or None."""
-    if not isinstance(scale, Node):
-        return None
+    eps_after_divide, eps = False, 0.0
+    if (clamped := _lower_clamp(_float_source(scale))) is not None:
+        (scale, eps), eps_after_divide = clamped, True
     division = _divisor(scale)
     if division is None or (divisor := _number(division[1])) is None:
         return None
     numerator, _, by_reciprocal = division
     if by_reciprocal:
         divisor = 1.0 / divisor
-    eps, value = 0.0, _float_source(numerator)
-    if isinstance(value, Node) and value.target in (aten.clamp_min.default, aten.clamp.default, aten.maximum.default):
-        low = _number(value.args[1]) if value.target != aten.clamp.default else _clamp_bounds(value)[0]
-        if low is None or (value.target == aten.clamp.default and _clamp_bounds(value)[1] is not None):
-            return None
-        eps, value = low, _float_source(value.args[0])
+    value = _float_source(numerator)
+    if not eps_after_divide and (clamped := _lower_clamp(value)) is not None:
+        value, eps = _float_source(clamped[0]), clamped[1]
     if isinstance(value, Node) and value.target == operator.getitem and value.args[1] == 0:
         value = value.args[0]  # max(dim).values
     if not (isinstance(value, Node) and value.target in (aten.amax.default, aten.max.dim)):
@@ -152,7 +164,7 @@ def match_token_scale(scale) -> TokenScale | None:
     rank = len(shape_of(source))
     if [dim % rank for dim in dims] != [rank - 1]:
         return None
-    return TokenScale(source.args[0], eps, divisor, by_reciprocal, dtype_of(scale))
+    return TokenScale(source.args[0], eps, divisor, by_reciprocal, dtype_of(scale), eps_after_divide)
 
 
 def fold_verdict(quantizer: Quantizer, dynamic: TokenScale | None) -> str:
@@ -174,6 +186,8 @@ def fold_verdict(quantizer: Quantizer, dynamic: TokenScale | None) -> str:
     if dynamic.divisor != qmax or dynamic.by_reciprocal:
         written = f"* {1 / dynamic.divisor!r}" if dynamic.by_reciprocal else f"/ {dynamic.divisor!r}"
         return f"the per-token scale is amax {written}, not amax / {qmax:g}"
+    if dynamic.eps_after_divide:
+        return "the per-token scale is clamped after dividing by qmax; qfuse's quantizer clamps amax first"
     if dynamic.dtype != dtype_of(quantizer.x):
         return (f"the per-token scale is computed in {dynamic.dtype}, the activation is divided in "
                 f"{dtype_of(quantizer.x)}; qfuse's quantizer computes both in one dtype")

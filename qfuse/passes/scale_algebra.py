@@ -168,8 +168,10 @@ def _as_float32(graph: Graph, node: Node) -> Node:
 
 
 def base_of(value):
-    """A scale under its views (a `reshape(-1, 1)` of the quantizer's scale is that scale)."""
-    while isinstance(value, Node) and value.target in VIEW_OPS:
+    """A scale under its views and row slices (a `reshape(-1, 1)` or a `narrow(0, 0, M)` of the
+    quantizer's scale is that scale, as far as which side it belongs to goes)."""
+    while isinstance(value, Node) and (value.target in VIEW_OPS or (value.target == aten.slice.Tensor
+                                                                      and value.args[1] == 0)):
         value = value.args[0]
     return value
 
