@@ -8,7 +8,10 @@ Constraints (the constants below; `can_implement` / `is_supported`, each tested)
     machine      x86 CPU with AMX or AVX-512 VNNI; torch built with oneDNN (mkldnn)
     int8 W8A8    activation int8 (uint8 arrives shifted to int8), per-tensor or per-token scale,
                  static or dynamic, zero point one value or one per row; weight int8, per-tensor or
-                 per-channel scale, no zero point (qlinear ignores w_zero_point: wrong results);
+                 per-channel scale; a weight zero point of all zeros (what PT2E's quantizers store
+                 for symmetric weights, as a tensor the compiler cannot see into) is dropped when
+                 the weight is prepared; any other runs the torch kernel's exact zero-point math
+                 (qlinear ignores w_zero_point: wrong results);
                  no per-group / 128x128 block scales; out fp32 / bf16 / fp16; any M, K, N
     fp8 W8A8     rejected: torch's fp8 qlinear has no oneDNN brgemm behind it (no primitive in
                  ONEDNN_VERBOSE) and is 1.6-2x slower than the torch kernel's bf16 upcast, measured
@@ -67,6 +70,7 @@ import torch
 
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.prepared import PreparedWeight
+from qfuse.kernels.torch_native import int8_scaled_mm
 from qfuse.platform import Platform, current_platform
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE, Granularity
 
@@ -129,6 +133,7 @@ def _packed_as(weight: PreparedWeight, dtype: torch.dtype) -> bool:
 class OneDnnKernel(Kernel):
     name = "onednn"
     prepares_weight = True
+    takes_weight_zero_point = True  # all zeros (PT2E's symmetric weights) are dropped; others run torch's math
 
     def describe(self, platform: Platform) -> str:
         return f"oneDNN int8 GEMM on {int8_engine(platform)}"
@@ -148,8 +153,8 @@ class OneDnnKernel(Kernel):
         return _weight_only_verdict(key) if key.scheme.is_weight_only else _int8_verdict(key)
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
-        if azp_b is not None:
-            raise ValueError("onednn takes symmetric weights (qlinear ignores a weight zero point); azp_b must be None")
+        if azp_b is not None and bool(azp_b.any()):
+            return PreparedWeight(b, scale_b, azp_b, *b.shape)  # qlinear ignores it: the torch kernel's math runs
         if b.dtype == torch.int8:
             return _prepare_int8(b, scale_b)
         if b.dtype == FP8_DTYPE:
@@ -157,6 +162,8 @@ class OneDnnKernel(Kernel):
         raise ValueError(f"onednn takes int8 (W8A8) or fp8 (W8A16) weights, got {b.dtype}")
 
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
+        if weight.zero_point is not None and not isinstance(weight, OneDnnWeight):
+            return int8_scaled_mm(a, weight.data, scale_a, weight.scale, bias, azp_a, weight.zero_point, out_dtype)
         if a.dtype != torch.int8 or not _packed_as(weight, torch.int8):
             raise ValueError(f"onednn's W8A8 GEMM takes int8 activations and weights, got {a.dtype} x "
                              f"{weight.data.dtype} ({FP8_W8A8_REASON})")

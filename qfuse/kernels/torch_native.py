@@ -1,6 +1,7 @@
 """`torch`: PyTorch's own quantized GEMMs, on CPU and CUDA.
 
-    int8  acc = torch._int_mm(a, b)  (int32, exact); zero points by the expansion
+    int8  acc = torch._int_mm(a, b)  (int32, exact; on CPU with K == 1, where _int_mm returns
+          garbage, the int32 outer product a * b); zero points by the expansion
           (a - za)(b - zb) = ab - za colsum(b) - rowsum(a) zb + K za zb; then in float32:
           out = acc * scale_a * scale_b + bias
     fp8   CUDA (capability >= 89): torch._scaled_mm, tensor-wise or row-wise scales fused;
@@ -66,7 +67,7 @@ class TorchKernel(Kernel):
                                  f"shape {tuple(scale.shape)} (block scales need another kernel)")
         if a.dtype.is_floating_point:
             return _fp8_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
-        return _int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype)
+        return int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype)
 
 
 def _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype):
@@ -79,12 +80,20 @@ def _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype):
     return out.to(out_dtype)
 
 
-def _int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
+def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch._int_mm, except where it is wrong: on CPU with K == 1 it returns garbage (torch 2.13),
+    so there the int32 outer product, which is exact, stands in."""
+    if a.shape[1] == 1 and not a.is_cuda:
+        return a.to(torch.int32) * b.to(torch.int32)
+    return torch._int_mm(a, b)
+
+
+def int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
     rows = a.shape[0]
     padded = a
     if a.is_cuda and rows < _CUDA_INT_MM_MIN_ROWS:
         padded = torch.nn.functional.pad(a, (0, 0, 0, _CUDA_INT_MM_MIN_ROWS - rows))
-    acc = torch._int_mm(padded, b)[:rows]
+    acc = int8_matmul(padded, b)[:rows]
     if azp_a is not None:
         acc = acc - azp_a.to(torch.int32) * b.sum(dim=0, keepdim=True, dtype=torch.int32)
     if azp_b is not None:

@@ -4,7 +4,8 @@ An opaque custom-op call would hide the epilogue from Inductor: it could no long
 scales, the bias and the next op into one loop, and each call would pay Python dispatch. For the
 `torch` kernel the op therefore lowers to what that kernel computes, in Inductor IR:
 
-    int8      acc = aten._int_mm(a, b)                    (Inductor's tuned int8 GEMM lowering)
+    int8      acc = aten._int_mm(a, b)                    (Inductor's tuned int8 GEMM lowering;
+                                                           CPU K == 1: the int32 outer product)
               acc -= azp_a * colsum(b) + rowsum(a) * azp_b - K * azp_a * azp_b   (zero points)
     fp8 CUDA  out = aten._scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)  when cuBLAS takes the
               scales itself (both per-tensor, or per-row x per-column with a bf16 output), else
@@ -91,7 +92,10 @@ def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
 
 
 def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
-    acc = _lower(aten._int_mm.default, a2d, b)
+    if a2d.get_device().type == "cpu" and _known_equal(k, 1):  # _int_mm is wrong there (torch_native.int8_matmul)
+        acc = _lower(aten.mul.Tensor, _to(a2d, torch.int32), _to(b, torch.int32))
+    else:
+        acc = _lower(aten._int_mm.default, a2d, b)
     if azp_a is not None:
         column_sums = _lower(aten.sum.dim_IntList, _to(b, torch.int32), [0], True)
         zero_a = _lower(aten.reshape.default, _to(azp_a, torch.int32), _scale_shape(azp_a, rows, [rows, 1]))

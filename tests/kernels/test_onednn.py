@@ -28,7 +28,7 @@ from qfuse.kernels import (
     reference_math,
 )
 from qfuse.kernels import onednn as onednn_module
-from qfuse.kernels.onednn import FP8_W8A8_REASON, OneDnnKernel, w8a16_block_verdict
+from qfuse.kernels.onednn import FP8_W8A8_REASON, OneDnnKernel, OneDnnWeight, w8a16_block_verdict
 from qfuse.platform import Platform
 from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme
 from tests.ops.test_weight_only_ops import expected_weight_only, w8a16_operands
@@ -243,10 +243,24 @@ def test_quant_scaled_mm_op_quantizes_then_runs_onednn():
     torch.testing.assert_close(out, torch.ops.qfuse.quant_scaled_mm(*args, "reference"), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("zero_point", [0, 3], ids=["all_zero", "nonzero"])
+def test_weight_zero_points_are_exact(zero_point):
+    """PT2E stores symmetric weights' zero points as tensors of zeros: oneDNN's packed path takes
+    them; other zero points run the torch kernel's zero-point algebra (qlinear would ignore them)."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (5, 40), dtype=torch.int8, generator=generator)
+    b = torch.randint(-128, 128, (40, 24), dtype=torch.int8, generator=generator)
+    scale_a, scale_b = torch.rand(5, 1) + 0.1, (torch.rand(24) + 0.1).reshape(1, 24)
+    azp_b = torch.full((1, 24), zero_point, dtype=torch.int64)
+    weight = ONEDNN.prepare_weight(b, scale_b, azp_b)
+    assert isinstance(weight, OneDnnWeight) == (zero_point == 0)
+    out = ONEDNN.apply(a, weight, scale_a, None, None, FP32)
+    expected = (a.double() * scale_a.double()) @ ((b.double() - zero_point) * scale_b.double())
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-3)
+
+
 def test_int8_errors_name_the_problem():
     b = torch.randint(-128, 128, (8, 4), dtype=torch.int8)
-    with pytest.raises(ValueError, match="onednn takes symmetric weights"):
-        ONEDNN.prepare_weight(b, None, torch.tensor(3))
     with pytest.raises(ValueError, match=r"qlinear takes one weight scale or one per channel \(4\), got \(2, 1\)"):
         ONEDNN.prepare_weight(b, torch.ones(2, 1), None)  # a 128x128 block scale
     with pytest.raises(ValueError, match="onednn takes int8 \\(W8A8\\) or fp8 \\(W8A16\\) weights, got torch.uint8"):
