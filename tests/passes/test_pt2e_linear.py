@@ -161,3 +161,39 @@ def test_operands_padded_by_inductor_are_unpadded():
     (record,) = report.records
     assert record.fused, record.reason
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "onednn"])
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_k_equal_one_is_exact(kernel, rows):
+    """torch._int_mm on CPU returns garbage for K == 1 (torch 2.13); the fused linear must not."""
+    from qfuse.platform import current_platform
+
+    if kernel == "onednn" and not current_platform("cpu").cpu_has_avx512_vnni:
+        pytest.skip("onednn needs AVX-512 VNNI or AMX")
+    model, x = QDQLinear(k=1, weight_zero_point=0), away_from_rounding_ties((rows, 1))
+    with torch.no_grad():
+        out, report = compile_and_run(model, x, kernel=kernel)
+        expected = model(x)
+    (record,) = report.records
+    assert record.fused and record.kernel == kernel
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["per_tensor_int8", "per_tensor_uint8", "per_token_dynamic"])
+def test_all_zero_weight_zero_points_reach_the_default_cpu_kernel(case):
+    """PT2E quantizers store symmetric weights' zero points as a tensor of zeros (a graph input):
+    the default CPU kernel takes them, not only the slow generic one."""
+    from qfuse.kernels import get_kernel
+    from qfuse.platform import current_platform
+
+    supported, reason = get_kernel("onednn").is_supported(current_platform("cpu"))
+    if not supported:
+        pytest.skip(reason)
+    model, x = QDQLinear(**CASES[case]), away_from_rounding_ties((9, 64))
+    with torch.no_grad():
+        out, report = compile_and_run(model, x)
+        expected = model(x)
+    (record,) = report.records
+    assert record.fused and record.kernel in ("onednn", "zentorch"), record.rejected_kernels
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,1 @@
+"""Models built with other quantization tools (torchao, PT2E), for testing qfuse against them."""
