@@ -18,6 +18,12 @@ The `cutlass` kernel without vLLM is ATen's row-wise CUTLASS fp8 GEMM; where it 
 
     fp8 cutlass  out = aten._scaled_mm(a, b, scale_a [M, 1], scale_b [1, N], bias, bfloat16)
 
+The `onednn` kernel with a per-row activation scale: oneDNN's qlinear takes one activation scale,
+so the extern op runs qlinear with the weight scale alone (float32 out) and the per-row scale, the
+bias and the cast follow in pointwise IR, where they fuse with the consumer:
+
+    int8 onednn  out = (qfuse.scaled_mm(a, b, None, scale_b, None, azp_a, azp_b, float32) * scale_a + bias).to(out_dtype)
+
 Cases it does not cover stay an extern call of the op (which is always correct): other kernels,
 per-group / block scales, CUDA int8 without a static M > 16 (cuBLAS rejects small M; the op pads),
 an fp8 weight that is not column-major on CUDA.
@@ -73,6 +79,14 @@ def _why_not_aten_cutlass(a, b) -> str:
     if not all(_known_equal(sympy.Mod(size, ALIGNMENT), 0) for size in b.get_size()):
         return f"K or N is not a multiple of {ALIGNMENT}: the cutlass kernel pads the weight"
     return ""
+
+
+def _splits_onednn_epilogue(a, scale_a, azp_a, rows, kernel: str) -> bool:
+    """onednn with a per-row activation scale: qlinear takes one scale, so the op would scale the
+    rows in eager torch ops after it; in IR that epilogue fuses with the consumer instead."""
+    return (kernel == "onednn" and a.get_dtype() == torch.int8 and scale_a is not None
+            and not _known_equal(_numel(scale_a), 1) and _known_equal(_numel(scale_a), rows)
+            and (azp_a is None or _known_equal(_numel(azp_a), 1)))
 
 
 def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
@@ -149,16 +163,33 @@ def _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows):
     return _lower(aten._scaled_mm.default, a2d, b, sa, sb, bias, None, torch.bfloat16)
 
 
+def _extern(*args):
+    return inductor_lowering.fallback_handler(torch.ops.qfuse.scaled_mm.default, add_to_fallback_set=False)(*args)
+
+
+def _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype):
+    """(float32(out) * scale_a * scale_b + bias).to(out_dtype) on [rows, N], in pointwise IR."""
+    for scale, shape in ((scale_a, _scale_shape(scale_a, rows, [rows, 1])), (scale_b, [1, -1])):
+        if scale is not None:
+            shape = shape if not _known_equal(_numel(scale), 1) else [1, 1]
+            out = _lower(aten.mul.Tensor, out, _lower(aten.reshape.default, _to(scale, torch.float32), shape))
+    if bias is not None:
+        out = _lower(aten.add.Tensor, out, _to(bias, torch.float32))
+    return _to(out, out_dtype)
+
+
 def lower_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel):
     *lead, k = a.get_size()
     n = b.get_size()[1]
     rows = sympy.Mul(*lead) if lead else sympy.Integer(1)
+    if _splits_onednn_epilogue(a, scale_a, azp_a, rows, kernel):
+        acc = _extern(a, b, None, scale_b, None, azp_a, azp_b, torch.float32, kernel)
+        acc = _lower(aten.reshape.default, acc, [rows, n])
+        return _lower(aten.reshape.default, _scaled_epilogue(acc, scale_a, None, bias, rows, out_dtype), [*lead, n])
     reason = why_not_lowered(a, b, scale_a, scale_b, rows, kernel)
     if reason:
         log.debug("qfuse: scaled_mm stays an extern call: %s", reason)
-        return inductor_lowering.fallback_handler(torch.ops.qfuse.scaled_mm.default, add_to_fallback_set=False)(
-            a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel
-        )
+        return _extern(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel)
     a2d = _lower(aten.reshape.default, a, [rows, k])
     if kernel == "cutlass":
         return _lower(aten.reshape.default, _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows), [*lead, n])
@@ -170,13 +201,7 @@ def lower_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kerne
         out = _int8_accumulator(a2d, b, azp_a, azp_b, rows, k)
     else:
         out = _fp8_accumulator(a2d, b)
-    for scale, shape in ((scale_a, _scale_shape(scale_a, rows, [rows, 1])), (scale_b, [1, -1])):
-        if scale is not None:
-            shape = shape if not _known_equal(_numel(scale), 1) else [1, 1]
-            out = _lower(aten.mul.Tensor, out, _lower(aten.reshape.default, _to(scale, torch.float32), shape))
-    if bias is not None:
-        out = _lower(aten.add.Tensor, out, _to(bias, torch.float32))
-    return _lower(aten.reshape.default, _to(out, out_dtype), [*lead, n])
+    return _lower(aten.reshape.default, _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype), [*lead, n])
 
 
 def register() -> None:

@@ -43,9 +43,24 @@ def test_fp8_on_cpu_lowers_to_a_float32_mm():
 def test_zero_points_in_the_lowering_are_exact(case):
     model, x = QDQLinear(**case), torch.randn(2, 9, 64)
     with torch.no_grad():
-        out, code = compiled_code(model, x)
+        out, code = compiled_code(model, x, kernel="torch")
         expected = model(x)
         extern, _ = compiled_code(model, x, kernel="reference")
     assert "extern_kernels._int_mm" in code and "qfuse.scaled_mm" not in code
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out, extern, rtol=1e-5, atol=1e-5)
+
+
+def test_onednn_per_token_epilogue_is_inductor_ir():
+    """qlinear takes one activation scale: the per-token scale, bias and cast go to fused IR."""
+    from qfuse.kernels import get_kernel
+    from qfuse.platform import current_platform
+
+    supported, reason = get_kernel("onednn").is_supported(current_platform("cpu"))
+    if not supported:
+        pytest.skip(reason)
+    x, w, w_scale, bias = operands((2, 7, 64))
+    out, code = compiled_code(int_mm_linear, x, w, w_scale, bias, kernel="onednn")
+    assert "torch.ops.qfuse.scaled_mm.default" in code and "_int_mm" not in code
+    assert "None, torch.float32, 'onednn')" in code  # qlinear alone: no activation scale, no bias
+    torch.testing.assert_close(out, int_mm_linear(x, w, w_scale, bias), rtol=1e-5, atol=1e-5)
