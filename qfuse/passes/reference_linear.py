@@ -4,6 +4,7 @@ The matmul (the anchor), in the three forms people write:
 
     torch._int_mm(a_int8, b_int8)                       int32 accumulator
     torch._scaled_mm(a, b, scale_a, scale_b, ...)       fp8 (its own scales, unit or not)
+    F.scaled_mm(a, b, scale_a, recipe, scale_b, ...)    aten._scaled_mm_v2, tensor-wise / row-wise recipes
     torch.mm(a_q.float(), w_q.float().t())              a float matmul of upcast int8 / fp8
 
 where b is the weight as [K, N]: a `w.t()` of a stored [N, K] weight, or a stored [K, N] one.
@@ -98,6 +99,30 @@ def _strip_weight(node: Node) -> tuple[Node, bool]:
     return node, transposed
 
 
+#: torch.nn.functional.ScalingType values of _scaled_mm_v2's recipes that are one scale per tensor / row.
+_V2_TENSORWISE, _V2_ROWWISE = 0, 1
+
+
+def _parse_scaled_mm_v2(node: Node) -> tuple[Node, Node, Epilogue, str]:
+    """torch.nn.functional.scaled_mm (aten._scaled_mm_v2): scales as lists with a recipe each."""
+    a, b, scales_a, recipes_a, swizzles_a, scales_b, recipes_b, swizzles_b = node.args[:8]
+    bias, contraction = _argument(node, 8, "bias"), _argument(node, 10, "contraction_dim", [])
+    recipes = [*recipes_a, *recipes_b]
+    if len(scales_a) != 1 or len(scales_b) != 1 or any(r not in (_V2_TENSORWISE, _V2_ROWWISE) for r in recipes):
+        raise NotFusable(f"_scaled_mm_v2 with scale recipes {list(recipes_a)} x {list(recipes_b)}: qfuse takes "
+                         "one tensor-wise or row-wise scale per operand")
+    if any(swizzles_a) or any(swizzles_b) or list(contraction):
+        raise NotFusable("_scaled_mm_v2 with swizzled scales or a contraction_dim")
+    epilogue = Epilogue(last=node, bias=bias)
+    for scale in (scales_a[0], scales_b[0]):
+        try:
+            epilogue.factors += factors_of(scale, node)
+        except NotAScale as reason:
+            raise NotFusable(f"_scaled_mm_v2's own scale is not per-tensor / row / column: {reason}") from None
+    epilogue.closed = bias is not None or dtype_of(node) != torch.float32
+    return a, b, epilogue, "_scaled_mm_v2"
+
+
 def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] | None:
     """(a, b, the epilogue so far, pattern name) if `node` is a quantized matmul, else None."""
     if node.target == aten._int_mm.default:
@@ -113,6 +138,8 @@ def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] |
             raise NotFusable("_scaled_mm with scale_result is not supported")
         epilogue.closed = epilogue.bias is not None or dtype_of(node) != torch.float32
         return node.args[0], node.args[1], epilogue, "_scaled_mm"
+    if node.target == aten._scaled_mm_v2.default:
+        return _parse_scaled_mm_v2(node)
     if node.target == aten.mm.default:
         upcast_a, upcast_b = node.args
         if not _is_exact_upcast(upcast_a):
@@ -249,7 +276,7 @@ def _bias_as_vector(graph: Graph, bias: Node | None, before: Node) -> Node | Non
         return insert_call(graph, aten.reshape.default, (bias, [-1]))
 
 
-ANCHORS = (aten._int_mm.default, aten._scaled_mm.default, aten.mm.default)
+ANCHORS = (aten._int_mm.default, aten._scaled_mm.default, aten._scaled_mm_v2.default, aten.mm.default)
 
 
 def run(graph: Graph, context: PassContext) -> None:

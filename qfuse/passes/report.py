@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 MATMUL_OPS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten._int_mm.default",
-              "aten._scaled_mm.default")
+              "aten._scaled_mm.default", "aten._scaled_mm_v2.default")
 
 
 @dataclass
