@@ -49,6 +49,7 @@ class GemmKey:
     device_type: str
     fused_quant: bool = False  # the kernel gets the float activation and quantizes it itself
     weight_zero_point: bool = False  # the weight carries a zero point (asymmetric PT2E weights)
+    per_call_weight: bool = False  # the weight is quantized anew on every call (a fake-quantized float weight)
 
     @property
     def has_bias(self) -> bool:

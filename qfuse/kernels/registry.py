@@ -75,6 +75,9 @@ def _verdict(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
         return reason
     if key.weight_zero_point and not kernel.takes_weight_zero_point:
         return f"{kernel.name} takes symmetric weights only (this weight has a zero point)"
+    if key.per_call_weight and kernel.prepares_weight:
+        return (f"{kernel.name} prepares (repacks) its weight once, and this weight is quantized anew on every "
+                "call (a fake-quantized float weight)")
     ok, reason = kernel.can_implement(key, platform)
     return "" if ok else reason
 

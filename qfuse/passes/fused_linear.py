@@ -62,13 +62,14 @@ class FusedLinear:
     azp_a: Operand = None
     azp_b: Operand = None
     note: str = ""  # e.g. why the epilogue stopped where it did
+    per_call_weight: bool = False  # the quantized weight is computed on every call (fake-quantized float weight)
 
     def gemm_key(self) -> GemmKey:
         k, n = fake_value(self.b).shape
         return GemmKey(
             scheme=self.scheme, n=static_int(n), k=static_int(k), out_dtype=self.out_dtype,
             bias_dtype=None if self.bias is None else fake_value(self.bias).dtype, device_type=fake_value(self.a).device.type,
-            weight_zero_point=self.azp_b is not None,
+            weight_zero_point=self.azp_b is not None, per_call_weight=self.per_call_weight,
         )
 
 

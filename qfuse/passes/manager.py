@@ -21,7 +21,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 from qfuse import debug
 from qfuse.config import QfuseConfig
-from qfuse.passes import activation_quant, pt2e_linear, reference_linear
+from qfuse.passes import activation_quant, fake_quant_linear, pt2e_linear, reference_linear
 from qfuse.passes.families import PATTERN_FAMILIES
 from qfuse.passes.fused_linear import PassContext
 from qfuse.passes.graph_utils import module_path
@@ -33,6 +33,7 @@ log = logging.getLogger("qfuse")
 PASS_MODULES: dict[str, ModuleType] = {
     "reference_linear": reference_linear,
     "pt2e_linear": pt2e_linear,
+    "fake_quant_linear": fake_quant_linear,
     "activation_quant": activation_quant,
 }
 assert tuple(PASS_MODULES) == PATTERN_FAMILIES

@@ -16,7 +16,7 @@ GEMM. This pass feeds the integer tensors straight into a real int8 GEMM instead
 Only the dequantize side matters for the math: q and w_q are integer tensors and
 dequantize(q) = (q - zero_point) * scale, whoever produced q (the activation quantize op stays in
 the graph, where Inductor generates code for it). uint8 activations are shifted to int8 (q - 128,
-zero_point - 128). Zero points go to the fused op (`azp_a`, `azp_b`), so asymmetric activations
+computed as q ^ 0x80 read as int8, which Inductor's CPU code vectorizes; zero_point - 128). Zero points go to the fused op (`azp_a`, `azp_b`), so asymmetric activations
 and weights are exact.
 
 `can_fuse_*` checks: int8 / uint8 activation, int8 weight, per-channel axis on the output
@@ -25,6 +25,7 @@ channels, addmm without beta / alpha, a float result.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +44,7 @@ from qfuse.passes.graph_utils import (
     strip_zero_padding,
 )
 from qfuse.passes.quant_forms import is_dynamic_scale
-from qfuse.schemes import Granularity, QuantScheme
+from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme
 
 
 def _decomposed():
@@ -65,6 +66,22 @@ class Dequantized:
     granularity: Granularity
     kind: str  # for the pattern name
     axis: int | None = None
+    cast_to: torch.dtype | None = None  # q is a float tensor of integers in this dtype's range (fake quant)
+
+    @property
+    def computed_per_call(self) -> bool:
+        """q is computed in the graph (quantized on every call), not a stored tensor."""
+        return strip_views(self.q)[0].op == "call_function"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.cast_to or dtype_of(self.q)
+
+    def quantized(self, graph: Graph) -> Node:
+        """q as an integer / fp8 tensor (a float of integers is cast: exact, they are in range)."""
+        if self.cast_to is None:
+            return self.q
+        return insert_call(graph, prims.convert_element_type.default, (self.q, self.cast_to))
 
 
 def match_dequantize(node) -> Dequantized | None:
@@ -91,20 +108,31 @@ def _strip_transpose(node: Node) -> tuple[Node, bool]:
 
 
 def _is_zero(value) -> bool:
-    return isinstance(value, int) and value == 0
+    return value is None or (isinstance(value, (int, float)) and value == 0)
+
+
+def activation_granularity(dq: Dequantized) -> Granularity:
+    """Per tensor or per token; a per-channel dequantize along the row axis is per token."""
+    if dq.granularity == Granularity.PER_CHANNEL:
+        rank = len(shape_of(dq.q))
+        if dq.axis % rank != rank - 2 or shape_of(dq.scale)[-1] != 1:
+            raise NotFusable(f"the activation is dequantized per channel along axis {dq.axis}, not per token")
+        return Granularity.PER_TOKEN
+    return dq.granularity
 
 
 def can_fuse_activation(graph: Graph, dq: Dequantized, view_shape: list | None, before: Node):
-    """The int8 activation operand and its zero point (uint8 is shifted to int8)."""
-    dtype = dtype_of(dq.q)
-    if dtype not in (torch.int8, torch.uint8):
-        raise NotFusable(f"the activation is dequantized from {dtype}; qfuse fuses int8 / uint8 Q/DQ")
-    q, zero_point = dq.q, dq.zero_point
+    """The int8 / fp8 activation operand and its zero point (uint8 is shifted to int8)."""
+    if dq.dtype not in (torch.int8, torch.uint8, FP8_DTYPE):
+        raise NotFusable(f"the activation is dequantized from {dq.dtype}; qfuse fuses int8 / uint8 / fp8 Q/DQ")
+    if dq.dtype == FP8_DTYPE and not _is_zero(dq.zero_point):
+        raise NotFusable("an fp8 activation with a zero point")
+    zero_point = 0 if dq.zero_point is None else dq.zero_point
     with graph.inserting_before(before):
-        if dtype == torch.uint8:
-            widened = insert_call(graph, prims.convert_element_type.default, (q, torch.int16))
-            shifted = insert_call(graph, aten.sub.Tensor, (widened, 128))
-            q = insert_call(graph, prims.convert_element_type.default, (shifted, torch.int8))
+        q = dq.quantized(graph)
+        if dq.dtype == torch.uint8:  # u - 128 as int8 is u ^ 0x80 read as int8: exact, and vectorized
+            as_int8 = insert_call(graph, aten.view.dtype, (q, torch.int8))
+            q = insert_call(graph, aten.bitwise_xor.Scalar, (as_int8, -128))
             zero_point = zero_point - 128 if isinstance(zero_point, int) else insert_call(
                 graph, aten.sub.Tensor, (zero_point, 128)
             )
@@ -113,10 +141,13 @@ def can_fuse_activation(graph: Graph, dq: Dequantized, view_shape: list | None, 
     return q, zero_point
 
 
-def can_fuse_weight(graph: Graph, dq: Dequantized, transposed: bool, before: Node) -> Node:
-    """The int8 weight as a [K, N] operand; the per-channel axis must be the output channels."""
-    if dtype_of(dq.q) != torch.int8:
-        raise NotFusable(f"the weight is dequantized from {dtype_of(dq.q)}; qfuse fuses int8 weights")
+def can_fuse_weight(graph: Graph, dq: Dequantized, transposed: bool, activation_dtype, before: Node):
+    """The int8 / fp8 weight as a [K, N] operand and its scale as one value or [N]; the per-channel
+    axis must be the output channels."""
+    expected = FP8_DTYPE if activation_dtype == FP8_DTYPE else torch.int8
+    if dq.dtype != expected:
+        raise NotFusable(f"the weight is dequantized from {dq.dtype}; with a {activation_dtype} activation "
+                         f"qfuse fuses {expected} weights")
     if dq.granularity == Granularity.PER_TOKEN:
         raise NotFusable("the weight is dequantized per token; expected per-channel or per-tensor")
     if dq.granularity == Granularity.PER_CHANNEL:
@@ -125,10 +156,13 @@ def can_fuse_weight(graph: Graph, dq: Dequantized, transposed: bool, before: Nod
             raise NotFusable(
                 f"the weight is dequantized per channel along axis {dq.axis}, not along its output channels"
             )
-    if not transposed:
-        return dq.q
     with graph.inserting_before(before):
-        return insert_call(graph, aten.permute.default, (dq.q, [1, 0]))
+        q = dq.quantized(graph)
+        b = insert_call(graph, aten.permute.default, (q, [1, 0])) if transposed else q
+        scale = dq.scale
+        if isinstance(scale, Node) and len(shape_of(scale)) == 2:  # [N, 1] / [1, N] of a fake quant
+            scale = insert_call(graph, aten.reshape.default, (scale, [-1]))
+    return b, scale
 
 
 def _strip_expand(node: Node) -> Node:
@@ -149,7 +183,11 @@ def _linear_operands(anchor: Node) -> tuple[Node | None, Node, Node]:
     return None, activation, weight
 
 
-def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
+def analyze_dequantized_linear(
+    graph: Graph, anchor: Node, match: Callable[[Node], Dequantized | None], family: str
+) -> FusedLinear | None:
+    """A float linear whose activation and weight are both dequantized (as `match` recognises
+    dequantization) -> a FusedLinear on the quantized tensors; None if neither is; NotFusable if one is."""
     bias, activation, weight = _linear_operands(anchor)
     # Inductor's shape padding (CUDA) pads the float operands with zeros; the fused op takes the
     # unpadded ones, and its result is padded back to the shape the slice after the matmul expects.
@@ -158,7 +196,7 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
     bias = strip_zero_padding(bias)[0] if bias is not None else None
     activation_dq_node, view_shape = strip_views(activation)
     weight_dq_node, transposed = _strip_transpose(weight)
-    activation_dq, weight_dq = match_dequantize(activation_dq_node), match_dequantize(weight_dq_node)
+    activation_dq, weight_dq = match(activation_dq_node), match(weight_dq_node)
     if activation_dq is None and weight_dq is None:
         return None
     if activation_dq is None:
@@ -174,11 +212,13 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         raise NotFusable(f"the linear returns {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
     if bias is not None and len(shape_of(bias)) != 1:
         raise NotFusable(f"addmm bias of shape {list(shape_of(bias))}; expected [N]")
-    b = can_fuse_weight(graph, weight_dq, transposed, anchor)
+    granularity = activation_granularity(activation_dq)
+    b, scale_b = can_fuse_weight(graph, weight_dq, transposed, activation_dq.dtype, anchor)
     a, activation_zero_point = can_fuse_activation(graph, activation_dq, view_shape, anchor)
+    fp8 = activation_dq.dtype == FP8_DTYPE
     scheme = QuantScheme(
-        activation_dtype=torch.int8, weight_dtype=torch.int8,
-        activation_granularity=activation_dq.granularity,
+        activation_dtype=FP8_DTYPE if fp8 else torch.int8, weight_dtype=FP8_DTYPE if fp8 else torch.int8,
+        activation_granularity=granularity,
         weight_granularity=(
             Granularity.PER_CHANNEL if weight_dq.granularity == Granularity.PER_CHANNEL else Granularity.PER_TENSOR
         ),
@@ -186,14 +226,19 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         symmetric=_is_zero(activation_zero_point),
     )
     return FusedLinear(
-        anchor=anchor, family=FAMILY,
+        anchor=anchor, family=family,
         pattern=f"{activation_dq.kind} x {weight_dq.kind} + {anchor.target.__name__.split('.')[0]}",
         a=a, b=b, scheme=scheme, out_dtype=out_dtype, replaces=anchor,
         output_padding=(activation_padding[0] if activation_padding else 0, weight_padding[1] if weight_padding else 0),
-        scale_a=activation_dq.scale, scale_b=weight_dq.scale, bias=bias,
+        scale_a=activation_dq.scale, scale_b=scale_b, bias=bias,
         azp_a=None if _is_zero(activation_zero_point) else activation_zero_point,
         azp_b=None if _is_zero(weight_dq.zero_point) else weight_dq.zero_point,
+        per_call_weight=weight_dq.computed_per_call,
     )
+
+
+def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
+    return analyze_dequantized_linear(graph, anchor, match_dequantize, FAMILY)
 
 
 ANCHORS = (aten.mm.default, aten.addmm.default, aten.bmm.default)

@@ -28,7 +28,8 @@ from qfuse.passes.graph_utils import CONSTANT_OPS, aten, converted_dtype, dtype_
 from qfuse.schemes import FP8_DTYPE, quant_range, symmetric_quant_max
 
 QUANTIZED = (torch.int8, FP8_DTYPE)
-_CLAMPS = (aten.clamp_min.default, aten.clamp_max.default, aten.clamp.default)
+_CLAMPS = (aten.clamp_min.default, aten.clamp_max.default, aten.clamp.default,
+           aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.clamp.Tensor)
 _REDUCTIONS = {aten.amax.default, aten.amin.default, aten.max.dim, aten.min.dim, aten.aminmax.default,
                aten.max.default, aten.min.default}
 
@@ -68,7 +69,8 @@ def _float_source(node):
     return node
 
 
-def _number(value) -> float | None:
+def constant_number(value) -> float | None:
+    """A Python number, or the value of a 0-dim constant node (`full([], v)`, `ones([])`); else None."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, Node) and value.target in CONSTANT_OPS and not shape_of(value):
@@ -86,7 +88,7 @@ def _divisor(node) -> tuple[Node, Node | float, bool] | None:
         for value, other in (node.args, node.args[::-1]):
             if isinstance(other, Node) and other.target == aten.reciprocal.default:
                 return value, other.args[0], True
-            if (number := _number(other)) is not None and number != 0 and isinstance(value, Node):
+            if (number := constant_number(other)) is not None and number != 0 and isinstance(value, Node):
                 return value, 1.0 / number, True
     return None
 
@@ -102,7 +104,7 @@ def match_quantize(node) -> Quantizer | None:
         if value.target == aten.round.default:
             rounds = True
         else:
-            for name, bound in zip(("low", "high"), _clamp_bounds(value)):
+            for name, bound in zip(("low", "high"), clamp_bounds(value)):
                 if bound is not None:
                     bounds.setdefault(name, bound)  # the outermost clamp is the one that holds
         value = value.args[0]
@@ -113,15 +115,16 @@ def match_quantize(node) -> Quantizer | None:
     return Quantizer(x, scale, dtype, bounds.get("low"), bounds.get("high"), rounds, by_reciprocal)
 
 
-def _clamp_bounds(node: Node) -> tuple[float | None, float | None]:
+def clamp_bounds(node: Node) -> tuple[float | None, float | None]:
+    """(low, high) of a clamp node; a bound that is a tensor other than a 0-dim constant is None."""
     args = list(node.args[1:]) + [None, None]
-    if node.target == aten.clamp_min.default:
-        return _number(args[0]), None
-    if node.target == aten.clamp_max.default:
-        return None, _number(args[0])
+    if node.target in (aten.clamp_min.default, aten.clamp_min.Tensor):
+        return constant_number(args[0]), None
+    if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        return None, constant_number(args[0])
     low = node.kwargs.get("min", args[0])
     high = node.kwargs.get("max", args[1])
-    return _number(low), _number(high)
+    return constant_number(low), constant_number(high)
 
 
 def _lower_clamp(node) -> tuple[Node, float] | None:
@@ -129,10 +132,10 @@ def _lower_clamp(node) -> tuple[Node, float] | None:
     if not isinstance(node, Node):
         return None
     if node.target == aten.clamp.default:
-        low, high = _clamp_bounds(node)
+        low, high = clamp_bounds(node)
         return (node.args[0], low) if low is not None and high is None else None
     if node.target in (aten.clamp_min.default, aten.maximum.default):
-        low = _number(node.args[1])
+        low = constant_number(node.args[1])
         return (node.args[0], low) if low is not None else None
     return None
 
@@ -143,7 +146,7 @@ def match_token_scale(scale) -> TokenScale | None:
     if (clamped := _lower_clamp(_float_source(scale))) is not None:
         (scale, eps), eps_after_divide = clamped, True
     division = _divisor(scale)
-    if division is None or (divisor := _number(division[1])) is None:
+    if division is None or (divisor := constant_number(division[1])) is None:
         return None
     numerator, _, by_reciprocal = division
     if by_reciprocal:

@@ -1,0 +1,154 @@
+"""fake_quant_linear: a float linear of fake-quantized operands, in plain torch -> qfuse::scaled_mm.
+
+QAT code, compressed-tensors and hand-written models quantize and dequantize in float ("fake
+quant") and then run a float GEMM. Each operand of the `mm` / `addmm` / `bmm` (under the same
+views, transposes and shape padding as `pt2e_linear`) is a dequantize:
+
+    x̂ = (q - zp) * s        or   q * s        (mul in either order; zp a tensor or a number)
+
+where q holds integers, as one of
+
+    q_int.to(float)                                  a stored int8 / uint8 weight upcast
+    round / clamp chain, e.g. clamp(round(x / s) + zp, lo, hi), clamp(x / s + zp, lo, hi).round()
+                                                     integers in [lo, hi] within int8 / uint8
+    q_fp8.to(float), x.to(fp8).to(float)             fp8 values
+
+Only the dequantize side matters for the math: whatever produced q, (q - zp) * s is the operand,
+so q cast to int8 (exact: integers in range) or the fp8 tensor goes into the integer / fp8 GEMM
+and zp, s become the fused op's zero point and scale. Scales must be one value, per row of the
+activation ([..., M, 1]) or per output channel of the weight ([N, 1] for a stored [N, K] weight).
+A weight computed from a float weight on every call (weight fake quant) is quantized anew each
+call, as the original graph does; kernels that repack their weight once decline it.
+
+What is not matched: a round without a clamp (the values may leave int8), clamp bounds that are
+not integers or not constants, a scale that is not one of the shapes above.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import Graph, Node
+
+from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
+from qfuse.passes.graph_utils import aten, converted_dtype, dtype_of, same_size, shape_of
+from qfuse.passes.pt2e_linear import ANCHORS, Dequantized, analyze_dequantized_linear
+from qfuse.passes.quant_forms import clamp_bounds, constant_number
+from qfuse.schemes import FP8_DTYPE, Granularity
+
+FAMILY = "fake_quant_linear"
+_ROUND_AND_CLAMPS = (aten.round.default, aten.clamp_min.default, aten.clamp_max.default, aten.clamp.default,
+                     aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.clamp.Tensor)
+_INTEGER_RANGES = ((torch.int8, -128, 127), (torch.uint8, 0, 255))
+
+
+def _integer_valued(node) -> tuple[Node, torch.dtype | None, str] | None:
+    """(q, the dtype to cast it to or None if it is already quantized, kind) when `node` is a float
+    tensor holding quantized values."""
+    if not isinstance(node, Node):
+        return None
+    target = converted_dtype(node)
+    if target is not None and target.is_floating_point:
+        source = node.args[0]
+        if dtype_of(source) in (torch.int8, torch.uint8, FP8_DTYPE):
+            return source, None, f"{dtype_of(source)}.to(float)".replace("torch.", "")
+        return None
+    low, high, rounded, value = None, None, False, node
+    while isinstance(value, Node) and value.target in _ROUND_AND_CLAMPS:
+        if value.target == aten.round.default:
+            rounded = True
+        else:
+            clamp_low, clamp_high = clamp_bounds(value)
+            low = clamp_low if low is None else low  # the outermost bound holds
+            high = clamp_high if high is None else high
+        value = value.args[0]
+        if isinstance(value, Node) and value.target == aten.add.Tensor and not rounded and low is not None:
+            break  # clamp(round(x / s) + zp): the add sits between the clamp and the round
+    if not rounded and isinstance(value, Node) and value.target == aten.add.Tensor:
+        rounded = any(isinstance(arg, Node) and arg.target == aten.round.default for arg in value.args)
+    if not rounded or low is None or high is None or low != int(low) or high != int(high):
+        return None
+    for dtype, qmin, qmax in _INTEGER_RANGES:
+        if qmin <= low and high <= qmax:
+            return node, dtype, "fake quant (round, clamp)"
+    return None
+
+
+def _fp8_round_trip(node) -> tuple[Node, None, str] | None:
+    """x.to(fp8).to(float): q is the fp8 tensor."""
+    if isinstance(node, Node) and converted_dtype(node) is not None and converted_dtype(node).is_floating_point:
+        inner = node.args[0]
+        if isinstance(inner, Node) and converted_dtype(inner) == FP8_DTYPE:
+            return inner, None, "fake quant (fp8 round trip)"
+    return None
+
+
+def _scale_granularity(scale, operand: Node) -> tuple[Granularity, int | None] | None:
+    """(granularity, channel axis) of a dequantize scale against the operand it multiplies: per row
+    is PER_CHANNEL along the row axis (per token for an activation, per output channel for an
+    [N, K] weight: `pt2e_linear` reads it by the operand's role)."""
+    if constant_number(scale) is not None:
+        return Granularity.PER_TENSOR, None
+    shape, operand_shape = shape_of(scale), shape_of(operand)
+    if shape is None or not dtype_of(scale).is_floating_point or len(shape) > len(operand_shape):
+        return None
+    rank = len(operand_shape)
+    padded = (1,) * (rank - len(shape)) + tuple(shape)
+    if all(same_size(size, 1) for size in padded):
+        return Granularity.PER_TENSOR, None
+    if same_size(padded[-1], 1) and all(same_size(a, b) for a, b in zip(padded[:-1], operand_shape[:-1])):
+        return Granularity.PER_CHANNEL, rank - 2
+    if rank == 2 and same_size(padded[0], 1) and same_size(padded[1], operand_shape[1]):
+        return Granularity.PER_CHANNEL, 1
+    return None
+
+
+def match_fake_dequantize(node) -> Dequantized | None:
+    """(q - zp) * s in plain torch ops, as described in the module docstring; else None."""
+    if not isinstance(node, Node) or node.target != aten.mul.Tensor:
+        return None
+    for value, scale in (node.args, node.args[::-1]):
+        zero_point = 0
+        if isinstance(value, Node) and value.target == aten.sub.Tensor:
+            value, zero_point = value.args[0], _integer_zero_point(value.args[1])
+            if zero_point is None:
+                continue
+        found = _integer_valued(value) or _fp8_round_trip(value)
+        granularity = _scale_granularity(scale, node) if found is not None else None
+        if granularity is None:
+            continue
+        q, cast_to, kind = found
+        return Dequantized(q, scale, zero_point, granularity[0], kind, axis=granularity[1], cast_to=cast_to)
+    return None
+
+
+def _integer_zero_point(value):
+    """The integer zero point under a float upcast (`zp.to(float)`), a number, or None if neither."""
+    if (number := constant_number(value)) is not None:
+        return int(number) if number == int(number) else None
+    if isinstance(value, Node) and converted_dtype(value) is not None and not dtype_of(value.args[0]).is_floating_point:
+        return value.args[0]
+    return None
+
+
+def _rounds(node, depth: int = 6) -> bool:
+    """Whether a round sits within a few ops above `node` (it looks like a fake quant)."""
+    if not isinstance(node, Node) or depth == 0:
+        return False
+    return node.target == aten.round.default or any(_rounds(arg, depth - 1) for arg in node.all_input_nodes)
+
+
+def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
+    try:
+        return analyze_dequantized_linear(graph, anchor, match_fake_dequantize, FAMILY)
+    except NotFusable as reason:
+        activation = anchor.args[1] if anchor.target == aten.addmm.default else anchor.args[0]
+        if "the activation is not" in str(reason) and _rounds(activation):
+            raise NotFusable(
+                "the activation is rounded like a fake quant, but not provably into int8 / uint8 (no clamp to "
+                "integer bounds within their range) or its scale is not one value / one per token"
+            ) from None
+        raise
+
+
+def run(graph: Graph, context: PassContext) -> None:
+    fuse_anchored_linears(graph, context, FAMILY, ANCHORS, analyze)
