@@ -3,6 +3,8 @@
 The matmul (the anchor), in the three forms people write:
 
     torch._int_mm(a_int8, b_int8)                       int32 accumulator
+    torch._int_mm(a_uint8, b_int8) - colsum(b) * zp     a uint8 activation with zero point zp (torchao's
+                                                        u8s8 path: a_uint8 = a_int8 + 128, zp = 128)
     torch._scaled_mm(a, b, scale_a, scale_b, ...)       fp8 (its own scales, unit or not)
     F.scaled_mm(a, b, scale_a, recipe, scale_b, ...)    aten._scaled_mm_v2, tensor-wise / row-wise recipes
     torch.mm(a_q.float(), w_q.float().t())              a float matmul of upcast int8 / fp8
@@ -50,7 +52,7 @@ from qfuse.passes.graph_utils import (
     shape_of,
     single_user,
 )
-from qfuse.passes.quant_forms import Quantizer, is_dynamic_scale, match_quantize, match_token_scale
+from qfuse.passes.quant_forms import Quantizer, constant_number, is_dynamic_scale, match_quantize, match_token_scale
 from qfuse.passes.scale_algebra import Factor, NotAScale, Role, ScaleProduct, base_of, factors_of, split_sides
 from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme, dtype_name
 
@@ -67,6 +69,7 @@ class Epilogue:
     bias: Node | None = None
     output_shape: list | None = None
     row_slice: tuple | None = None  # (start, end) of a row slice of the output, moved onto the activation
+    azp_a: Node | int | None = None  # the activation's zero point (a uint8 activation corrected by column sums)
     closed: bool = False  # after the output cast (or a bias fused by _scaled_mm), nothing more
     stopped_because: str = ""  # why the walk did not absorb the next node, when that is a near miss
 
@@ -99,6 +102,50 @@ def _strip_weight(node: Node) -> tuple[Node, bool]:
     return node, transposed
 
 
+def _column_sum_correction(user: Node | None, acc: Node, b: Node):
+    """The zero point zp of `acc - colsum(b) * zp` (how a uint8 activation's zero point is undone
+    after `_int_mm(a_u8, b)`), or None when `user` is not that."""
+    if user is None or user.target != aten.sub.Tensor or user.args[0] is not acc:
+        return None
+    product = user.args[1]
+    if not isinstance(product, Node) or product.target != aten.mul.Tensor:
+        return None
+    for sums, zero_point in (product.args, product.args[::-1]):
+        if (isinstance(sums, Node) and sums.target == aten.sum.dim_IntList and sums.args[0] is b
+                and list(sums.args[1]) == [0] and sums.args[2:3] == (True,)):
+            number = constant_number(zero_point)
+            return int(number) if number is not None and number == int(number) else zero_point
+    return None
+
+
+def _int8_shifted_by_128(a_u8: Node) -> Node | None:
+    """a_i8 when a_u8 = (a_i8.to(int32) + 128).to(uint8) (torchao's u8s8 path on VNNI CPUs)."""
+    widened = a_u8.args[0] if converted_dtype(a_u8) == torch.uint8 else None
+    if not (isinstance(widened, Node) and widened.target == aten.add.Tensor and widened.args[1] == 128):
+        return None
+    inner = widened.args[0]
+    if isinstance(inner, Node) and converted_dtype(inner) == torch.int32 and dtype_of(inner.args[0]) == torch.int8:
+        return inner.args[0]
+    return None
+
+
+def _parse_uint8_int_mm(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str]:
+    """_int_mm(a_u8, b) - colsum(b) * zp: a uint8 activation with zero point zp, as int8 with zp - 128."""
+    a_u8, b = node.args
+    user = single_user(node)
+    zero_point = _column_sum_correction(user, node, b)
+    if zero_point is None:
+        raise NotFusable("_int_mm of a uint8 activation without the column-sum correction of its zero point")
+    unshifted = _int8_shifted_by_128(a_u8)
+    if unshifted is not None and isinstance(zero_point, int) and zero_point == 128:
+        return unshifted, b, Epilogue(last=user), "_int_mm of int8 shifted to uint8"
+    with graph.inserting_before(node):
+        as_int8 = insert_call(graph, aten.view.dtype, (a_u8, torch.int8))
+        a = insert_call(graph, aten.bitwise_xor.Scalar, (as_int8, -128))  # u ^ 0x80 as int8 is u - 128
+        azp_a = zero_point - 128 if isinstance(zero_point, int) else insert_call(graph, aten.sub.Tensor, (zero_point, 128))
+    return a, b, Epilogue(last=user, azp_a=azp_a), "_int_mm of uint8 with a zero point"
+
+
 #: torch.nn.functional.ScalingType values of _scaled_mm_v2's recipes that are one scale per tensor / row.
 _V2_TENSORWISE, _V2_ROWWISE = 0, 1
 
@@ -126,6 +173,8 @@ def _parse_scaled_mm_v2(node: Node) -> tuple[Node, Node, Epilogue, str]:
 def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] | None:
     """(a, b, the epilogue so far, pattern name) if `node` is a quantized matmul, else None."""
     if node.target == aten._int_mm.default:
+        if dtype_of(node.args[0]) == torch.uint8:
+            return _parse_uint8_int_mm(graph, node)
         return node.args[0], node.args[1], Epilogue(last=node), "_int_mm"
     if node.target == aten._scaled_mm.default:
         epilogue = Epilogue(last=node, bias=_argument(node, 4, "bias"))
@@ -251,11 +300,13 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
         activation_granularity=Granularity.PER_TOKEN if _per_token(scale_a, quantizer) else Granularity.PER_TENSOR,
         weight_granularity=Granularity.PER_CHANNEL if scale_b and scale_b.role == Role.COLUMN else Granularity.PER_TENSOR,
         dynamic=scale_a is not None and any(is_dynamic_scale(factor.value) for factor in scale_a.factors),
+        symmetric=epilogue.azp_a is None,
     )
     return FusedLinear(
         anchor=anchor, family=FAMILY, pattern=f"{pattern} + dequant epilogue", a=a, b=b, scheme=scheme,
         out_dtype=out_dtype, replaces=epilogue.last, output_shape=epilogue.output_shape,
         scale_a=scale_a, scale_b=scale_b, bias=_bias_as_vector(graph, epilogue.bias, epilogue.last),
+        azp_a=epilogue.azp_a,
     )
 
 

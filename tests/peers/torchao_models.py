@@ -11,7 +11,8 @@ so qfuse can be tested against what other tools really emit, not against hand-wr
   int8 per-token symmetric activations and int8 per-channel weights (torchao's `Int8Tensor`).
 - `torchao_int8_weight_only_mlp(dtype)`: `quantize_(model, Int8WeightOnlyConfig())`, W8A16/W8A32.
 
-`available()` says whether torchao can be imported (a test can skip on its reason). This module
+Every builder takes `batch`: `batch=B` makes the input `[B, tokens, in_features]` (the graph then
+reshapes around each matmul). `available()` says whether torchao can be imported (a test can skip on its reason). This module
 does not import qfuse: it only builds models. Inputs are seeded, so two calls build the same model.
 Note: torchao's configs with `set_inductor_config=True` (the default) change global Inductor
 settings when applied; the builders pass `set_inductor_config=False` unless asked otherwise, so

@@ -1,0 +1,45 @@
+"""Models quantized by torchao (PT2E with X86InductorQuantizer, quantize_ configs) fuse with qfuse on
+this machine's fast kernel and match eager."""
+
+import pytest
+import torch
+
+import qfuse
+from qfuse.kernels import get_kernel
+from qfuse.platform import current_platform
+from tests.peers import torchao_models
+
+AVAILABLE, WHY = torchao_models.available()
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY)
+FAST_CPU_KERNELS = ("onednn", "zentorch")
+
+
+def fast_kernel_expected() -> bool:
+    return get_kernel("onednn").is_supported(current_platform("cpu"))[0]
+
+
+def check(model, x, scheme_prefix, tolerance):
+    with torch.no_grad():
+        expected = model(x)
+        explanation = qfuse.explain(model, x)
+        out = torch.compile(model, backend="qfuse")(x)
+    assert len(explanation.records) == 2 and all(record.fused for record in explanation.records), explanation
+    for record in explanation.records:
+        assert record.scheme.startswith(scheme_prefix), record.scheme
+        if fast_kernel_expected():
+            assert record.kernel in FAST_CPU_KERNELS, record.rejected_kernels
+    torch.testing.assert_close(out.float(), expected.float(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("batch", [None, 2], ids=["2D", "3D"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_pt2e_x86_inductor_quantizer(dynamic, batch):
+    model, x = torchao_models.pt2e_x86_mlp(dynamic=dynamic, batch=batch)
+    check(model, x, "int8 dyn-tensor" if dynamic else "int8 static-tensor", 1e-4)
+
+
+@pytest.mark.parametrize("batch", [None, 2], ids=["2D", "3D"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_int8_dynamic_activation_int8_weight(dtype, batch):
+    model, x = torchao_models.torchao_int8_dynamic_mlp(dtype=dtype, batch=batch)
+    check(model, x, "int8 dyn-token", 1e-4 if dtype == torch.float32 else 2e-2)
