@@ -25,7 +25,7 @@ from qfuse.passes import activation_quant, fake_quant_linear, pt2e_linear, refer
 from qfuse.passes.families import PATTERN_FAMILIES
 from qfuse.passes.fused_linear import PassContext
 from qfuse.passes.graph_utils import module_path
-from qfuse.passes.report import PassReport, count_ops, matmul_nodes
+from qfuse.passes.report import PassReport, count_ops, inductor_quantized_nodes, matmul_nodes
 
 log = logging.getLogger("qfuse")
 
@@ -82,6 +82,7 @@ class QfusePass(CustomGraphPass):
         families = [family for family in PATTERN_FAMILIES if family in self.config.patterns]
         report.ops_before = count_ops(graph)
         matmuls = {node.name: module_path(node) for node in matmul_nodes(graph)}
+        report.inductor_quantized = inductor_quantized_nodes(graph)
         if self.config.debug:
             debug.write_patterns(self.config, report.graph_name, {family: describe(family) for family in families})
             debug.dump_graph(self.config, report.graph_name, "0_before", graph)

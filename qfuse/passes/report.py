@@ -16,6 +16,12 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+#: What Inductor's own quantization passes turn a linear into before qfuse's pass runs (PT2E
+#: linears with freezing=True, its weight-only int8 / int4 patterns); matched by name, since some
+#: are Python callables of Inductor's, not ops.
+INDUCTOR_QUANTIZED_OPS = ("onednn.qlinear", "_inductor.fx_passes.quantization", "_weight_int8pack_mm",
+                          "_weight_int4pack_mm", "mkldnn._linear_pointwise")
+
 MATMUL_OPS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten._int_mm.default",
               "aten._scaled_mm.default", "aten._scaled_mm_v2.default")
 
@@ -64,6 +70,7 @@ class PassReport(RecordSelection):
     graph_name: str = ""
     records: list[LinearRecord] = field(default_factory=list)
     float_matmuls: list[str] = field(default_factory=list)  # matmuls with no quantized operand
+    inductor_quantized: list[str] = field(default_factory=list)  # linears Inductor's own passes already took
     matches: Counter = field(default_factory=Counter)  # pattern name -> times applied
     ops_before: Counter = field(default_factory=Counter)  # op name -> count in the graph
     ops_after: Counter = field(default_factory=Counter)
@@ -86,6 +93,8 @@ class PassReport(RecordSelection):
             line += f"; {len(self.near_misses)} near miss{'es' if len(self.near_misses) > 1 else ''}"
         if self.float_matmuls:
             line += f"; {len(self.float_matmuls)} float matmul{'s' if len(self.float_matmuls) > 1 else ''} left alone"
+        if self.inductor_quantized:
+            line += f"; {len(self.inductor_quantized)} taken by Inductor's own quantization passes"
         return line
 
     def summary(self) -> str:
@@ -109,6 +118,9 @@ class PassReport(RecordSelection):
                 lines.append(f"  NOT FUSED  [{record.family}] {record.reason}")
         if self.float_matmuls:
             lines += ["", "float matmuls (not quantized, left alone): " + ", ".join(self.float_matmuls)]
+        if self.inductor_quantized:
+            lines += ["", "taken by Inductor's own quantization passes before qfuse ran (freezing=True lowers PT2E "
+                      "linears to oneDNN; weight-only int8 / int4 patterns): " + ", ".join(self.inductor_quantized)]
         if self.matches:
             lines += ["", "matches per pattern:"] + [f"  {name}: {count}" for name, count in sorted(self.matches.items())]
         return "\n".join(lines)
@@ -119,6 +131,7 @@ class PassReport(RecordSelection):
             "headline": self.headline(),
             "linears": [dataclasses.asdict(record) for record in self.records],
             "float_matmuls": self.float_matmuls,
+            "inductor_quantized": self.inductor_quantized,
             "matches": dict(self.matches),
             "ops_before": dict(self.ops_before),
             "ops_after": dict(self.ops_after),
@@ -132,3 +145,14 @@ def count_ops(graph) -> Counter:
 
 def matmul_nodes(graph) -> list:
     return [node for node in graph.nodes if node.op == "call_function" and str(node.target) in MATMUL_OPS]
+
+
+def inductor_quantized_nodes(graph) -> list[str]:
+    """'name (target)' of each node that Inductor's own quantization passes made of a linear."""
+    return [f"{node.name} ({getattr(node.target, '__name__', node.target)})" for node in graph.nodes
+            if node.op == "call_function" and any(op in _qualified_name(node.target) for op in INDUCTOR_QUANTIZED_OPS)]
+
+
+def _qualified_name(target) -> str:
+    module = getattr(target, "__module__", "") or ""
+    return f"{module}.{getattr(target, '__name__', '')} {target}"

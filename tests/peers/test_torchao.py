@@ -43,3 +43,16 @@ def test_pt2e_x86_inductor_quantizer(dynamic, batch):
 def test_int8_dynamic_activation_int8_weight(dtype, batch):
     model, x = torchao_models.torchao_int8_dynamic_mlp(dtype=dtype, batch=batch)
     check(model, x, "int8 dyn-token", 1e-4 if dtype == torch.float32 else 2e-2)
+
+
+def test_freezing_lets_inductor_take_pt2e_linears_and_the_report_says_so():
+    """With freezing=True (the documented recipe) Inductor's own passes lower PT2E linears to oneDNN
+    before qfuse's pass runs; qfuse leaves them and says so instead of "0 of 0"."""
+    model, x = torchao_models.pt2e_x86_mlp(dynamic=False)
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+        marker = qfuse.graphs_compiled()
+        out = torch.compile(model, backend="qfuse")(x)
+        expected = model(x)
+    (report,) = qfuse.reports_since(marker)
+    assert len(report.inductor_quantized) == 2 and "2 taken by Inductor's own quantization passes" in report.headline()
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
