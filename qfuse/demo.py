@@ -80,12 +80,15 @@ def linear_table(records: list[LinearRecord]) -> str:
     return format_table(rows, ["linear", "pattern", "scheme", "kernel / near miss"])
 
 
+ACTIVATION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 def run_demo(device: str = "cpu", dtype: str = "int8", tokens: int = 64, hidden: int = 256,
-             layers: int = 2, runs: int = 20) -> dict:
+             layers: int = 2, runs: int = 20, activations: str | None = None) -> dict:
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda asked for, but torch.cuda.is_available() is False")
     torch.manual_seed(0)
-    activation_dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    activation_dtype = ACTIVATION_DTYPES[activations or ("bfloat16" if device == "cuda" else "float32")]
     float_model = TinyTransformer(hidden, layers).to(device).eval()
     model = quantize_linears(float_model, DTYPES[dtype])
     reference_model = dequantize_linears(model).to(activation_dtype)
@@ -112,8 +115,12 @@ def run_demo(device: str = "cpu", dtype: str = "int8", tokens: int = 64, hidden:
     print("\nmax abs error")
     for name, value in errors.items():
         print(f"  {name:<22} {value:.3e}")
-    print(f"\nmedian of {runs} runs: qfuse {qfuse_ms:.3f} ms, inductor {inductor_ms:.3f} ms, "
-          f"speedup (inductor / qfuse) {inductor_ms / qfuse_ms:.2f}x")
+    speedup = inductor_ms / qfuse_ms
+    print(f"\nmedian of {runs} runs, timed in turns: qfuse {qfuse_ms:.3f} ms, inductor {inductor_ms:.3f} ms, "
+          f"speedup (inductor / qfuse) {speedup:.2f}x")
+    if speedup < 1:
+        print("qfuse is slower than Inductor on this model and machine: see docs/benchmarks.md for where "
+              "its kernels win and lose")
     return {"records": records, "errors": errors, "qfuse_ms": qfuse_ms, "inductor_ms": inductor_ms}
 
 
@@ -124,7 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--runs", type=int, default=20, help="timed runs (the median is shown)")
+    parser.add_argument("--activations", choices=tuple(ACTIVATION_DTYPES), default=None,
+                        help="activation dtype (default: float32 on CPU, bfloat16 on CUDA)")
 
 
 def main(args: argparse.Namespace) -> None:
-    run_demo(args.device, args.dtype, args.tokens, args.hidden, args.layers, args.runs)
+    run_demo(args.device, args.dtype, args.tokens, args.hidden, args.layers, args.runs, args.activations)
