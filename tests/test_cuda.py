@@ -91,3 +91,31 @@ def test_cutlass_pads_unaligned_sizes(m, k, n):
     expected = torch.ops.qfuse.scaled_mm(a, w.t(), scale_a, scale_b, bias, None, None, torch.float32, "reference")
     assert out.shape == (m, n)
     torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(not FP8_CAPABLE, reason="fp8 needs capability >= 8.9")
+@pytest.mark.parametrize("pad_tokens", [False, True], ids=["unpadded", "padded17"])
+@pytest.mark.parametrize("kind, dynamic", [("per_tensor", False), ("row_wise", True), ("channelwise", True)])
+def test_vllm_fp8_fallbacks(kind, dynamic, pad_tokens):
+    from tests.peers.vllm_fallbacks import VllmFp8Linear
+
+    model = VllmFp8Linear(256, 128, kind, dynamic=dynamic, pad_tokens=pad_tokens).cuda()
+    x = torch.randn(2, 5, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        out, report = compile_and_run(model, x)
+        expected = model(x)
+    assert len(report.fused) == 1, report.table()
+    assert (out.float() - expected.float()).norm() / expected.float().norm() < 1e-2
+
+
+@pytest.mark.parametrize("shape", [(1, 256), (33, 256)], ids=["M1", "M33"])
+def test_fake_quant_linear(shape):
+    from tests.passes.test_fake_quant_linear import issue_form, stored_weight
+
+    w_int, w_scale, bias = on_cuda(*stored_weight())
+    x = torch.randn(*shape[:-1], 64, device="cuda")
+    with torch.no_grad():
+        out, report = compile_and_run(issue_form, x, w_int, w_scale, bias)
+        expected = issue_form(x, w_int, w_scale, bias)
+    assert len(report.fused) == 1, report.table()
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)

