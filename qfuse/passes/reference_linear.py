@@ -191,11 +191,12 @@ def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] |
         return _parse_scaled_mm_v2(node)
     if node.target == aten.mm.default:
         upcast_a, upcast_b = node.args
-        if not _is_exact_upcast(upcast_a):
-            return None
         weight, transposed = _strip_weight(upcast_b)
         if dtype_of(weight) not in QUANTIZED:
             return None
+        if not _is_exact_upcast(upcast_a):
+            raise NotFusable(f"a float activation times an upcast {dtype_name(dtype_of(weight))} weight is weight-only "
+                             "quantization, which qfuse does not fuse yet")
         if transposed:
             with graph.inserting_before(node):
                 weight = insert_call(graph, aten.permute.default, (weight, [1, 0]))

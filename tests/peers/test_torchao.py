@@ -56,3 +56,18 @@ def test_freezing_lets_inductor_take_pt2e_linears_and_the_report_says_so():
     (report,) = qfuse.reports_since(marker)
     assert len(report.inductor_quantized) == 2 and "2 taken by Inductor's own quantization passes" in report.headline()
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_int8_weight_only_is_reported_not_silently_skipped(dtype):
+    """Weight-only linears are not fused yet; the report says what happened to each."""
+    model, x = torchao_models.torchao_int8_weight_only_mlp(dtype=dtype)
+    with torch.no_grad():
+        expected = model(x)
+        explanation = qfuse.explain(model, x)
+        out = torch.compile(model, backend="qfuse")(x)
+    report = explanation.reports[-1]
+    reasons = [record.reason for record in report.records]
+    assert len(reasons) + len(report.inductor_quantized) == 2, report.table()
+    assert all("weight-only quantization" in reason for reason in reasons)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
