@@ -80,9 +80,15 @@ def explain(model, *example_inputs, options: dict[str, Any] | None = None, **com
     """
     import torch
 
+    from qfuse.backend import qfuse_backend
+
     config = QfuseConfig.from_env().replace(**split_options(options)[0])
     marker = graphs_compiled()
-    compiled = torch.compile(model, backend="qfuse", options=options, **compile_kwargs)
+
+    def backend(gm, example_inputs):  # a new backend per call: Dynamo reuses code compiled for an equal one
+        return qfuse_backend(gm, example_inputs, options)
+
+    compiled = torch.compile(model, backend=backend, **compile_kwargs)
     if config.debug:
         debug.stop_depyf()  # a dump started by an earlier debug compile would swallow this one
     with torch._inductor.config.patch(force_disable_caches=True):

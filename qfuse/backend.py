@@ -28,6 +28,7 @@ def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[
     if config.debug:
         debug.enable_logging()
         debug.start_depyf_for_process(config)
+        inductor_patches.setdefault("force_disable_caches", True)  # a cache hit would skip the passes and dumps
     existing = inductor_patches.pop("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     inductor_patches["post_grad_custom_post_pass"] = compose(existing, QfusePass(config))
     return compile_fx(gm, example_inputs, config_patches=inductor_patches)

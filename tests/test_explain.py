@@ -37,7 +37,7 @@ class AddmmWithBeta(QDQLinear):
 
 
 REFERENCE_NEAR_MISSES = {
-    weight_scale_with_extra_dim: "_int_mm (int8) found, but a scale has shape [1, 1, 48], which would broadcast "
+    weight_scale_with_extra_dim: "_int_mm (int8) found, but the factor view has shape [1, 1, 48], which would broadcast "
                                  "the [5, 48] output to more dims",
     accumulator_has_another_user: "_int_mm (int8) found, but _int_mm has 2 users, so what follows it cannot move "
                                   "into a fused op",

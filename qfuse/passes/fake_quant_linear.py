@@ -127,6 +127,8 @@ def _integer_zero_point(value):
         return int(number) if number == int(number) else None
     if isinstance(value, Node) and converted_dtype(value) is not None and not dtype_of(value.args[0]).is_floating_point:
         return value.args[0]
+    if isinstance(value, Node) and dtype_of(value) is not None and not dtype_of(value).is_floating_point:
+        return value  # an integer tensor used as it is (type promotion does the upcast)
     return None
 
 

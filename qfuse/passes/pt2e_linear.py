@@ -174,8 +174,6 @@ def _strip_expand(node: Node) -> Node:
 def _linear_operands(anchor: Node) -> tuple[Node | None, Node, Node]:
     """(bias, activation, weight) of an mm / addmm / bmm linear."""
     if anchor.target == aten.addmm.default:
-        if any(anchor.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")):
-            raise NotFusable("addmm with beta or alpha other than 1")
         return anchor.args[0], anchor.args[1], anchor.args[2]
     activation, weight = anchor.args[:2]
     if anchor.target == aten.bmm.default:
@@ -203,6 +201,8 @@ def analyze_dequantized_linear(
         raise NotFusable("the weight is dequantized but the activation is not (weight-only quantization)")
     if weight_dq is None:
         raise NotFusable("the activation is dequantized but the weight is a float tensor")
+    if any(anchor.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")):
+        raise NotFusable("addmm with beta or alpha other than 1")
     if anchor.target == aten.bmm.default and (
         len(shape_of(weight)) != 2 or not same_shape(shape_of(activation), shape_of(anchor.args[0]))
     ):
