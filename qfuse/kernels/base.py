@@ -68,6 +68,11 @@ class Kernel(abc.ABC):
     prepares_weight: ClassVar[bool] = False
     #: Whether `apply` honours a weight zero point; the registry rejects the others for such keys.
     takes_weight_zero_point: ClassVar[bool] = False
+    #: Below this many weight elements (K * N) the kernel's per-call cost (an opaque op: Python,
+    #: weight lookup, activation shift) outweighs its faster GEMM, and Inductor's own GEMM (the
+    #: `torch` kernel, lowered into the generated code) wins: the registry passes it over unless it
+    #: is forced. A measured number, per kernel (docs/benchmarks.md, "Kernel choice on CPU").
+    min_weight_elements: ClassVar[int] = 0
 
     @abc.abstractmethod
     def is_supported(self, platform: Platform) -> Verdict: ...

@@ -1,7 +1,8 @@
 """The kernel registry and the one function that chooses a kernel.
 
-Priority lists are per platform; the first kernel that is supported on the machine and can
-implement the key wins. `reference` is in no list: it is slow emulation, used only when forced.
+Priority lists are per platform; the first kernel that is supported on the machine, can
+implement the key and is worth its per-call cost at this weight size (`Kernel.min_weight_elements`)
+wins. `reference` is in no list: it is slow emulation, used only when forced.
 Every kernel that was passed over is returned with its reason, so debug mode can show it.
 """
 
@@ -82,6 +83,14 @@ def _verdict(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
     return "" if ok else reason
 
 
+def _too_small(kernel: Kernel, key: GemmKey) -> str:
+    """Why `kernel` would be slower than Inductor's own GEMM on this weight, or ''."""
+    if key.k is None or key.n is None or key.k * key.n >= kernel.min_weight_elements:
+        return ""
+    return (f"the weight ({key.k} x {key.n}) is below {kernel.min_weight_elements:,} elements, where its per-call "
+            "cost outweighs its faster GEMM: Inductor's own GEMM is faster (measured, docs/benchmarks.md)")
+
+
 def choose_kernel(
     key: GemmKey,
     platform: Platform,
@@ -102,10 +111,17 @@ def choose_kernel(
             raise KernelUnavailableError(f"forced kernel {forced!r} cannot run {key.scheme.describe()}: {reason}")
         return KernelChoice(kernel)
     rejected: dict[str, str] = {}
+    too_small: list[Kernel] = []  # able, but slower than a later kernel here: used only if none is left
     for name in preference or priority_list(platform):
         kernel = get_kernel(name)
         reason = "disabled by configuration" if name in disabled else _verdict(kernel, key, platform)
+        if not reason and (small := _too_small(kernel, key)):
+            too_small.append(kernel)
+            reason = small
         if not reason:
             return KernelChoice(kernel, rejected)
         rejected[name] = reason
+    if too_small:
+        del rejected[too_small[0].name]
+        return KernelChoice(too_small[0], rejected)
     return KernelChoice(None, rejected)

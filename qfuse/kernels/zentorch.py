@@ -163,7 +163,7 @@ def split_for_exact_requant(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     the rest: -1 where a was -128, or one value (minus what was added) on such a short row.
     lo is None when no row needs it (the rows of a symmetric dynamic quantizer never do).
     """
-    wide = a.to(torch.int16)  # abs(-128) overflows int8
+    wide = a.to(torch.int32)  # abs(-128) overflows int8; int16 reductions are 100x slower on CPU (torch 2.13)
     row_max, peak_index = wide.abs().max(dim=-1, keepdim=True)
     short = (row_max > 0) & (row_max < QMAX)
     if not (short | (row_max > QMAX)).any():
@@ -184,6 +184,7 @@ class ZentorchKernel(Kernel):
     name = "zentorch"
     fuses_activation_quant = True  # zentorch_dynamic_qlinear takes the float activation
     prepares_weight = True  # a private [N, K] copy (see the module docstring), float32 [N] scales
+    min_weight_elements = 1 << 22  # measured (Zen 4, 2 threads): 1.1-1.3x Inductor at 1024 x 4096, slower at 1024 x 1024
 
     def is_supported(self, platform: Platform) -> Verdict:
         return _machine_verdict(platform)

@@ -170,10 +170,26 @@ def test_weight_only_keys_are_rejected_by_the_torch_and_triton_kernels():
 
 
 def test_registry_runs_onednn_when_preferred_and_raises_its_reason_when_forced():
-    assert choose_kernel(key(int8_scheme()), VNNI, preference=("onednn", "torch")).kernel is ONEDNN
+    assert choose_kernel(key(int8_scheme(), n=2048, k=4096), VNNI, preference=("onednn", "torch")).kernel is ONEDNN
     fp8 = QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TENSOR, G.PER_TENSOR, dynamic=False)
     with pytest.raises(KernelUnavailableError, match="fp8 W8A8 is not onednn's"):
         choose_kernel(key(fp8), VNNI, forced="onednn")
+
+
+@pytest.mark.parametrize("n, k, expected", [(1024, 1024, "torch"), (4096, 1024, "torch"), (2048, 4096, "onednn"),
+                                             (4096, 4096, "onednn"), (None, 4096, "onednn")])
+def test_small_weights_go_to_inductors_own_gemm(n, k, expected):
+    """Below min_weight_elements the opaque op's per-call cost outweighs oneDNN's faster GEMM
+    (measured); an unknown size keeps the platform's order."""
+    choice = choose_kernel(key(int8_scheme(), n=n, k=k), VNNI, preference=("onednn", "torch"))
+    assert choice.kernel.name == expected
+    if expected == "torch":
+        assert "per-call cost outweighs its faster GEMM" in choice.rejected["onednn"]
+
+
+def test_a_small_weight_no_other_kernel_takes_still_runs_on_onednn():
+    choice = choose_kernel(key(W8A16), VNNI, preference=("torch", "onednn"))
+    assert choice.kernel is ONEDNN and "onednn" not in choice.rejected
 
 
 # --- int8 numerics ----------------------------------------------------------------------------------

@@ -190,10 +190,11 @@ def test_all_zero_weight_zero_points_reach_the_default_cpu_kernel(case):
     supported, reason = get_kernel("onednn").is_supported(current_platform("cpu"))
     if not supported:
         pytest.skip(reason)
-    model, x = QDQLinear(**CASES[case]), away_from_rounding_ties((9, 64))
+    model = QDQLinear(**CASES[case], k=4096, n=2048)  # large enough for onednn to pay off (min_weight_elements)
+    x = away_from_rounding_ties((9, 4096))
     with torch.no_grad():
         out, report = compile_and_run(model, x)
         expected = model(x)
     (record,) = report.records
     assert record.fused and record.kernel in ("onednn", "zentorch"), record.rejected_kernels
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)
