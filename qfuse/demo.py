@@ -1,7 +1,7 @@
 """`python -m qfuse demo`: compile a small W8A8 transformer with qfuse and show what it did.
 
-The model (`qfuse.demo_model.TinyTransformer`, every linear a plain-torch `W8A8Linear`) is compiled
-twice in this process: with `backend="qfuse"` and with plain `torch.compile` (Inductor). The demo
+The model (`qfuse.demo_model.TinyTransformer`, hidden 2048 by default, every linear a plain-torch
+`W8A8Linear`) is compiled twice in this process: with `backend="qfuse"` and with plain `torch.compile` (Inductor). The demo
 prints, per linear, what qfuse matched (pattern, scheme, kernel) or why it did not (the near miss),
 the max abs error of the qfuse output against eager and against the float model with the same
 (dequantized) weights, and the median time of each compiled model.
@@ -83,7 +83,7 @@ def linear_table(records: list[LinearRecord]) -> str:
 ACTIVATION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def run_demo(device: str = "cpu", dtype: str = "int8", tokens: int = 64, hidden: int = 256,
+def run_demo(device: str = "cpu", dtype: str = "int8", tokens: int = 64, hidden: int = 2048,
              layers: int = 2, runs: int = 20, activations: str | None = None) -> dict:
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda asked for, but torch.cuda.is_available() is False")
@@ -128,7 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="int8")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=2048,
+                        help="model width (default 2048: the MLP weights are 2048 x 8192, where quantized GEMMs pay off)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--runs", type=int, default=20, help="timed runs (the median is shown)")
     parser.add_argument("--activations", choices=tuple(ACTIVATION_DTYPES), default=None,
