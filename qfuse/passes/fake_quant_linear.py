@@ -122,14 +122,14 @@ def match_fake_dequantize(node) -> Dequantized | None:
 
 
 def _integer_zero_point(value):
-    """The integer zero point under a float upcast (`zp.to(float)`), a number, or None if neither."""
+    """The zero point subtracted: a number, or the tensor under a float upcast (`zp.to(float)`) or
+    used as it is; None for a fractional number. A floating-point tensor is returned too (the
+    caller names it in the near miss: a GEMM takes integer zero points only)."""
     if (number := constant_number(value)) is not None:
         return int(number) if number == int(number) else None
-    if isinstance(value, Node) and converted_dtype(value) is not None and not dtype_of(value.args[0]).is_floating_point:
+    if isinstance(value, Node) and converted_dtype(value) is not None and dtype_of(value.args[0]) is not None:
         return value.args[0]
-    if isinstance(value, Node) and dtype_of(value) is not None and not dtype_of(value).is_floating_point:
-        return value  # an integer tensor used as it is (type promotion does the upcast)
-    return None
+    return value if isinstance(value, Node) and dtype_of(value) is not None else None
 
 
 def _rounds(node, depth: int = 6) -> bool:

@@ -121,12 +121,22 @@ def activation_granularity(dq: Dequantized) -> Granularity:
     return dq.granularity
 
 
+def _check_zero_point(dq: Dequantized, role: str) -> None:
+    """An integer zero point for int8 / uint8, none for fp8 (whose GEMMs take none)."""
+    if _is_zero(dq.zero_point):
+        return
+    if dq.dtype == FP8_DTYPE:
+        raise NotFusable(f"the fp8 {role} has a zero point (a tensor qfuse cannot see into, e.g. compressed-tensors' "
+                         "all-zero fp8 zero point); fp8 GEMMs take none")
+    if isinstance(dq.zero_point, Node) and dtype_of(dq.zero_point).is_floating_point:
+        raise NotFusable(f"the {role}'s zero point is a {dtype_of(dq.zero_point)} tensor, not an integer one")
+
+
 def can_fuse_activation(graph: Graph, dq: Dequantized, view_shape: list | None, before: Node):
     """The int8 / fp8 activation operand and its zero point (uint8 is shifted to int8)."""
     if dq.dtype not in (torch.int8, torch.uint8, FP8_DTYPE):
         raise NotFusable(f"the activation is dequantized from {dq.dtype}; qfuse fuses int8 / uint8 / fp8 Q/DQ")
-    if dq.dtype == FP8_DTYPE and not _is_zero(dq.zero_point):
-        raise NotFusable("an fp8 activation with a zero point")
+    _check_zero_point(dq, "activation")
     zero_point = 0 if dq.zero_point is None else dq.zero_point
     with graph.inserting_before(before):
         q = dq.quantized(graph)
@@ -148,6 +158,7 @@ def can_fuse_weight(graph: Graph, dq: Dequantized, transposed: bool, activation_
     if dq.dtype != expected:
         raise NotFusable(f"the weight is dequantized from {dq.dtype}; with a {activation_dtype} activation "
                          f"qfuse fuses {expected} weights")
+    _check_zero_point(dq, "weight")
     if dq.granularity == Granularity.PER_TOKEN:
         raise NotFusable("the weight is dequantized per token; expected per-channel or per-tensor")
     if dq.granularity == Granularity.PER_CHANNEL:

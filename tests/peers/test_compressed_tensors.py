@@ -36,9 +36,11 @@ def test_fake_quantized_state_fuses_into_a_real_gemm(scheme, expected, three_d):
 def test_fp8_weight_with_a_zero_point_tensor_is_a_near_miss():
     """compressed-tensors keeps an fp8 weight zero point (zeros, but a graph input qfuse cannot see
     into) in the fake-quantized fp8 state; an fp8 GEMM has no zero point, so the linear stays."""
-    model, x = ct.ct_mlp("FP8_DYNAMIC", "qdq", compile_friendly=True)
-    explanation = explain_and_run(model, x)
-    assert len(explanation.records) == 2 and not explanation.fused
+    for scheme in ("FP8_DYNAMIC", "FP8"):
+        model, x = ct.ct_mlp(scheme, "qdq", compile_friendly=True)
+        explanation = explain_and_run(model, x)
+        assert len(explanation.records) == 2 and not explanation.fused, explanation
+        assert all("has a zero point" in record.reason for record in explanation.records), explanation
 
 
 def test_decompressed_checkpoint_state_is_a_near_miss_that_says_why():

@@ -70,3 +70,21 @@ def test_int8_weight_only_is_reported_not_silently_skipped(dtype):
     assert len(reasons) + len(report.inductor_quantized) == 2, report.table()
     assert all("weight-only quantization" in reason for reason in reasons)
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="torchao's fp8 configs need a GPU with fp8 tensor cores")
+@pytest.mark.parametrize("config", ["float8_dynamic_rowwise", "float8_dynamic_tensorwise"])
+def test_float8_dynamic_configs_on_the_gpu(config):
+    model, x = torchao_models.torchao_mlp(config, torch.bfloat16, in_features=256, hidden=512, out=256,
+                                          tokens=32, device="cuda")
+    with torch.no_grad():
+        expected = model(x).float()
+        explanation = qfuse.explain(model, x)
+        out = torch.compile(model, backend="qfuse")(x).float()
+        torch._dynamo.reset()
+        inductor = torch.compile(model)(x).float()
+    assert len(explanation.records) == 2 and all(record.fused for record in explanation.records), explanation
+    error, inductor_error = ((y - expected).norm() / expected.norm() for y in (out, inductor))
+    print(f"{config}: relative error vs eager: qfuse {error:.2e}, Inductor {inductor_error:.2e}")
+    assert error < max(1.5 * inductor_error, 1e-2)

@@ -21,6 +21,8 @@ building a model has no side effect on other compiles.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -82,49 +84,46 @@ def pt2e_x86_mlp(
     return converted, example
 
 
-def _torchao_mlp(config, dtype, in_features, hidden, out, tokens, bias, seed, batch):
+def _config(name: str, set_inductor_config: bool):
+    """The `quantize_` config a builder applies, by short name."""
+    import torchao.quantization as quantization
+
+    if name.startswith("float8_dynamic_"):  # fp8 needs a GPU with fp8 tensor cores (capability >= 8.9)
+        granularity = quantization.PerRow() if name.endswith("rowwise") else quantization.PerTensor()
+        return quantization.Float8DynamicActivationFloat8WeightConfig(
+            granularity=granularity, set_inductor_config=set_inductor_config)
+    return getattr(quantization, CONFIGS[name])(set_inductor_config=set_inductor_config)
+
+
+CONFIGS = {"int8_dynamic": "Int8DynamicActivationInt8WeightConfig", "int8_weight_only": "Int8WeightOnlyConfig",
+           "float8_dynamic_rowwise": "Float8DynamicActivationFloat8WeightConfig (PerRow)",
+           "float8_dynamic_tensorwise": "Float8DynamicActivationFloat8WeightConfig (PerTensor)"}
+
+
+def torchao_mlp(
+    config: str,
+    dtype: torch.dtype = torch.float32,
+    in_features: int = 64,
+    hidden: int = 128,
+    out: int = 64,
+    tokens: int = 16,
+    bias: bool = True,
+    seed: int = 0,
+    set_inductor_config: bool = False,
+    batch: int | None = None,
+    device: str = "cpu",
+):
+    """An MLP (fp32 or bf16) after `quantize_(model, <CONFIGS[config]>)`, and its input."""
     from torchao.quantization import quantize_
 
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = _mlp(in_features, hidden, out, bias, dtype)
-    quantize_(model, config)
+    model = _mlp(in_features, hidden, out, bias, dtype).to(device)
+    quantize_(model, _config(config, set_inductor_config))
     shape = (tokens, in_features) if batch is None else (batch, tokens, in_features)
-    example = torch.randn(*shape, generator=generator).to(dtype)
+    example = torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
     return model, example
 
 
-def torchao_int8_dynamic_mlp(
-    dtype: torch.dtype = torch.float32,
-    in_features: int = 64,
-    hidden: int = 128,
-    out: int = 64,
-    tokens: int = 16,
-    bias: bool = True,
-    seed: int = 0,
-    set_inductor_config: bool = False,
-    batch: int | None = None,
-):
-    """An MLP after `quantize_(model, Int8DynamicActivationInt8WeightConfig())` (fp32 or bf16)."""
-    from torchao.quantization import Int8DynamicActivationInt8WeightConfig
-
-    config = Int8DynamicActivationInt8WeightConfig(set_inductor_config=set_inductor_config)
-    return _torchao_mlp(config, dtype, in_features, hidden, out, tokens, bias, seed, batch)
-
-
-def torchao_int8_weight_only_mlp(
-    dtype: torch.dtype = torch.float32,
-    in_features: int = 64,
-    hidden: int = 128,
-    out: int = 64,
-    tokens: int = 16,
-    bias: bool = True,
-    seed: int = 0,
-    set_inductor_config: bool = False,
-    batch: int | None = None,
-):
-    """An MLP after `quantize_(model, Int8WeightOnlyConfig())` (fp32 or bf16)."""
-    from torchao.quantization import Int8WeightOnlyConfig
-
-    config = Int8WeightOnlyConfig(set_inductor_config=set_inductor_config)
-    return _torchao_mlp(config, dtype, in_features, hidden, out, tokens, bias, seed, batch)
+torchao_int8_dynamic_mlp = functools.partial(torchao_mlp, "int8_dynamic")
+torchao_int8_weight_only_mlp = functools.partial(torchao_mlp, "int8_weight_only")
