@@ -1,8 +1,10 @@
 """`torch.compile(model, backend="qfuse", options={...})`: Inductor with qfuse's post-grad pass.
 
 Registered through the `torch_dynamo_backends` entry point, so no `import qfuse` is needed.
-`options` holds qfuse's fields (see `qfuse.config`) and any Inductor config keys; qfuse's pass is
-composed with a `post_grad_custom_post_pass` that is already configured, never replacing it.
+`options` holds qfuse's fields (see `qfuse.config`) and any Inductor config keys; `mode` is any
+mode Inductor takes ("reduce-overhead", "max-autotune", ...), turned into the same config patches
+(explicit `options` win). qfuse's pass is composed with a `post_grad_custom_post_pass` that is
+already configured, never replacing it.
 """
 
 from __future__ import annotations
@@ -16,14 +18,18 @@ from qfuse.config import QfuseConfig, split_options
 from qfuse.passes.manager import QfusePass, compose
 
 
-def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None):
+def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None,
+                  mode: str | None = None):
     import qfuse.ops  # noqa: F401  (the compiled code calls torch.ops.qfuse.*)
     from qfuse.lowerings import register_lowerings
     from torch._inductor import config as inductor_config
+    from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
     register_lowerings()
     qfuse_options, inductor_patches = split_options(options)
+    if mode is not None:  # as torch.compile(mode=...) does for Inductor
+        inductor_patches = {**list_mode_options(mode), **inductor_patches}
     config = QfuseConfig.from_env().replace(**qfuse_options)
     if config.debug:
         debug.enable_logging()

@@ -158,3 +158,15 @@ def test_default_cpu_kernel_of_this_machine_matches_eager(shape):
     ) if ok)
     assert [record.kernel for record in report.fused] == [expected_kernel]
     torch.testing.assert_close(out, int_mm_linear(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"])
+def test_every_inductor_mode_is_accepted(mode):
+    """torch.compile(model, backend="qfuse", mode=...) takes Inductor's modes (CUDA graphs need a
+    GPU: on CPU Inductor skips them, as it does without qfuse)."""
+    x, w, w_scale, bias = operands((5, 64))
+    marker = qfuse.graphs_compiled()
+    out = torch.compile(int_mm_linear, backend="qfuse", mode=mode)(x, w, w_scale, bias)
+    (report,) = qfuse.reports_since(marker)
+    assert [record.fused for record in report.records] == [True]
+    torch.testing.assert_close(out, int_mm_linear(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)

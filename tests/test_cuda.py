@@ -119,3 +119,18 @@ def test_fake_quant_linear(shape):
         expected = issue_form(x, w_int, w_scale, bias)
     assert len(report.fused) == 1, report.table()
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_reduce_overhead_captures_qfuse_ops_in_cuda_graphs(kernel):
+    """mode="reduce-overhead": the fused op runs inside the CUDA graph (no skipped graph), its
+    weight prepared on the warm-up call, before capture."""
+    from torch._dynamo.utils import counters
+
+    x, w, w_scale, bias = on_cuda(*operands((32, 256), n=128))
+    counters.clear()
+    compiled = torch.compile(int_mm_linear, backend="qfuse", mode="reduce-overhead", options={"kernel": kernel})
+    for _ in range(3):
+        out = compiled(x, w, w_scale, bias)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    torch.testing.assert_close(out.cpu(), int_mm_linear(*on_cpu(x, w, w_scale, bias)), rtol=1e-4, atol=1e-4)
