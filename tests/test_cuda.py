@@ -122,14 +122,16 @@ def test_fake_quant_linear(shape):
 
 
 @pytest.mark.parametrize("kernel", ["torch", "triton"])
-def test_reduce_overhead_captures_qfuse_ops_in_cuda_graphs(kernel):
+def test_reduce_overhead_captures_qfuse_ops_in_cuda_graphs(kernel, monkeypatch):
     """mode="reduce-overhead": the fused op runs inside the CUDA graph (no skipped graph), its
-    weight prepared on the warm-up call, before capture."""
+    weight prepared on the warm-up call, before capture. (torch.compile takes mode or options, not
+    both: qfuse's settings come from QFUSE_* variables then.)"""
     from torch._dynamo.utils import counters
 
+    monkeypatch.setenv("QFUSE_KERNEL", kernel)
     x, w, w_scale, bias = on_cuda(*operands((32, 256), n=128))
     counters.clear()
-    compiled = torch.compile(int_mm_linear, backend="qfuse", mode="reduce-overhead", options={"kernel": kernel})
+    compiled = torch.compile(int_mm_linear, backend="qfuse", mode="reduce-overhead")
     for _ in range(3):
         out = compiled(x, w, w_scale, bias)
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
