@@ -32,12 +32,10 @@ from torch.fx import Graph, Node
 from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import aten, converted_dtype, dtype_of, same_size, shape_of
 from qfuse.passes.pt2e_linear import ANCHORS, Dequantized, analyze_dequantized_linear
-from qfuse.passes.quant_forms import clamp_bounds, constant_number
+from qfuse.passes.quant_forms import constant_number, strip_round_and_clamps
 from qfuse.schemes import FP8_DTYPE, Granularity
 
 FAMILY = "fake_quant_linear"
-_ROUND_AND_CLAMPS = (aten.round.default, aten.clamp_min.default, aten.clamp_max.default, aten.clamp.default,
-                     aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.clamp.Tensor)
 _INTEGER_RANGES = ((torch.int8, -128, 127), (torch.uint8, 0, 255))
 
 
@@ -52,18 +50,8 @@ def _integer_valued(node) -> tuple[Node, torch.dtype | None, str] | None:
         if dtype_of(source) in (torch.int8, torch.uint8, FP8_DTYPE):
             return source, None, f"{dtype_of(source)}.to(float)".replace("torch.", "")
         return None
-    low, high, rounded, value = None, None, False, node
-    while isinstance(value, Node) and value.target in _ROUND_AND_CLAMPS:
-        if value.target == aten.round.default:
-            rounded = True
-        else:
-            clamp_low, clamp_high = clamp_bounds(value)
-            low = clamp_low if low is None else low  # the outermost bound holds
-            high = clamp_high if high is None else high
-        value = value.args[0]
-        if isinstance(value, Node) and value.target == aten.add.Tensor and not rounded and low is not None:
-            break  # clamp(round(x / s) + zp): the add sits between the clamp and the round
-    if not rounded and isinstance(value, Node) and value.target == aten.add.Tensor:
+    value, low, high, rounded = strip_round_and_clamps(node)
+    if not rounded and isinstance(value, Node) and value.target == aten.add.Tensor:  # clamp(round(x / s) + zp)
         rounded = any(isinstance(arg, Node) and arg.target == aten.round.default for arg in value.args)
     if not rounded or low is None or high is None or low != int(low) or high != int(high):
         return None

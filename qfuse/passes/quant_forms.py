@@ -99,20 +99,27 @@ def match_quantize(node) -> Quantizer | None:
     dtype = converted_dtype(node) if isinstance(node, Node) else None
     if dtype not in QUANTIZED:
         return None
-    value, bounds, rounds = node.args[0], {}, False
-    while isinstance(value, Node) and (value.target in _CLAMPS or value.target == aten.round.default):
-        if value.target == aten.round.default:
-            rounds = True
-        else:
-            for name, bound in zip(("low", "high"), clamp_bounds(value)):
-                if bound is not None:
-                    bounds.setdefault(name, bound)  # the outermost clamp is the one that holds
-        value = value.args[0]
+    value, low, high, rounds = strip_round_and_clamps(node.args[0])
     division = _divisor(value)
     if division is None or not isinstance(division[0], Node):
         return None
     x, scale, by_reciprocal = division
-    return Quantizer(x, scale, dtype, bounds.get("low"), bounds.get("high"), rounds, by_reciprocal)
+    return Quantizer(x, scale, dtype, low, high, rounds, by_reciprocal)
+
+
+def strip_round_and_clamps(value) -> tuple[object, float | None, float | None, bool]:
+    """(what is under a chain of round / clamp nodes, its low and high bounds, whether it rounds);
+    the outermost clamp of each side is the one that holds."""
+    low, high, rounds = None, None, False
+    while isinstance(value, Node) and (value.target in _CLAMPS or value.target == aten.round.default):
+        if value.target == aten.round.default:
+            rounds = True
+        else:
+            clamp_low, clamp_high = clamp_bounds(value)
+            low = clamp_low if low is None else low
+            high = clamp_high if high is None else high
+        value = value.args[0]
+    return value, low, high, rounds
 
 
 def clamp_bounds(node: Node) -> tuple[float | None, float | None]:
