@@ -40,8 +40,11 @@ from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
+from qfuse.lowerings import triton_template
+from qfuse.lowerings.triton_template import why_not_template
+from qfuse.ops import RECORD_KEY
 from qfuse.platform import current_platform
-from qfuse.schemes import FP8_DTYPE
+from qfuse.schemes import FP8_DTYPE, GROUP_SIZE
 
 aten, prims = torch.ops.aten, torch.ops.prims
 log = logging.getLogger("qfuse")
@@ -91,6 +94,8 @@ def _splits_onednn_epilogue(a, scale_a, azp_a, rows, kernel: str) -> bool:
 
 def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
     """'' if the lowering covers this call, else why it stays an extern call."""
+    if kernel == "triton":
+        return why_not_template(a.get_device(), rows, a.get_size()[-1]) or _why_not_triton_scales(scale_a, scale_b, rows, a, b)
     if kernel not in ("torch", "cutlass"):
         return f"kernel {kernel!r} runs as an extern call"
     if kernel == "cutlass" and (reason := _why_not_aten_cutlass(a, b)):
@@ -148,12 +153,16 @@ def _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype):
 
 
 def _rowwise_scale(scale, shape, device):
-    """A contiguous float32 scale of `shape` ([M, 1] or [1, N]) from one value or one per row / column."""
+    """A contiguous float32 scale of `shape` ([M, 1] or [1, N]) from one value or one per row / column.
+
+    One per row / column is a view of the scale itself (no kernel on the hot path); one value or none
+    is broadcast into a new buffer."""
+    if scale is not None and not _known_equal(_numel(scale), 1):  # ATen checks stride(1) == 1
+        return ir.ExternKernel.require_contiguous(_lower(aten.reshape.default, _to(scale, torch.float32), shape))
     unit = _lower(aten.full.default, shape, 1.0, dtype=torch.float32, device=device)
     if scale is None:
         return unit
-    flat = _lower(aten.reshape.default, _to(scale, torch.float32), [1, 1] if _known_equal(_numel(scale), 1) else shape)
-    return ir.ExternKernel.require_contiguous(_lower(aten.mul.Tensor, unit, flat))  # ATen checks stride(1) == 1
+    return ir.ExternKernel.require_contiguous(_lower(aten.mul.Tensor, unit, _lower(aten.reshape.default, _to(scale, torch.float32), [1, 1])))
 
 
 def _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows):
@@ -161,6 +170,14 @@ def _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows):
     sa = _rowwise_scale(scale_a, [rows, 1], a2d.get_device())
     sb = _rowwise_scale(scale_b, [1, b.get_size()[1]], a2d.get_device())
     return _lower(aten._scaled_mm.default, a2d, b, sa, sb, bias, None, torch.bfloat16)
+
+
+def _record(how: str) -> None:
+    """Write how this op entered the generated code into its LinearRecord (debug mode shows it)."""
+    node = V.graph.current_node
+    record = node.meta.get(RECORD_KEY) if node is not None else None
+    if record is not None:
+        record.lowered = how
 
 
 def _extern(*args):
@@ -178,29 +195,74 @@ def _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype):
     return _to(out, out_dtype)
 
 
+def _template_scale(scale, count, vector_shape, block_shape):
+    """(kind, float32 scale in the shape the Triton kernel takes) for the template, as the op
+    normalises it: one value, one per row / column, else one per block; (None, None) if none fits."""
+    from qfuse.lowerings.triton_template import BLOCK, NO_SCALE, TENSOR, VECTOR
+
+    if scale is None:
+        return NO_SCALE, None
+    for kind, shape, numel in ((TENSOR, [1, 1], 1), (VECTOR, vector_shape, count), (BLOCK, block_shape, sympy.Mul(*block_shape))):
+        if _known_equal(_numel(scale), numel):
+            return kind, _lower(aten.reshape.default, _to(scale, torch.float32), shape)
+    return None, None
+
+
+def _triton_scales(scale_a, scale_b, rows, k, n):
+    groups, column_groups = sympy.ceiling(k / GROUP_SIZE), sympy.ceiling(n / GROUP_SIZE)
+    return (*_template_scale(scale_a, rows, [rows, 1], [rows, groups]),
+            *_template_scale(scale_b, n, [1, n], [groups, column_groups]))
+
+
+def _why_not_triton_scales(scale_a, scale_b, rows, a, b) -> str:
+    kind_a, _, kind_b, _ = _triton_scales(scale_a, scale_b, rows, *b.get_size())
+    if kind_a is None:
+        return "scale_a is neither one value, one per row, nor one per row and 128-group of K"
+    if kind_b is None:
+        return "scale_b is neither one value, one per column, nor one per 128x128 block"
+    return ""
+
+
+def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
+    """The triton kernel as an Inductor template; the output cast (and what follows) in its store."""
+    from qfuse.kernels.triton.scaled_mm import promote_every
+
+    kind_a, sa, kind_b, sb = _triton_scales(scale_a, scale_b, rows, k, b.get_size()[1])
+    out, how = triton_template.scaled_linear(a2d, b, sa, kind_a, sb, kind_b, bias, promote_every(a2d.get_dtype(), out_dtype))
+    _record(how + "; scales and bias inside it, the output cast and what follows fused into its store")
+    return _to(out, out_dtype)
+
+
 def lower_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel):
     *lead, k = a.get_size()
     n = b.get_size()[1]
     rows = sympy.Mul(*lead) if lead else sympy.Integer(1)
     if _splits_onednn_epilogue(a, scale_a, azp_a, rows, kernel):
+        _record("extern call (oneDNN qlinear, weight scale); per-row scale, bias and cast in Inductor's pointwise code")
         acc = _extern(a, b, None, scale_b, None, azp_a, azp_b, torch.float32, kernel)
         acc = _lower(aten.reshape.default, acc, [rows, n])
         return _lower(aten.reshape.default, _scaled_epilogue(acc, scale_a, None, bias, rows, out_dtype), [*lead, n])
     reason = why_not_lowered(a, b, scale_a, scale_b, rows, kernel)
     if reason:
         log.debug("qfuse: scaled_mm stays an extern call: %s", reason)
+        _record(f"extern call of qfuse::scaled_mm ({reason})")
         return _extern(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel)
     a2d = _lower(aten.reshape.default, a, [rows, k])
+    if kernel == "triton":
+        return _lower(aten.reshape.default, _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype), [*lead, n])
     if kernel == "cutlass":
+        _record("ATen row-wise _scaled_mm (CUTLASS), scales and bias inside the GEMM")
         return _lower(aten.reshape.default, _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows), [*lead, n])
     if a.get_dtype() == FP8_DTYPE:
         fused = _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype)
         if fused is not None:
+            _record("ATen _scaled_mm (cuBLAS), scales and bias inside the GEMM")
             return _lower(aten.reshape.default, fused, [*lead, n])
     if a.get_dtype() == torch.int8:
         out = _int8_accumulator(a2d, b, azp_a, azp_b, rows, k)
     else:
         out = _fp8_accumulator(a2d, b)
+    _record("Inductor's own GEMM lowering; scales, bias and cast in its fused pointwise code")
     return _lower(aten.reshape.default, _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype), [*lead, n])
 
 

@@ -6,6 +6,10 @@ from qfuse.ops.verify import check_close
 from qfuse.ops.w4a8 import w4a8_scaled_mm
 from qfuse.ops.weight_only import weight_only_scaled_mm
 
+#: FX node.meta key of a fused op's `LinearRecord` (qfuse.passes.report): the passes put it there,
+#: and the lowerings write into it how the op entered Inductor's generated code.
+RECORD_KEY = "qfuse_record"
+
 __all__ = [
     "check_close", "dynamic_quant", "dynamic_quant_asymmetric", "quant_scaled_mm", "scaled_mm", "static_quant",
     "w4a8_scaled_mm", "weight_only_scaled_mm",

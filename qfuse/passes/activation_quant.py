@@ -22,7 +22,8 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.kernels import get_kernel
-from qfuse.passes.fused_linear import RECORD_KEY, NotFusable, PassContext
+from qfuse.ops import RECORD_KEY
+from qfuse.passes.fused_linear import NotFusable, PassContext
 from qfuse.passes.graph_utils import aten, dtype_of, insert_call, shape_of, strip_views
 from qfuse.passes.quant_forms import fold_verdict, match_quantize, match_token_scale
 

@@ -15,6 +15,7 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.kernels import GemmKey, choose_kernel
+from qfuse.ops import RECORD_KEY
 from qfuse.ops.verify import tolerance_for
 from qfuse.passes.graph_utils import aten, fake_value, insert_call, module_path, scalar_tensor, static_int
 from qfuse.passes.report import LinearRecord, PassReport
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 Operand = Node | float | int | None
 Scale = Operand | ScaleProduct
-RECORD_KEY = "qfuse_record"  # node.meta key: the LinearRecord of a fused op
 
 
 class NotFusable(Exception):

@@ -39,6 +39,7 @@ class LinearRecord:
     note: str = ""  # for a fused one: what was left outside it, and why
     module: str = ""  # the user's module the matmul came from, when Dynamo recorded it
     max_error: float | None = None  # verify mode: max |fused - original| on the first call
+    lowered: str = ""  # how the fused op entered Inductor's generated code (written by qfuse.lowerings)
 
     @property
     def where(self) -> str:
@@ -109,6 +110,8 @@ class PassReport(RecordSelection):
                 lines.append(f"  fused      {record.pattern}  [{record.family}]")
                 lines.append(f"  scheme     {record.scheme}")
                 lines.append(f"  kernel     {record.kernel}")
+                if record.lowered:
+                    lines.append(f"  code       {record.lowered}")
                 lines += [f"  {'not ' + name:<10} {reason}" for name, reason in record.rejected_kernels.items()]
                 if record.note:
                     lines.append(f"  note       {record.note}")

@@ -3,7 +3,10 @@
 The kernels live beside this file and import Triton; this module does not, so the registry works
 where Triton is missing: `scaled_mm.py` (every scale granularity, any M; tiles per M bucket),
 `persistent_mm.py` (Hopper TMA, one program per multiprocessor: fp8 with row-wise scales at large M)
-and `quant.py` (one-pass quantizers). Limits (`can_implement`):
+and `quant.py` (one-pass quantizers, for `qfuse::quant_scaled_mm` when asked for by name). Under
+torch.compile the scaled-mm's main loop enters Inductor's generated code as a Triton template
+(`qfuse.lowerings.triton_template`), where Inductor fuses the epilogue into it; the eager launchers
+here serve the op's extern call (K not a multiple of 16) and eager use. Limits (`can_implement`):
 
     device       CUDA GPUs (ROCm: int8 only, its fp8 is e4m3fnuz), with Triton installed
     int8         capability >= 8.0 (int8 tensor-core dot)
@@ -30,7 +33,9 @@ K_ALIGNMENT = 16
 
 class TritonKernel(Kernel):
     name = "triton"
-    fuses_activation_quant = True  # its one-pass quantizer beats Inductor's generated reduction
+    # The activation quant stays in Inductor's code, where it fuses with the op that produced the
+    # activation (RMSNorm, SiLU * mul); the GEMM enters that code as a template (qfuse.lowerings).
+    fuses_activation_quant = False
     prepares_weight = True
 
     def is_supported(self, platform: Platform) -> Verdict:

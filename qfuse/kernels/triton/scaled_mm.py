@@ -37,6 +37,13 @@ CONFIGS: dict[str, dict[int, tuple[int, int, int, int, int, int]]] = {
     "fp8": {128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 4)},
 }
 
+# Extra tiles Inductor benchmarks under max-autotune (qfuse.lowerings.triton_template), beside the
+# table's tile for M: wider and taller tiles for large M, narrower ones for small N.
+AUTOTUNE_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (128, 128, 128, 8, 8, 3), (64, 128, 128, 8, 8, 4), (128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3),
+    (128, 128, 64, 8, 4, 4), (64, 64, 128, 8, 4, 4), (32, 64, 256, 8, 4, 4), (16, 64, 256, 8, 4, 4),
+)
+
 # M <= 16 (decode) reads the weight once and does little else: the time is how fast the column
 # blocks pull the weight from HBM, so the grid must reach every multiprocessor. BLOCK_N is the widest
 # tile whose column blocks cover DECODE_GRID_FILL of the multiprocessors (else the narrowest), with
@@ -55,10 +62,10 @@ DECODE_TILES: dict[int, dict[str, tuple[int, int, int]]] = {
 
 
 @triton.jit
-def _scale_bias_store(out, offs_m, offs_n, mask_m, mask_n, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
-                      stride_cm, stride_cn, stride_sam, stride_sbn,
-                      SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The epilogue every scaled-mm kernel shares: out (float32) * scale_a * scale_b + bias -> C."""
+def scale_and_bias(out, offs_m, offs_n, mask_m, mask_n, scale_a_ptr, scale_b_ptr, bias_ptr, stride_sam, stride_sbn,
+                   SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """out (float32) * scale_a * scale_b + bias for one-value and per-row / per-column scales (block
+    scales were applied in the main loop). Loads [BLOCK_M] / [BLOCK_N] vectors, not broadcast tiles."""
     if SCALE_A == _TENSOR:
         out *= tl.load(scale_a_ptr)
     elif SCALE_A == _VECTOR:
@@ -69,36 +76,45 @@ def _scale_bias_store(out, offs_m, offs_n, mask_m, mask_n, c_ptr, scale_a_ptr, s
         out *= tl.load(scale_b_ptr + offs_n * stride_sbn, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
         out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    return out
+
+
+@triton.jit
+def _scale_bias_store(out, offs_m, offs_n, mask_m, mask_n, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
+                      stride_cm, stride_cn, stride_sam, stride_sbn,
+                      SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The epilogue of the eager kernels: `scale_and_bias`, cast, store to C."""
+    out = scale_and_bias(out, offs_m, offs_n, mask_m, mask_n, scale_a_ptr, scale_b_ptr, bias_ptr, stride_sam, stride_sbn,
+                         SCALE_A, SCALE_B, HAS_BIAS)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
-def _scaled_mm_kernel(
-    a_ptr, b_ptr, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
-    M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    stride_sam, stride_sak, stride_sbk, stride_sbn,
-    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, BLOCKED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    IS_INT8: tl.constexpr, PROMOTE_EVERY: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    # Grouped launch order: GROUP_M row blocks share a column block, for L2 reuse of B.
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's (row block, column block): GROUP_M row blocks share a column block, for L2
+    reuse of B. The grid is one program per tile, cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)."""
     pid = tl.program_id(0)
     blocks_m, blocks_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group_size = GROUP_M * blocks_n
     first_m = (pid // group_size) * GROUP_M
     rows_in_group = min(blocks_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group_size) % rows_in_group
-    pid_n = (pid % group_size) // rows_in_group
+    return first_m + (pid % group_size) % rows_in_group, (pid % group_size) // rows_in_group
 
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+
+@triton.jit
+def scaled_dot(
+    a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, offs_m, offs_n, mask_m, mask_n, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_sam, stride_sak, stride_sbk, stride_sbn,
+    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, BLOCKED: tl.constexpr, IS_INT8: tl.constexpr,
+    PROMOTE_EVERY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The main loop: A[offs_m, :] @ B[:, offs_n] as a [BLOCK_M, BLOCK_N] tile, with block scales
+    applied per K group when BLOCKED. int8 without block scales returns the exact int32 sum; the rest
+    float32. Shared by the eager kernel below and the Inductor template (qfuse.lowerings.triton_template)."""
     offs_k = tl.arange(0, BLOCK_K)
-    mask_m, mask_n = offs_m < M, offs_n < N
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-
     if IS_INT8 and not BLOCKED:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
@@ -132,11 +148,29 @@ def _scaled_mm_kernel(
                 partial = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-
-    out = acc.to(tl.float32)
     if PROMOTE_EVERY > 1:
-        out += partial
-    _scale_bias_store(out, offs_m, offs_n, mask_m, mask_n, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
+        acc += partial
+    return acc
+
+
+@triton.jit
+def _scaled_mm_kernel(
+    a_ptr, b_ptr, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    stride_sam, stride_sak, stride_sbk, stride_sbn,
+    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, BLOCKED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    IS_INT8: tl.constexpr, PROMOTE_EVERY: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = scaled_dot(a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, offs_m, offs_n, mask_m, mask_n, K,
+                     stride_am, stride_ak, stride_bk, stride_bn, stride_sam, stride_sak, stride_sbk, stride_sbn,
+                     SCALE_A, SCALE_B, BLOCKED, IS_INT8, PROMOTE_EVERY, BLOCK_M, BLOCK_N, BLOCK_K)
+    _scale_bias_store(acc.to(tl.float32), offs_m, offs_n, mask_m, mask_n, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
                       stride_cm, stride_cn, stride_sam, stride_sbn, SCALE_A, SCALE_B, HAS_BIAS)
 
 

@@ -1,0 +1,137 @@
+"""The `triton` kernel inside Inductor's generated code: the eager kernel's math as an Inductor template.
+
+An opaque custom op costs a Python call on every run (about 190 us of host time on an H100, more
+than most GEMMs of a model take on the GPU) and hides the epilogue from Inductor. As a template the
+kernel is launched by Inductor's own wrapper, and what follows the linear joins its store:
+
+    out = template(A [M, K], B [K, N], scales, bias)   float32: (A @ B) * scale_a * scale_b + bias
+    y   = out.to(out_dtype), and the next pointwise ops        Inductor's epilogue, fused into the store
+
+The template calls the eager kernel's own pieces (`qfuse.kernels.triton.scaled_mm`: `scaled_dot`,
+the main loop with block scales; `scale_and_bias`, the per-row / per-column epilogue), imported by
+the generated module, so both share one statement of the math. The scales and the bias are applied
+inside the template from [BLOCK_M] / [BLOCK_N] vectors: as Inductor epilogue loads they would be
+broadcast [BLOCK_M, BLOCK_N] tiles, 169 registers a thread against 115, half the occupancy and
+1.45x the time (H100, int8, 4096 x 14336 x 4096; benchmarks/template_code.py). Tiles:
+
+    default mode   one choice: `pick_config`'s tile for M (static M exact; a dynamic M by its size hint)
+    max-autotune   every tile of `AUTOTUNE_TILES` and `pick_config`'s; Inductor benchmarks them
+
+`why_not_template` says when the kernel stays an extern call of the op instead (K not a multiple of
+16: the op pads the weight once, a template would read unaligned rows on every call).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import sympy
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor import ir
+from torch._inductor.kernel.mm_common import mm_args, mm_grid
+from torch._inductor.select_algorithm import TritonTemplate, autotune_select_algorithm
+from torch._inductor.virtualized import V
+
+from qfuse.kernels.triton import K_ALIGNMENT
+
+NO_SCALE, TENSOR, VECTOR, BLOCK = range(4)  # qfuse.kernels.triton.scaled_mm's scale kinds, without importing Triton
+
+# The def_kernel line is filled in per set of inputs (`_template`): A, B, and each of SA, SB, BIAS
+# that the call has.
+_SOURCE = r"""
+from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_dot
+{{def_kernel(INPUTS)}}
+    M = {{size("A", 0)}}
+    N = {{size("B", 1)}}
+    K = {{size("A", 1)}}
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc = scaled_dot(
+        A, B, {{"SA" if SCALE_A else "A"}}, {{"SB" if SCALE_B else "B"}}, offs_m, offs_n, mask_m, mask_n, K,
+        {{stride("A", 0)}}, {{stride("A", 1)}}, {{stride("B", 0)}}, {{stride("B", 1)}},
+        {{stride("SA", 0) if SCALE_A else 0}}, {{stride("SA", 1) if SCALE_A else 0}},
+        {{stride("SB", 0) if SCALE_B else 0}}, {{stride("SB", 1) if SCALE_B else 0}},
+        SCALE_A, SCALE_B, BLOCKED, IS_INT8, PROMOTE_EVERY, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    acc = scale_and_bias(
+        acc.to(tl.float32), offs_m, offs_n, mask_m, mask_n,
+        {{"SA" if SCALE_A else "A"}}, {{"SB" if SCALE_B else "B"}}, {{"BIAS" if HAS_BIAS else "A"}},
+        {{stride("SA", 0) if SCALE_A else 0}}, {{stride("SB", 1) if SCALE_B else 0}}, SCALE_A, SCALE_B, HAS_BIAS,
+    )
+    idx_m = offs_m[:, None]
+    idx_n = offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    {{store_output(("idx_m", "idx_n"), "acc", "mask", val_shape=("BLOCK_M", "BLOCK_N"))}}
+"""
+
+
+@functools.cache
+def _template(inputs: tuple[str, ...]) -> TritonTemplate:
+    """The template for a call with these inputs (Inductor keeps one template per name)."""
+    source = _SOURCE.replace("{{def_kernel(INPUTS)}}", "{{def_kernel(%s)}}" % ", ".join(map(repr, inputs)))
+    return TritonTemplate(name="qfuse_scaled_linear_" + "_".join(inputs).lower(), grid=mm_grid, source=source)
+
+
+def _known(condition) -> bool:
+    return V.graph.sizevars.statically_known_true(condition)
+
+
+def why_not_template(device: torch.device, rows, k) -> str:
+    """'' if the template can run an [M = rows, K] x [K, N] call on `device`, else why not."""
+    if device.type != "cuda":
+        return "the Triton template runs on CUDA"
+    if not _known(sympy.Eq(sympy.Mod(k, K_ALIGNMENT), 0)):
+        return f"K is not a multiple of {K_ALIGNMENT}: the op pads the weight once (a template would read unaligned rows)"
+    if _known(sympy.Eq(rows, 0)):
+        return "M is 0"
+    return ""
+
+
+def _max_autotune() -> bool:
+    return bool(inductor_config.max_autotune or inductor_config.max_autotune_gemm)
+
+
+def _tiles(rows, n: int, is_fp8: bool, blocked: bool, device) -> list[tuple[int, int, int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) choices for this call."""
+    from qfuse.kernels.triton.scaled_mm import AUTOTUNE_TILES, SCALE_GROUP, multiprocessors, pick_config
+
+    hint = V.graph.sizevars.optimization_hint(rows, fallback=4096)
+    tiles = [pick_config(hint, n, is_fp8, blocked, multiprocessors(device))]
+    if _max_autotune():
+        tiles += [tile for tile in AUTOTUNE_TILES if tile not in tiles and not (blocked and SCALE_GROUP % tile[2])]
+    return tiles
+
+
+def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, promote_every: int):
+    """(A @ B with its scales and bias as a float32 [M, N] buffer, how it was chosen): the template
+    at the tile(s) for this call. Scales come as the kernel takes them (kind: none, one value, per row
+    [M, 1] / column [1, N], block); Inductor fuses the cast and what follows into the template's store."""
+    is_int8 = a2d.get_dtype() == torch.int8
+    blocked = BLOCK in (kind_a, kind_b)
+    m, n, _, layout, a2d, b = mm_args(a2d, b, out_dtype=torch.float32)
+    named = {"SA": scale_a, "SB": scale_b, "BIAS": bias}
+    extra = {name: ir.ExternKernel.realize_input(node) for name, node in named.items() if node is not None}
+    template = _template(("A", "B", *extra))
+    meta = dict(SCALE_A=kind_a, SCALE_B=kind_b, BLOCKED=blocked, HAS_BIAS=bias is not None, IS_INT8=is_int8,
+                PROMOTE_EVERY=1 if blocked else promote_every)
+    tiles = _tiles(m, int(n), not is_int8, blocked, a2d.get_device())
+    choices = []
+    for block_m, block_n, block_k, group_m, num_warps, num_stages in tiles:
+        template.maybe_append_choice(
+            choices, input_nodes=(a2d, b, *extra.values()), layout=layout, num_stages=num_stages, num_warps=num_warps,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, **meta,
+        )
+    if len(choices) == 1:
+        block_m, block_n, block_k, _, num_warps, num_stages = tiles[0]
+        how = f"Triton template, tile {block_m}x{block_n}x{block_k}, {num_warps} warps, {num_stages} stages"
+    else:
+        how = f"Triton template, autotuned by Inductor among {len(choices)} tiles"
+    # return_multi_template=False: Inductor picks the fastest tile now; a multi-template buffer (epilogue
+    # benchmarking) would need an extern choice of the same function to fall back to, and there is none.
+    selected = autotune_select_algorithm("qfuse_scaled_linear", choices, [a2d, b, *extra.values()], layout,
+                                         return_multi_template=False)
+    return selected, how

@@ -1,0 +1,135 @@
+"""The `triton` kernel as an Inductor template (GPU only; run on the GPU machine): no extern call of
+qfuse's op in the generated code, the epilogue fused into the template's store, numerics equal to the
+eager op for every scale kind, static and dynamic M, odd sizes, default mode and max-autotune."""
+
+import re
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+import qfuse
+from qfuse.schemes import FP8_DTYPE
+from tests.helpers import compile_and_run
+from tests.passes.test_reference_linear import fp8_scaled_mm, fp8_weight, int_mm_linear, operands
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+FP8_CAPABLE = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+TEMPLATE_MARK = "from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_dot"
+EXTERN_CALL = "torch.ops.qfuse.scaled_mm.default("
+
+
+def cuda(*tensors):
+    return [tensor.cuda() for tensor in tensors]
+
+
+def eager_int8(x, w, w_scale, bias):
+    """int_mm_linear run eagerly on the CPU (CUDA's eager _int_mm rejects M <= 16)."""
+    return int_mm_linear(*(tensor.cpu() for tensor in (x, w, w_scale, bias))).cuda()
+
+
+def last_kernel(code: str) -> str:
+    """The name of the last kernel the generated wrapper launches."""
+    return re.findall(r"(\w+)\.run\(", code)[-1]
+
+
+def triton_code(fn, *args, **options):
+    """Compile `fn` with qfuse (kernel triton), run it; (output, generated code, its last report)."""
+    marker = qfuse.graphs_compiled()
+    compiled = torch.compile(fn, backend="qfuse", options={"kernel": "triton", **options})
+    out, code = run_and_get_code(compiled, *args)
+    reports = qfuse.reports_since(marker)
+    return out, "\n".join(code), reports[-1] if reports else None
+
+
+@pytest.mark.parametrize("shape", [(1, 256), (17, 256), (3, 100, 256), (300, 512)], ids=["M1", "M17", "3D", "M300"])
+def test_int8_linear_runs_as_a_template_with_its_epilogue_fused(shape):
+    x, w, w_scale, bias = cuda(*operands(shape, n=136))
+    out, code, report = triton_code(int_mm_linear, x, w, w_scale, bias)
+    assert TEMPLATE_MARK in code and EXTERN_CALL not in code
+    (record,) = report.fused
+    assert record.lowered.startswith("Triton template"), record.lowered
+    # the scales, bias and output cast are inside the template: no kernel runs after it
+    assert last_kernel(code).startswith("triton_tem_"), code
+    torch.testing.assert_close(out, eager_int8(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not FP8_CAPABLE, reason="fp8 needs capability >= 8.9")
+@pytest.mark.parametrize("shape", [(1, 256), (17, 256), (3, 100, 256)], ids=["M1", "M17", "3D"])
+def test_fp8_linear_runs_as_a_template(shape):
+    x, w, w_scale, bias = operands(shape, n=144)  # eager _scaled_mm needs N % 16 == 0
+    x, w, w_scale, bias = cuda(x, fp8_weight(w), w_scale, bias)
+    out, code, report = triton_code(fp8_scaled_mm, x, w, w_scale, bias)
+    assert TEMPLATE_MARK in code and EXTERN_CALL not in code
+    expected = fp8_scaled_mm(x, w, w_scale, bias).float()
+    assert (out.float() - expected).norm() / expected.norm() < 1e-2
+
+
+def test_dynamic_m_takes_every_batch_size():
+    x, w, w_scale, bias = cuda(*operands((40, 256), n=136))
+    compiled = torch.compile(int_mm_linear, backend="qfuse", options={"kernel": "triton"}, dynamic=True)
+    for rows in (40, 1, 5, 33, 2):
+        out = compiled(x[:rows], w, w_scale, bias)
+        torch.testing.assert_close(out, eager_int8(x[:rows], w, w_scale, bias), rtol=1e-4, atol=1e-4)
+
+
+def _op(a, b, scale_a, scale_b, bias, out_dtype):
+    return torch.ops.qfuse.scaled_mm(a, b, scale_a, scale_b, bias, None, None, out_dtype, "triton")
+
+
+def _quantized(rows, cols, dtype):
+    values = torch.randn(rows, cols, device="cuda")
+    return values.mul(30).clamp(-127, 127).round().to(torch.int8) if dtype == torch.int8 else values.mul(30).to(FP8_DTYPE)
+
+
+SCALES = {  # name -> (scale_a, scale_b) shapes for M = 70, K = 384, N = 260
+    "tensor": ((), ()),
+    "row_column": ((70, 1), (260,)),
+    "block_activation": ((70, 3), (260,)),
+    "block_weight": ((70, 1), (3, 3)),
+    "block_both": ((70, 3), (3, 3)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, FP8_DTYPE], ids=["int8", "fp8"])
+@pytest.mark.parametrize("scales", list(SCALES))
+def test_every_scale_kind_matches_the_eager_op(dtype, scales):
+    if dtype == FP8_DTYPE and not FP8_CAPABLE:
+        pytest.skip("fp8 needs capability >= 8.9")
+    a, w = _quantized(70, 384, dtype), _quantized(260, 384, dtype)
+    scale_a, scale_b = (torch.rand(shape, device="cuda") / 100 + 1e-3 for shape in SCALES[scales])
+    bias = torch.randn(260, device="cuda", dtype=torch.bfloat16)
+    out, code, _ = triton_code(_op, a, w.t(), scale_a, scale_b, bias, torch.bfloat16)
+    assert TEMPLATE_MARK in code and EXTERN_CALL not in code
+    expected = torch.ops.qfuse.scaled_mm(a, w.t(), scale_a, scale_b, bias, None, None, torch.float32, "reference")
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_k_not_a_multiple_of_16_stays_an_extern_call():
+    x, w, w_scale, bias = cuda(*operands((20, 100), n=64))
+    out, code, report = triton_code(int_mm_linear, x, w, w_scale, bias)
+    assert EXTERN_CALL in code and TEMPLATE_MARK not in code
+    assert "K is not a multiple of 16" in report.fused[0].lowered
+    torch.testing.assert_close(out, eager_int8(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+
+
+def test_max_autotune_chooses_among_tiles(monkeypatch):
+    monkeypatch.setenv("QFUSE_KERNEL", "triton")
+    x, w, w_scale, bias = cuda(*operands((64, 256), n=128))
+    marker = qfuse.graphs_compiled()
+    compiled = torch.compile(int_mm_linear, backend="qfuse", mode="max-autotune-no-cudagraphs")
+    out = compiled(x, w, w_scale, bias)
+    (record,) = qfuse.reports_since(marker)[-1].fused
+    assert record.lowered.startswith("Triton template, autotuned by Inductor among"), record.lowered
+    torch.testing.assert_close(out, eager_int8(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+
+
+def test_the_next_pointwise_op_joins_the_template():
+    x, w, w_scale, bias = cuda(*operands((64, 256), n=128))
+
+    def linear_relu(x, w, w_scale, bias):
+        return torch.relu(int_mm_linear(x, w, w_scale, bias)).to(torch.bfloat16)
+
+    out, code, _ = triton_code(linear_relu, x, w, w_scale, bias)
+    assert TEMPLATE_MARK in code and last_kernel(code).startswith("triton_tem_"), code
+    torch.testing.assert_close(out, torch.relu(eager_int8(x, w, w_scale, bias)).to(torch.bfloat16))
