@@ -173,14 +173,51 @@ def mlp_case(m: int, dtype: torch.dtype) -> list[dict]:
         return [label | measure(model, x, variant, expected) for variant in variants]
 
 
+def table(path: str) -> str:
+    """A markdown table of a result file: per case, each variant's per-call / GPU / host us, and qfuse's
+    ratios against Inductor default (per call and GPU time) and against the raw GEMM (GPU time)."""
+    import json
+    from collections import defaultdict
+
+    cases = defaultdict(dict)
+    for row in json.load(open(path))["rows"]:
+        key = (row["dtype"], row.get("block", "linear"), row["m"], row.get("n", ""), row.get("k", ""))
+        cases[key][row["variant"]] = row
+
+    def cell(row):
+        if not row:
+            return ""
+        gpu = f" / {row['gpu_us']:.0f}" if row.get("gpu_us") else " / -"
+        return f"{row['per_call_us']:.0f}{gpu} / {row['host_us']:.0f}"
+
+    names = sorted({variant for rows in cases.values() for variant in rows})
+    lines = ["| case | " + " | ".join(names) + " | qfuse vs inductor (per call, GPU) | raw GEMM / qfuse (GPU) |",
+             "|" + "---|" * (len(names) + 3)]
+    for (dtype, block, m, n, k), rows in cases.items():
+        qfuse_row, inductor_row, raw = rows.get("qfuse"), rows.get("inductor"), rows.get("raw GEMM (eager)")
+        ratio = (f"{inductor_row['per_call_us'] / qfuse_row['per_call_us']:.2f}x, "
+                 f"{inductor_row['gpu_us'] / qfuse_row['gpu_us']:.2f}x") if qfuse_row and inductor_row else ""
+        graphs = rows.get("qfuse:reduce-overhead"), rows.get("inductor:reduce-overhead")
+        if all(graphs):
+            ratio += f"; CUDA graphs {graphs[1]['per_call_us'] / graphs[0]['per_call_us']:.2f}x"
+        share = f"{raw['gpu_us'] / qfuse_row['gpu_us']:.2f}" if raw and qfuse_row else ""
+        label = f"{dtype} {block} M={m}" + (f" N={n} K={k}" if n else "")
+        lines.append(f"| {label} | " + " | ".join(cell(rows.get(name)) for name in names) + f" | {ratio} | {share} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=("linear", "mlp", "quick"), default="quick")
+    parser.add_argument("--table", default=None, help="print the markdown table of a result file and stop")
     parser.add_argument("--dtypes", default="int8,fp8")
     parser.add_argument("--ms", default=None, help="comma-separated M values (default: the suite's)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--variants", default=None, help="comma-separated compiled variants (default: per M)")
     args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
     dtypes = [{"int8": torch.int8, "fp8": FP8}[name] for name in args.dtypes.split(",")]
     rows: list[dict] = []
     if args.suite == "mlp":
