@@ -53,32 +53,17 @@ def time_call(fn, *args, calls: int = 50, repeats: int = 5, host_calls: int = 10
     return {"per_call_us": statistics.median(per_call), "host_us": statistics.median(host)}
 
 
-def gpu_time(fn, *args, calls: int = 20, replays: int = 10) -> float | None:
-    """GPU us per call of `fn(*args)` (warm): `calls` calls in one CUDA graph, median of replays.
-    None where the call cannot be captured (a CPU sync, an op that CUDA graphs refuse)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
+def gpu_time(fn, *args, calls: int = 20) -> float | None:
+    """GPU us per call of `fn(*args)` (warm): `calls` calls in one CUDA graph, median of its replays
+    (`gpu_timing.graph_ms_per_call`). None where the call cannot be captured (a CPU sync, an op that
+    CUDA graphs refuse)."""
+    from gpu_timing import graph_ms_per_call
+
     try:
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn(*args)
+        return graph_ms_per_call([lambda: fn(*args)] * calls) * 1e3
     except RuntimeError as error:
         progress(f"  not capturable in a CUDA graph: {str(error).splitlines()[0]}")
         return None
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def warm(fn, *args, times: int = 3):

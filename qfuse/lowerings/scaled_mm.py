@@ -95,7 +95,7 @@ def _splits_onednn_epilogue(a, scale_a, azp_a, rows, kernel: str) -> bool:
 def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
     """'' if the lowering covers this call, else why it stays an extern call."""
     if kernel == "triton":
-        return why_not_template(a.get_device(), rows, a.get_size()[-1]) or _why_not_triton_scales(scale_a, scale_b, rows, a, b)
+        return why_not_template(a.get_device(), rows, a.get_size()[-1]) or _why_not_triton_scales(scale_a, scale_b, rows, b)
     if kernel not in ("torch", "cutlass"):
         return f"kernel {kernel!r} runs as an extern call"
     if kernel == "cutlass" and (reason := _why_not_aten_cutlass(a, b)):
@@ -195,27 +195,25 @@ def _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype):
     return _to(out, out_dtype)
 
 
-def _template_scale(scale, count, vector_shape, block_shape):
-    """(kind, float32 scale in the shape the Triton kernel takes) for the template, as the op
-    normalises it: one value, one per row / column, else one per block; (None, None) if none fits."""
-    from qfuse.lowerings.triton_template import BLOCK, NO_SCALE, TENSOR, VECTOR
+def _triton_scale_kinds(scale_a, scale_b, rows, k, n):
+    """(kind, shape) of scale_a and of scale_b as the Triton kernel takes them (the op's normalisation:
+    one value, one per row / column, else one per block; kind NO_SCALE and shape None for no scale),
+    or None for a scale that fits none."""
+    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, NO_SCALE, TENSOR_SCALE, VECTOR_SCALE
 
-    if scale is None:
-        return NO_SCALE, None
-    for kind, shape, numel in ((TENSOR, [1, 1], 1), (VECTOR, vector_shape, count), (BLOCK, block_shape, sympy.Mul(*block_shape))):
-        if _known_equal(_numel(scale), numel):
-            return kind, _lower(aten.reshape.default, _to(scale, torch.float32), shape)
-    return None, None
-
-
-def _triton_scales(scale_a, scale_b, rows, k, n):
     groups, column_groups = sympy.ceiling(k / GROUP_SIZE), sympy.ceiling(n / GROUP_SIZE)
-    return (*_template_scale(scale_a, rows, [rows, 1], [rows, groups]),
-            *_template_scale(scale_b, n, [1, n], [groups, column_groups]))
+
+    def kind(scale, vector_shape, block_shape):
+        if scale is None:
+            return NO_SCALE, None
+        candidates = ((TENSOR_SCALE, [1, 1]), (VECTOR_SCALE, vector_shape), (BLOCK_SCALE, block_shape))
+        return next(((kind, shape) for kind, shape in candidates if _known_equal(_numel(scale), sympy.Mul(*shape))), None)
+
+    return kind(scale_a, [rows, 1], [rows, groups]), kind(scale_b, [1, n], [groups, column_groups])
 
 
-def _why_not_triton_scales(scale_a, scale_b, rows, a, b) -> str:
-    kind_a, _, kind_b, _ = _triton_scales(scale_a, scale_b, rows, *b.get_size())
+def _why_not_triton_scales(scale_a, scale_b, rows, b) -> str:
+    kind_a, kind_b = _triton_scale_kinds(scale_a, scale_b, rows, *b.get_size())
     if kind_a is None:
         return "scale_a is neither one value, one per row, nor one per row and 128-group of K"
     if kind_b is None:
@@ -227,7 +225,9 @@ def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
     """The triton kernel as an Inductor template; the output cast (and what follows) in its store."""
     from qfuse.kernels.triton.scaled_mm import promote_every
 
-    kind_a, sa, kind_b, sb = _triton_scales(scale_a, scale_b, rows, k, b.get_size()[1])
+    kinds = _triton_scale_kinds(scale_a, scale_b, rows, k, b.get_size()[1])
+    (kind_a, sa), (kind_b, sb) = ((kind, None if shape is None else _lower(aten.reshape.default, _to(scale, torch.float32), shape))
+                                  for scale, (kind, shape) in zip((scale_a, scale_b), kinds))
     out, how = triton_template.scaled_linear(a2d, b, sa, kind_a, sb, kind_b, bias, promote_every(a2d.get_dtype(), out_dtype))
     _record(how + "; scales and bias inside it, the output cast and what follows fused into its store")
     return _to(out, out_dtype)

@@ -35,10 +35,8 @@ from torch._inductor.virtualized import V
 
 from qfuse.kernels.triton import K_ALIGNMENT
 
-NO_SCALE, TENSOR, VECTOR, BLOCK = range(4)  # qfuse.kernels.triton.scaled_mm's scale kinds, without importing Triton
-
 # The def_kernel line is filled in per set of inputs (`_template`): A, B, and each of SA, SB, BIAS
-# that the call has.
+# that the call has. `if SCALE_A` is "has a scale": the kernel's NO_SCALE kind is 0.
 _SOURCE = r"""
 from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_dot
 {{def_kernel(INPUTS)}}
@@ -110,8 +108,10 @@ def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, prom
     """(A @ B with its scales and bias as a float32 [M, N] buffer, how it was chosen): the template
     at the tile(s) for this call. Scales come as the kernel takes them (kind: none, one value, per row
     [M, 1] / column [1, N], block); Inductor fuses the cast and what follows into the template's store."""
+    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
+
     is_int8 = a2d.get_dtype() == torch.int8
-    blocked = BLOCK in (kind_a, kind_b)
+    blocked = BLOCK_SCALE in (kind_a, kind_b)
     m, n, _, layout, a2d, b = mm_args(a2d, b, out_dtype=torch.float32)
     named = {"SA": scale_a, "SB": scale_b, "BIAS": bias}
     extra = {name: ir.ExternKernel.realize_input(node) for name, node in named.items() if node is not None}

@@ -10,22 +10,17 @@ from torch._inductor.utils import run_and_get_code
 
 import qfuse
 from qfuse.schemes import FP8_DTYPE
-from tests.helpers import compile_and_run
 from tests.passes.test_reference_linear import fp8_scaled_mm, fp8_weight, int_mm_linear, operands
+from tests.test_cuda import FP8_CAPABLE, on_cpu, on_cuda as cuda
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-FP8_CAPABLE = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 TEMPLATE_MARK = "from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_dot"
 EXTERN_CALL = "torch.ops.qfuse.scaled_mm.default("
 
 
-def cuda(*tensors):
-    return [tensor.cuda() for tensor in tensors]
-
-
 def eager_int8(x, w, w_scale, bias):
     """int_mm_linear run eagerly on the CPU (CUDA's eager _int_mm rejects M <= 16)."""
-    return int_mm_linear(*(tensor.cpu() for tensor in (x, w, w_scale, bias))).cuda()
+    return int_mm_linear(*on_cpu(x, w, w_scale, bias)).cuda()
 
 
 def last_kernel(code: str) -> str:
