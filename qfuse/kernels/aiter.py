@@ -3,7 +3,8 @@
     out[M, N] = (a[M, K] @ b[N, K]^T) * scale_a[M, 1] * scale_b[1, N] + bias[N]
     via aiter.gemm_a8w8_CK(XQ, WQ, x_scale, w_scale, bias, dtype=out_dtype)
 
-What `can_implement` accepts (the tables below are the data it reads):
+What it accepts (machine: `is_supported`; the rest: the capability table `AiterKernel.capabilities`,
+one row per scale pair AITER takes):
 
     rule            accepted
     --------------  ----------------------------------------------------------------
@@ -45,10 +46,11 @@ import os
 
 import torch
 
-from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.base import OK, Kernel, Verdict
+from qfuse.kernels.capabilities import SAME_AS_OUTPUT, Capability
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform, current_platform
-from qfuse.schemes import FP8_DTYPE, Granularity, dtype_name
+from qfuse.schemes import FP8_DTYPE, Granularity
 
 FNUZ_DTYPE = torch.float8_e4m3fnuz
 #: The fp8 encoding each supported GPU computes in. Archs not listed are not supported.
@@ -58,10 +60,11 @@ FP8_DTYPE_BY_ARCH: dict[str, torch.dtype] = {
     "gfx942": FNUZ_DTYPE,  # MI300X, MI325X
     "gfx950": FP8_DTYPE,  # MI350X, MI355X: OCP e4m3fn
 }
-SCALE_PAIRS = frozenset({
+#: The (activation, weight) scale granularities AITER's a8w8 GEMM takes: one capability row each.
+SCALE_PAIRS = (
     (Granularity.PER_TENSOR, Granularity.PER_TENSOR),
     (Granularity.PER_TOKEN, Granularity.PER_CHANNEL),
-})
+)
 WEIGHT_DTYPES = (torch.int8, FP8_DTYPE)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 ALIGNMENT = 16  # K and N
@@ -133,13 +136,15 @@ def _per_column_scale(scale: torch.Tensor | None, n: int, device: torch.device) 
     raise ValueError(f"the aiter kernel takes a per-tensor or per-channel weight scale; got shape {tuple(scale.shape)}")
 
 
-def _multiple_of(value: int | None, factor: int) -> bool:
-    return value is not None and value % factor == 0
-
-
 class AiterKernel(Kernel):
     name = "aiter"
     prepares_weight = True  # [K, N] -> contiguous [N, K], e4m3fn -> e4m3fnuz on MI300
+    capabilities = tuple(
+        Capability(f"gemm_a8w8_CK, {activation.value} x {weight.value} scales".replace("per_", "per-"), ("cuda",),
+                   WEIGHT_DTYPES, WEIGHT_DTYPES, (activation,), (weight,), k_multiple=ALIGNMENT, n_multiple=ALIGNMENT,
+                   out_dtypes=OUT_DTYPES, bias_dtypes=SAME_AS_OUTPUT)
+        for activation, weight in SCALE_PAIRS
+    )
 
     def is_supported(self, platform: Platform) -> Verdict:
         if not platform.is_rocm:
@@ -151,25 +156,6 @@ class AiterKernel(Kernel):
         if platform.gpu_arch not in FP8_DTYPE_BY_ARCH:
             return False, (f"AITER's a8w8 GEMM is enabled for MI300 / MI355 ({', '.join(FP8_DTYPE_BY_ARCH)}), "
                            f"not for {platform.gpu_arch or 'a GPU of unknown arch'}")
-        return OK
-
-    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
-        scheme = key.scheme
-        if getattr(scheme, "is_weight_only", False):
-            return False, "AITER's a8w8 GEMM needs a quantized activation; this scheme is weight-only"
-        if scheme.weight_dtype not in WEIGHT_DTYPES:
-            return False, f"AITER's a8w8 GEMM takes int8 or fp8 weights, not {dtype_name(scheme.weight_dtype)}"
-        if not scheme.symmetric:
-            return False, "AITER's a8w8 GEMM is symmetric only (no zero points)"
-        if (scheme.activation_granularity, scheme.weight_granularity) not in SCALE_PAIRS:
-            return False, ("AITER takes per-tensor x per-tensor or per-token x per-channel scales, not "
-                           f"{scheme.activation_granularity.value} x {scheme.weight_granularity.value}")
-        if not (_multiple_of(key.k, ALIGNMENT) and _multiple_of(key.n, ALIGNMENT)):
-            return False, f"AITER needs static K and N that are multiples of {ALIGNMENT} (K={key.k}, N={key.n})"
-        if key.out_dtype not in OUT_DTYPES:
-            return False, f"AITER's a8w8 GEMM writes bfloat16 or float16, not {key.out_dtype}"
-        if key.bias_dtype is not None and key.bias_dtype != key.out_dtype:
-            return False, f"AITER adds a bias of the output dtype only (bias {key.bias_dtype}, output {key.out_dtype})"
         return OK
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:

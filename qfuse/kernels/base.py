@@ -1,9 +1,10 @@
 """The kernel contract: what every GEMM / quant backend declares and implements.
 
 A kernel answers two questions before it is used, each with a reason a user can read:
-`is_supported(platform)` (can it run on this machine at all?) and `can_implement(key, platform)`
-(can it compute this scheme at these sizes, on this machine's generation of hardware?).
-`qfuse.kernels.registry.choose_kernel` walks a priority list and asks both. The ops then call,
+`is_supported(platform)` (can it run on this machine at all?) and "can it compute this scheme at
+these sizes, on this machine's generation of hardware?", which its capability table answers as
+data (`capabilities`, see `qfuse.kernels.capabilities`), with `can_implement(key, platform)` for
+what a table cannot say. `qfuse.kernels.registry.choose_kernel` walks a priority list and asks both. The ops then call,
 on the kernel that was chosen, `prepare_weight` (once per weight: see `prepared.prepare_once`)
 and `apply` (or `quant_apply`, which quantizes the activation first; or `weight_only_apply`, whose
 activation stays float: weight-only schemes, `QuantScheme.is_weight_only`).
@@ -29,6 +30,7 @@ from typing import ClassVar
 import torch
 
 from qfuse.kernels import reference_math
+from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
 from qfuse.schemes import Granularity, QuantScheme
@@ -47,7 +49,6 @@ class GemmKey:
     out_dtype: torch.dtype
     bias_dtype: torch.dtype | None  # None: no bias
     device_type: str
-    fused_quant: bool = False  # the kernel gets the float activation and quantizes it itself
     weight_zero_point: bool = False  # the weight carries a zero point (asymmetric PT2E weights)
     per_call_weight: bool = False  # the weight is quantized anew on every call (a fake-quantized float weight)
 
@@ -60,14 +61,14 @@ class Kernel(abc.ABC):
     """One GEMM backend. Subclasses are stateless; the registry holds one instance of each."""
 
     name: ClassVar[str]
+    #: What the kernel computes: one row per dtype combination (`qfuse.kernels.capabilities`).
+    capabilities: ClassVar[tuple[Capability, ...]]
     #: Whether the passes should hand this kernel the float activation (qfuse::quant_scaled_mm)
     #: instead of leaving the activation quantization to Inductor's generated code.
     fuses_activation_quant: ClassVar[bool] = False
     #: Whether `prepare_weight` changes the weight (repacking, padding, re-encoding), so that its
     #: result is worth caching per weight. Kernels that consume the weight as it is leave it False.
     prepares_weight: ClassVar[bool] = False
-    #: Whether `apply` honours a weight zero point; the registry rejects the others for such keys.
-    takes_weight_zero_point: ClassVar[bool] = False
     #: Below this many weight elements (K * N) the kernel's per-call cost (an opaque op: Python,
     #: weight lookup, activation shift) outweighs its faster GEMM, and Inductor's own GEMM (the
     #: `torch` kernel, lowered into the generated code) wins: the registry passes it over unless it
@@ -77,8 +78,9 @@ class Kernel(abc.ABC):
     @abc.abstractmethod
     def is_supported(self, platform: Platform) -> Verdict: ...
 
-    @abc.abstractmethod
-    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict: ...
+    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
+        """What the capability table cannot say; the registry asks only when the table accepts `key`."""
+        return OK
 
     def prepare_weight(
         self, b: torch.Tensor, scale_b: torch.Tensor | None, azp_b: torch.Tensor | None
@@ -102,11 +104,12 @@ class Kernel(abc.ABC):
         self, x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype
     ) -> torch.Tensor:
         """x @ weight + bias as `out_dtype` for a float (not quantized) [M, K] activation (weight-only,
-        `qfuse::weight_only_scaled_mm`). Kernels that implement it accept weight-only keys in
-        `can_implement`; the others reject them, so this default is never reached through the registry."""
+        `qfuse::weight_only_scaled_mm`). Kernels that implement it have a weight-only row (a float
+        activation dtype) in their capability table; the others have none, so the registry never
+        sends them here."""
         raise NotImplementedError(
-            f"kernel {self.name!r} has no weight-only GEMM (float activation x quantized weight); "
-            "its can_implement must reject weight-only schemes (QuantScheme.is_weight_only)"
+            f"kernel {self.name!r} has no weight-only GEMM (float activation x quantized weight): "
+            "its capability table has no row with a float activation dtype"
         )
 
     # Quantizers: plain torch math unless a kernel has a faster one.

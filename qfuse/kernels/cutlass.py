@@ -14,29 +14,23 @@ Two implementations, named by `cutlass_backend(platform)`:
 Both want K and N multiples of 16 (16-byte aligned rows of fp8/int8). Other sizes are padded:
 the weight once in `prepare_weight` (zeros, column-major [K16, N16], per-channel scales padded
 with 1.0), the activation's K with zeros on every call, and the output is sliced back to N.
-Zero padding is exact: the extra products are zero.
-
-    limit              vllm            aten
-    capability         int8 75, fp8 89 fp8 89
-    activation scales  tensor / token  tensor / token
-    weight scales      tensor/channel  tensor/channel
-    zero points        no              no
-    output             bf16, fp16      bf16
-    bias               [N], output dtype
+Zero padding is exact: the extra products are zero, so the table has no K / N alignment.
+What each backend takes is the capability table `CutlassKernel.capabilities`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.base import OK, Kernel, Verdict
+from qfuse.kernels.capabilities import SAME_AS_OUTPUT, Capability
 from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
 from qfuse.platform import Platform, current_platform
-from qfuse.schemes import FP8_DTYPE, Granularity
+from qfuse.schemes import FP8_DTYPE
 
 ALIGNMENT = 16
-MIN_CAPABILITY = {"int8": 75, "fp8": 89}
-OUT_DTYPES = {"vllm": (torch.bfloat16, torch.float16), "aten": (torch.bfloat16,)}
+_CUDA = ("cuda",)
+_BF16, _FP16, _INT8 = torch.bfloat16, torch.float16, torch.int8
 
 
 def cutlass_backend(platform: Platform) -> str:
@@ -47,31 +41,19 @@ def cutlass_backend(platform: Platform) -> str:
 class CutlassKernel(Kernel):
     name = "cutlass"
     prepares_weight = True
+    # Per-tensor / per-token x per-tensor / per-channel scales, no zero points (the defaults).
+    capabilities = (
+        Capability("int8 via vLLM", _CUDA, (_INT8,), (_INT8,), out_dtypes=(_BF16, _FP16),
+                   bias_dtypes=SAME_AS_OUTPUT, min_capability=75, rocm=False, requires=("vllm",)),
+        Capability("fp8 via vLLM", _CUDA, (FP8_DTYPE,), (FP8_DTYPE,), out_dtypes=(_BF16, _FP16),
+                   bias_dtypes=SAME_AS_OUTPUT, min_capability=89, rocm=False, requires=("vllm",)),
+        Capability("fp8 via ATen (f8f8bf16_rowwise)", _CUDA, (FP8_DTYPE,), (FP8_DTYPE,), out_dtypes=(_BF16,),
+                   bias_dtypes=SAME_AS_OUTPUT, min_capability=89, rocm=False),
+    )
 
     def is_supported(self, platform: Platform) -> Verdict:
         if platform.device_type != "cuda" or platform.is_rocm:
             return False, f"CUTLASS runs on NVIDIA GPUs, not on {platform.describe()}"
-        return OK
-
-    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
-        scheme, backend = key.scheme, cutlass_backend(platform)
-        dtype = "fp8" if scheme.is_fp8 else "int8"
-        if scheme.weight_dtype not in (torch.int8, FP8_DTYPE) or getattr(scheme, "is_weight_only", False):
-            return False, "CUTLASS scaled mm takes int8 or fp8 activations and weights of the same dtype"
-        if dtype == "int8" and backend == "aten":
-            return False, "int8 CUTLASS needs vLLM's cutlass_scaled_mm (not importable); ATen's int8 GEMM is cuBLASLt"
-        if platform.capability < MIN_CAPABILITY[dtype]:
-            return False, (f"CUTLASS {dtype} needs capability >= {MIN_CAPABILITY[dtype]} "
-                           f"(this GPU: {platform.capability})")
-        if not scheme.symmetric:
-            return False, "zero points (asymmetric activations) are not implemented with CUTLASS here"
-        if scheme.activation_granularity == Granularity.PER_GROUP or scheme.weight_granularity == Granularity.BLOCK:
-            return False, "block scales (1x128 / 128x128) are not implemented with CUTLASS here"
-        if key.out_dtype not in OUT_DTYPES[backend]:
-            names = ", ".join(str(dtype).removeprefix("torch.") for dtype in OUT_DTYPES[backend])
-            return False, f"{backend} CUTLASS writes {names} only, not {str(key.out_dtype).removeprefix('torch.')}"
-        if key.bias_dtype is not None and key.bias_dtype != key.out_dtype:
-            return False, f"CUTLASS adds a bias of the output dtype only (bias {key.bias_dtype}, output {key.out_dtype})"
         return OK
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:

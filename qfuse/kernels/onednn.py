@@ -3,7 +3,8 @@
     W8A8 int8   ((a - azp_a) * scale_a) @ (b * scale_b) + bias   torch.ops.onednn.qlinear_pointwise
     W8A16 fp8   x @ (b * scale_b) + bias, x bf16 (not quantized)  vLLM's fp8_scaled_mm_cpu, else oneDNN bf16
 
-Constraints (the constants below; `can_implement` / `is_supported`, each tested):
+Constraints (`is_supported` for the machine, the capability table `OneDnnKernel.capabilities` for
+the rest, each tested):
 
     machine      x86 CPU with AMX or AVX-512 VNNI; torch built with oneDNN (mkldnn)
     int8 W8A8    activation int8 (uint8 arrives shifted to int8), per-tensor or per-token scale,
@@ -68,7 +69,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.base import OK, Kernel, Verdict
+from qfuse.kernels.capabilities import STATIC, Capability
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.kernels.torch_native import int8_scaled_mm
 from qfuse.platform import Platform, current_platform
@@ -82,8 +84,6 @@ ACTIVATION_SHIFT = 128
 
 W8A16_ACTIVATION_DTYPES = (torch.bfloat16,)
 W8A16_OUT_DTYPES = (torch.bfloat16, torch.float32)
-W8A16_K_BLOCK = 128
-W8A16_N_BLOCK_MULTIPLE = 32
 #: vLLM's convert_weight_packed (from sgl-kernel) packs N in tiles of 16 and K in VNNI pairs.
 VLLM_PACK_N_MULTIPLE = 16
 VLLM_PACK_K_MULTIPLE = 2
@@ -97,15 +97,6 @@ FP8_W8A8_REASON = (
 def int8_engine(platform: Platform) -> str:
     """Which oneDNN int8 GEMM this CPU gets: AMX tiles when it has them, else AVX-512 VNNI."""
     return "AMX" if platform.cpu_has_amx else "AVX-512 VNNI"
-
-
-def w8a16_block_verdict(k_block: int, n_block: int) -> Verdict:
-    """Whether a k_block x n_block fp8 weight-scale block fits the CPU W8A16 kernel (vLLM's constraint)."""
-    if k_block != W8A16_K_BLOCK:
-        return False, f"W8A16 needs K blocks of {W8A16_K_BLOCK} (vLLM's CPU fp8 kernel), got {k_block}"
-    if n_block % W8A16_N_BLOCK_MULTIPLE:
-        return False, f"W8A16 needs N blocks that are a multiple of {W8A16_N_BLOCK_MULTIPLE}, got {n_block}"
-    return OK
 
 
 @dataclass(frozen=True)
@@ -133,7 +124,16 @@ def _packed_as(weight: PreparedWeight, dtype: torch.dtype) -> bool:
 class OneDnnKernel(Kernel):
     name = "onednn"
     prepares_weight = True
-    takes_weight_zero_point = True  # all zeros (PT2E's symmetric weights) are dropped; others run torch's math
+    capabilities = (
+        # A weight zero point of all zeros (PT2E's symmetric weights) is dropped; others run torch's math.
+        Capability("int8 W8A8 qlinear", ("cpu",), (torch.int8, torch.uint8), (torch.int8,),
+                   INT8_ACTIVATION_GRANULARITIES, INT8_WEIGHT_GRANULARITIES, activation_zero_point=True,
+                   weight_zero_point=True, out_dtypes=INT8_OUT_DTYPES),
+        Capability("fp8 W8A8", ("cpu",), (FP8_DTYPE,), (FP8_DTYPE,), declined=FP8_W8A8_REASON),
+        # vLLM's CPU fp8 kernel wants K blocks of 128 and N blocks a multiple of 32: qfuse's 128 x 128 fit.
+        Capability("fp8 W8A16", ("cpu",), W8A16_ACTIVATION_DTYPES, (FP8_DTYPE,), (Granularity.PER_TENSOR,),
+                   (Granularity.BLOCK,), activation_scale_kinds=(STATIC,), out_dtypes=W8A16_OUT_DTYPES),
+    )
     min_weight_elements = 1 << 23  # measured on AVX-512 VNNI (Zen 4, 2 threads): 1.2-2.5x Inductor at 4096 x 4096, a tie at 1024 x 4096, slower at 1024 x 1024
 
     def describe(self, platform: Platform) -> str:
@@ -147,11 +147,6 @@ class OneDnnKernel(Kernel):
         if not (platform.cpu_has_amx or platform.cpu_has_avx512_vnni):
             return False, f"oneDNN's int8 GEMM needs AMX or AVX-512 VNNI; this {platform.describe()} has neither"
         return OK
-
-    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
-        if key.device_type != "cpu":
-            return False, f"onednn takes CPU tensors, not {key.device_type}"
-        return _weight_only_verdict(key) if key.scheme.is_weight_only else _int8_verdict(key)
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
         if azp_b is not None and bool(azp_b.any()):
@@ -195,36 +190,6 @@ class OneDnnKernel(Kernel):
             return _bf16_linear(x, weight.packed, bias)
         out = _bf16_linear(x, weight.packed, None).to(out_dtype)
         return out if bias is None else out + bias.to(out_dtype)
-
-
-def _int8_verdict(key: GemmKey) -> Verdict:
-    scheme = key.scheme
-    if scheme.is_fp8:
-        return False, FP8_W8A8_REASON
-    if scheme.weight_dtype != torch.int8:
-        return False, f"onednn's qlinear takes int8 weights, not {scheme.weight_dtype}"
-    if scheme.activation_granularity not in INT8_ACTIVATION_GRANULARITIES:
-        return False, "oneDNN's qlinear takes one activation scale (per-token rows are scaled after it), not 1x128 groups"
-    if scheme.weight_granularity not in INT8_WEIGHT_GRANULARITIES:
-        return False, "oneDNN's qlinear takes per-tensor or per-channel weight scales, not 128x128 blocks or groups"
-    if key.out_dtype not in INT8_OUT_DTYPES:
-        return False, f"oneDNN's qlinear writes fp32, bf16 or fp16, not {key.out_dtype}"
-    return OK
-
-
-def _weight_only_verdict(key: GemmKey) -> Verdict:
-    scheme = key.scheme
-    if scheme.weight_dtype != FP8_DTYPE or scheme.weight_granularity != Granularity.BLOCK:
-        return False, "onednn's weight-only path takes fp8 e4m3fn weights with 128x128 block scales"
-    block = w8a16_block_verdict(GROUP_SIZE, GROUP_SIZE)  # qfuse's block scale is 128 x 128
-    if not block[0]:
-        return block
-    if scheme.activation_dtype not in W8A16_ACTIVATION_DTYPES:
-        return False, (f"onednn's W8A16 takes bf16 activations (its weight is prepared once as bf16), "
-                       f"not {scheme.activation_dtype}")
-    if key.out_dtype not in W8A16_OUT_DTYPES:
-        return False, f"onednn's W8A16 writes bf16 or fp32, not {key.out_dtype}"
-    return OK
 
 
 def _prepare_int8(b: torch.Tensor, scale_b: torch.Tensor | None) -> OneDnnWeight:

@@ -1,8 +1,8 @@
 """The kernel registry and the one function that chooses a kernel.
 
 Priority lists are per platform; the first kernel that is supported on the machine, can
-implement the key and is worth its per-call cost at this weight size (`Kernel.min_weight_elements`)
-wins. `reference` is in no list: it is slow emulation, used only when forced.
+implement the key (its capability table, then its `can_implement`) and is worth its per-call cost
+at this weight size (`Kernel.min_weight_elements`) wins. `reference` is in no list: it is slow emulation, used only when forced.
 Every kernel that was passed over is returned with its reason, so debug mode can show it.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from qfuse.kernels.aiter import AiterKernel
 from qfuse.kernels.base import GemmKey, Kernel
+from qfuse.kernels.capabilities import table_verdict
 from qfuse.kernels.cutlass import CutlassKernel
 from qfuse.kernels.onednn import OneDnnKernel
 from qfuse.kernels.reference import ReferenceKernel
@@ -52,9 +53,13 @@ class KernelChoice:
     kernel: Kernel | None
     rejected: dict[str, str] = field(default_factory=dict)  # kernel name -> why it was not used
 
+    def rejections(self) -> str:
+        """Every rejected kernel with its reason: 'onednn: ...; torch: ...' ('' when none was)."""
+        return "; ".join(f"{name}: {reason}" for name, reason in self.rejected.items())
+
     def explain(self) -> str:
         chosen = self.kernel.name if self.kernel else "none"
-        others = "; ".join(f"{name}: {reason}" for name, reason in self.rejected.items())
+        others = self.rejections()
         return f"{chosen}" + (f" (rejected {others})" if others else "")
 
 
@@ -69,18 +74,23 @@ def priority_list(platform: Platform) -> tuple[str, ...]:
     return PRIORITY["rocm" if platform.is_rocm else platform.device_type]
 
 
-def _verdict(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
-    """Why `kernel` cannot run `key` here, or '' if it can."""
-    ok, reason = kernel.is_supported(platform)
-    if not ok:
+def implements(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
+    """Why `kernel` cannot compute `key` on `platform` (its capability table, then `can_implement`),
+    or '' if it can. Whether it runs on this machine at all is `is_supported`'s question."""
+    reason = table_verdict(kernel.name, kernel.capabilities, key, platform)
+    if reason:
         return reason
-    if key.weight_zero_point and not kernel.takes_weight_zero_point:
-        return f"{kernel.name} takes symmetric weights only (this weight has a zero point)"
     if key.per_call_weight and kernel.prepares_weight:
         return (f"{kernel.name} prepares (repacks) its weight once, and this weight is quantized anew on every "
                 "call (a fake-quantized float weight)")
     ok, reason = kernel.can_implement(key, platform)
     return "" if ok else reason
+
+
+def _verdict(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
+    """Why `kernel` cannot run `key` here, or '' if it can."""
+    ok, reason = kernel.is_supported(platform)
+    return reason if not ok else implements(kernel, key, platform)
 
 
 def _too_small(kernel: Kernel, key: GemmKey) -> str:

@@ -10,54 +10,45 @@
           Measured on the development CPU (AMD EPYC, AVX-512, 2 cores, M=256 K=1024 N=2048):
           torch._scaled_mm 14.1 ms, upcast-to-bf16 mm 7.3 ms, upcast-to-fp32 mm 9.7 ms.
 
-Not implemented here (the registry moves on to another kernel): block / per-group scales,
-and CUDA sizes that cuBLAS rejects (int8: K and N multiples of 8; fp8: multiples of 16). On ROCm
-the int8 path is the same torch._int_mm (hipBLASLt); it was not run on ROCm hardware. ROCm fp8
-(e4m3fnuz) is the aiter kernel's.
+What it takes is the capability table `TorchKernel.capabilities`: per-tensor / per-token x
+per-tensor / per-channel scales, zero points on both sides (int8), any sizes on CPU and the sizes
+cuBLAS takes on CUDA (int8: K and N multiples of 8; fp8: multiples of 16, capability >= 8.9). Not
+here (the registry moves on to another kernel): block / per-group scales, int4, weight-only. On
+ROCm the int8 path is the same torch._int_mm (hipBLASLt); it was not run on ROCm hardware. ROCm
+fp8 (e4m3fnuz) is the aiter kernel's.
 """
 
 from __future__ import annotations
 
 import torch
 
-from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.base import OK, Kernel, Verdict
+from qfuse.kernels.capabilities import Capability
 from qfuse.platform import Platform
-from qfuse.schemes import INT4_DTYPE, Granularity
+from qfuse.schemes import FP8_DTYPE
 
 # cuBLASLt's int8 GEMM behind torch._int_mm needs more than 16 rows on CUDA.
 _CUDA_INT_MM_MIN_ROWS = 17
-
-
-def _multiple_of(value: int | None, factor: int) -> bool:
-    return value is not None and value % factor == 0
+_INT8_ACTIVATIONS = (torch.int8, torch.uint8)  # uint8 arrives shifted to int8 (the passes do it)
+_INT8_ROW = dict(activation_dtypes=_INT8_ACTIVATIONS, weight_dtypes=(torch.int8,), activation_zero_point=True,
+                 weight_zero_point=True)
+_FP8_ROW = dict(activation_dtypes=(FP8_DTYPE,), weight_dtypes=(FP8_DTYPE,))
 
 
 class TorchKernel(Kernel):
     name = "torch"
-    takes_weight_zero_point = True
+    capabilities = (
+        Capability("int8 torch._int_mm", ("cpu",), **_INT8_ROW),
+        Capability("int8 torch._int_mm (cuBLASLt)", ("cuda",), **_INT8_ROW, k_multiple=8, n_multiple=8),
+        Capability("fp8 upcast + torch.mm", ("cpu",), **_FP8_ROW),
+        Capability("fp8 torch._scaled_mm (cuBLASLt)", ("cuda",), **_FP8_ROW, k_multiple=16, n_multiple=16,
+                   min_capability=89, rocm=False),
+    )
 
     def is_supported(self, platform: Platform) -> Verdict:
         if platform.device_type in ("cpu", "cuda"):
             return OK
         return False, f"torch kernel runs on CPU and CUDA / ROCm GPUs only, not on {platform.describe()}"
-
-    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
-        scheme = key.scheme
-        if scheme.is_weight_only:
-            return False, "weight-only schemes (float activation) are not implemented in the torch kernel"
-        if scheme.weight_dtype == INT4_DTYPE:
-            return False, "int4 weights (W4A8) are not implemented in the torch kernel"
-        if scheme.activation_granularity == Granularity.PER_GROUP or scheme.weight_granularity == Granularity.BLOCK:
-            return False, "torch has no block-scaled GEMM (per-group activation / 128x128 weight scales)"
-        if key.device_type == "cuda":
-            factor = 16 if scheme.is_fp8 else 8
-            if not (_multiple_of(key.k, factor) and _multiple_of(key.n, factor)):
-                return False, f"cuBLAS needs static K and N that are multiples of {factor} (K={key.k}, N={key.n})"
-            if scheme.is_fp8 and platform.is_rocm:
-                return False, "ROCm fp8 is e4m3fnuz; the torch kernel takes e4m3fn"
-            if scheme.is_fp8 and platform.capability < 89:
-                return False, f"torch._scaled_mm needs fp8 tensor cores (capability >= 89, this GPU: {platform.capability})"
-        return OK
 
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
         b, scale_b, azp_b = weight.data, weight.scale, weight.zero_point

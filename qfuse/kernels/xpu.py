@@ -4,7 +4,7 @@
     out[m, n]  = scale_a[m] * sum_k a[m, k] * w[k, n] * scale_w[k // g, n] + bias[n]
     w: int4 values in [-8, 7], stored packed (below); the op writes float16, cast to the out dtype
 
-What `can_implement` accepts (the constants below are the data it reads):
+What it accepts (machine: `is_supported`; the rest: the capability table `XpuKernel.capabilities`):
 
     rule            accepted
     --------------  ----------------------------------------------------------------
@@ -39,9 +39,10 @@ import warnings
 import torch
 
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.capabilities import DYNAMIC, Capability
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
-from qfuse.schemes import INT4_DTYPE, Granularity, dtype_name
+from qfuse.schemes import INT4_DTYPE, Granularity
 
 XPU_KERNELS_LIBRARY = "vllm_xpu_kernels"
 GROUP_SIZE_MULTIPLE = 32
@@ -97,32 +98,16 @@ def warn_float16_output_once() -> None:
     )
 
 
-def _activation_verdict(scheme) -> Verdict:
-    if scheme.activation_dtype != torch.int8 or not scheme.symmetric:
-        return False, f"the xpu kernel quantizes activations to symmetric int8, not {scheme.describe()}"
-    if not scheme.dynamic or scheme.activation_granularity != Granularity.PER_TOKEN:
-        return False, f"the xpu kernel quantizes activations dynamically per token, not {scheme.describe()}"
-    return OK
-
-
-def _weight_verdict(scheme, k: int | None) -> Verdict:
-    if scheme.weight_granularity == Granularity.PER_CHANNEL:
-        return OK
-    if scheme.weight_granularity != Granularity.PER_GROUP:
-        granularity = scheme.weight_granularity.value
-        return False, f"the xpu kernel takes per-group or per-channel int4 weight scales, not {granularity}"
-    group = scheme.weight_group_size
-    if group % GROUP_SIZE_MULTIPLE:
-        return False, f"the xpu kernel needs a weight group size that is a multiple of {GROUP_SIZE_MULTIPLE}, got {group}"
-    if k is not None and k % group:
-        return False, f"the weight group size {group} does not divide K={k}"
-    return OK
-
-
 class XpuKernel(Kernel):
     name = "xpu"
     fuses_activation_quant = True  # the op takes the float activation: it is quantized right before the matmul
     prepares_weight = True  # int4 values -> packed int32
+    capabilities = (
+        Capability("W4A8 int4_gemm_w4a8", ("xpu",), (torch.int8,), (INT4_DTYPE,), (Granularity.PER_TOKEN,),
+                   (Granularity.PER_CHANNEL, Granularity.PER_GROUP), activation_scale_kinds=(DYNAMIC,),
+                   weight_group_multiple=GROUP_SIZE_MULTIPLE, k_multiple=ALIGNMENT, n_multiple=ALIGNMENT,
+                   out_dtypes=FLOAT_DTYPES, bias_dtypes=FLOAT_DTYPES),
+    )
 
     def is_supported(self, platform: Platform) -> Verdict:
         if platform.device_type != "xpu":
@@ -132,20 +117,8 @@ class XpuKernel(Kernel):
         return OK
 
     def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
-        scheme = key.scheme
-        if getattr(scheme, "is_weight_only", False):
-            return False, "the xpu kernel is W4A8: it needs a quantized activation; this scheme is weight-only"
-        if scheme.weight_dtype != INT4_DTYPE:
-            return False, f"the xpu kernel is W4A8: it takes int4 weights, not {dtype_name(scheme.weight_dtype)}"
-        for verdict in (_activation_verdict(scheme), _weight_verdict(scheme, key.k)):
-            if not verdict[0]:
-                return verdict
-        if not all(size is not None and size % ALIGNMENT == 0 for size in (key.k, key.n)):
-            return False, f"the xpu kernel needs static K and N that are multiples of {ALIGNMENT} (K={key.k}, N={key.n})"
-        if key.out_dtype not in FLOAT_DTYPES:
-            return False, f"the xpu kernel takes and returns float16 or bfloat16, not {key.out_dtype}"
         if key.out_dtype == torch.bfloat16:
-            warn_float16_output_once()
+            warn_float16_output_once()  # the table accepts bf16; oneDNN writes fp16 and qfuse casts
         return OK
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:

@@ -26,7 +26,7 @@ What qfuse calls (`quant_apply` for qfuse::quant_scaled_mm, `apply` for qfuse::s
                     cost of a second GEMM, run only when some row needs it. Then, in float32,
                     acc * scale_w * scale_a + bias, cast to the out dtype: exact up to float32 rounding.
 
-What `can_implement` accepts (the constants below are the data it reads):
+What it accepts (machine: `is_supported`; the rest: the capability table `ZentorchKernel.capabilities`):
 
     rule        accepted
     ----------  ------------------------------------------------------------------------------------
@@ -85,7 +85,8 @@ import functools
 
 import torch
 
-from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.base import OK, Kernel, Verdict
+from qfuse.kernels.capabilities import DYNAMIC, Capability
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
 from qfuse.schemes import Granularity
@@ -124,23 +125,6 @@ def _machine_verdict(platform: Platform) -> Verdict:
         return False, "zentorch's int8 GEMM is used with AVX-512 VNNI only (Zen 4 and later); this Zen CPU has none"
     if not platform.has(LIBRARY):
         return False, "zentorch is not installed (pip install 'qfuse[zentorch]')"
-    return OK
-
-
-def _scheme_verdict(key: GemmKey) -> Verdict:
-    scheme = key.scheme
-    describe = scheme.describe()
-    if getattr(scheme, "is_weight_only", False):
-        return False, f"zentorch_dynamic_qlinear quantizes the activation; {describe} is weight-only"
-    if scheme.activation_dtype != QUANT_DTYPE or scheme.weight_dtype != QUANT_DTYPE:
-        return False, f"zentorch_dynamic_qlinear is int8 x int8, not {describe}"
-    if not scheme.symmetric:
-        return False, f"zentorch_dynamic_qlinear quantizes symmetrically (no zero point), not {describe}"
-    if not scheme.dynamic or scheme.activation_granularity != Granularity.PER_TOKEN:
-        return False, f"zentorch_dynamic_qlinear quantizes the activation dynamically per token, not {describe}"
-    if scheme.weight_granularity not in WEIGHT_GRANULARITIES:
-        granularity = scheme.weight_granularity.value
-        return False, f"zentorch takes one weight scale per output channel (or per tensor), not {granularity}"
     return OK
 
 
@@ -186,20 +170,14 @@ class ZentorchKernel(Kernel):
     prepares_weight = True  # a private [N, K] copy (see the module docstring), float32 [N] scales
     min_weight_elements = 1 << 22  # measured (Zen 4, 2 threads): 1.1-1.3x Inductor at 1024 x 4096, slower at 1024 x 1024
 
+    capabilities = (
+        Capability("zentorch_dynamic_qlinear", ("cpu",), (QUANT_DTYPE,), (QUANT_DTYPE,), (Granularity.PER_TOKEN,),
+                   WEIGHT_GRANULARITIES, activation_scale_kinds=(DYNAMIC,), out_dtypes=OUT_DTYPES,
+                   bias_dtypes=BIAS_DTYPES),
+    )
+
     def is_supported(self, platform: Platform) -> Verdict:
         return _machine_verdict(platform)
-
-    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
-        if key.device_type != "cpu":
-            return False, f"zentorch takes CPU tensors, not {key.device_type}"
-        verdict = _scheme_verdict(key)
-        if not verdict[0]:
-            return verdict
-        if key.out_dtype not in OUT_DTYPES:
-            return False, f"zentorch writes float32, bfloat16 or float16 (through float32), not {key.out_dtype}"
-        if key.bias_dtype is not None and key.bias_dtype not in BIAS_DTYPES:
-            return False, f"zentorch adds a float32, bfloat16 or float16 bias, not {key.bias_dtype}"
-        return OK
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
         if b.dtype != QUANT_DTYPE or b.dim() != 2 or b.device.type != "cpu":

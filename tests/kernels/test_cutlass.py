@@ -9,7 +9,7 @@ there is one, else on the CPU; tests/test_cuda.py runs the kernel end to end on 
 import pytest
 import torch
 
-from qfuse.kernels import GemmKey, get_kernel, reference_math
+from qfuse.kernels import GemmKey, get_kernel, implements, reference_math
 from qfuse.kernels import cutlass as cutlass_module
 from qfuse.kernels.prepared import prepare_once
 from qfuse.platform import Platform
@@ -47,20 +47,20 @@ def key(scheme=FP8, out_dtype=BF16, bias_dtype=BF16):
         (H100_VLLM, key(INT8), ""),
         (H100_VLLM, key(out_dtype=torch.float16, bias_dtype=torch.float16), ""),
         (T4_VLLM, key(INT8), ""),
-        (H100, key(INT8), "int8 CUTLASS needs vLLM's cutlass_scaled_mm (not importable); ATen's int8 GEMM is cuBLASLt"),
-        (H100_VLLM, key(W4A8), "CUTLASS scaled mm takes int8 or fp8 activations and weights of the same dtype"),
-        (V100_VLLM, key(INT8), "CUTLASS int8 needs capability >= 75 (this GPU: 70)"),
-        (A100_VLLM, key(), "CUTLASS fp8 needs capability >= 89 (this GPU: 80)"),
-        (H100_VLLM, key(INT8_ASYMMETRIC), "zero points (asymmetric activations) are not implemented with CUTLASS here"),
-        (H100, key(FP8_BLOCK), "block scales (1x128 / 128x128) are not implemented with CUTLASS here"),
-        (H100, key(out_dtype=torch.float16, bias_dtype=None), "aten CUTLASS writes bfloat16 only, not float16"),
-        (H100_VLLM, key(out_dtype=torch.float32, bias_dtype=None), "vllm CUTLASS writes bfloat16, float16 only, not float32"),
+        (H100, key(INT8), "int8 via vLLM needs vllm (not importable)"),
+        (H100_VLLM, key(W4A8), "cutlass computes int8 x int8, fp8 x fp8 on cuda, not int8 x int4"),
+        (V100_VLLM, key(INT8), "int8 via vLLM needs compute capability >= 75 (this GPU: 70)"),
+        (A100_VLLM, key(), "fp8 via vLLM needs compute capability >= 89 (this GPU: 80); fp8 via ATen (f8f8bf16_rowwise) needs compute capability >= 89 (this GPU: 80)"),
+        (H100_VLLM, key(INT8_ASYMMETRIC), "cutlass computes int8 x int8, fp8 x fp8 on cuda, not uint8 x int8"),
+        (H100, key(FP8_BLOCK), "fp8 via ATen (f8f8bf16_rowwise) takes per-tensor / per-token activation scales, not per-group"),
+        (H100, key(out_dtype=torch.float16, bias_dtype=None), "fp8 via ATen (f8f8bf16_rowwise) writes bf16, not fp16"),
+        (H100_VLLM, key(out_dtype=torch.float32, bias_dtype=None), "fp8 via vLLM writes bf16 / fp16, not fp32; fp8 via ATen (f8f8bf16_rowwise) writes bf16, not fp32"),
         (H100, key(bias_dtype=torch.float32),
-         "CUTLASS adds a bias of the output dtype only (bias torch.float32, output torch.bfloat16)"),
+         "fp8 via ATen (f8f8bf16_rowwise) adds a bias of the output dtype only (bias fp32, output bf16)"),
     ],
 )
 def test_can_implement(platform, gemm, reason):
-    assert CUTLASS.can_implement(gemm, platform) == (not reason, reason)
+    assert implements(CUTLASS, gemm, platform) == reason
 
 
 @pytest.mark.parametrize("platform, where", [(MI300, "ROCm GPU (capability 94)"), (Platform("cpu"), "CPU")])

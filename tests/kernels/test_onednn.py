@@ -24,11 +24,12 @@ from qfuse.kernels import (
     KernelUnavailableError,
     choose_kernel,
     get_kernel,
+    implements,
     prepared,
     reference_math,
 )
 from qfuse.kernels import onednn as onednn_module
-from qfuse.kernels.onednn import FP8_W8A8_REASON, OneDnnKernel, OneDnnWeight, w8a16_block_verdict
+from qfuse.kernels.onednn import FP8_W8A8_REASON, OneDnnKernel, OneDnnWeight
 from qfuse.platform import Platform
 from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme
 from tests.ops.test_weight_only_ops import expected_weight_only, w8a16_operands
@@ -98,7 +99,7 @@ def test_describe_names_amx_or_vnni():
 @pytest.mark.parametrize("out_dtype", [FP32, BF16, FP16])
 @pytest.mark.parametrize("k, n", [(77, 45), (4096, 4096), (None, None)])
 def test_int8_schemes_are_implemented_at_any_size(scheme, out_dtype, k, n):
-    assert ONEDNN.can_implement(key(scheme, n=n, k=k, out_dtype=out_dtype), AMX) == (True, "")
+    assert implements(ONEDNN, key(scheme, n=n, k=k, out_dtype=out_dtype), AMX) == ""
 
 
 @pytest.mark.parametrize(
@@ -107,17 +108,17 @@ def test_int8_schemes_are_implemented_at_any_size(scheme, out_dtype, k, n):
         (key(QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TENSOR, G.PER_TENSOR, dynamic=False)), FP8_W8A8_REASON),
         (key(QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_GROUP, G.BLOCK, dynamic=True)), FP8_W8A8_REASON),
         (key(QuantScheme(torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, True, weight_group_size=128)),
-         "onednn's qlinear takes int8 weights, not torch.int4"),
+         "onednn computes int8 / uint8 x int8, bf16 x fp8 (weight-only) on cpu, not int8 x int4"),
         (key(int8_scheme(G.PER_GROUP)),
-         "oneDNN's qlinear takes one activation scale (per-token rows are scaled after it), not 1x128 groups"),
+         "int8 W8A8 qlinear takes per-tensor / per-token activation scales, not per-group"),
         (key(int8_scheme(weight=G.BLOCK)),
-         "oneDNN's qlinear takes per-tensor or per-channel weight scales, not 128x128 blocks or groups"),
-        (key(int8_scheme(), out_dtype=torch.float64), "oneDNN's qlinear writes fp32, bf16 or fp16, not torch.float64"),
-        (key(int8_scheme(), device_type="cuda"), "onednn takes CPU tensors, not cuda"),
+         "int8 W8A8 qlinear takes per-tensor / per-channel weight scales, not block"),
+        (key(int8_scheme(), out_dtype=torch.float64), "int8 W8A8 qlinear writes fp32 / bf16 / fp16, not torch.float64"),
+        (key(int8_scheme(), device_type="cuda"), "onednn takes cpu tensors, not cuda"),
     ],
 )
 def test_int8_rejections(gemm_key, reason):
-    assert ONEDNN.can_implement(gemm_key, AMX) == (False, reason)
+    assert implements(ONEDNN, gemm_key, AMX) == reason
 
 
 # --- can_implement: fp8 W8A16 ---------------------------------------------------------------------
@@ -125,48 +126,32 @@ def test_int8_rejections(gemm_key, reason):
 @pytest.mark.parametrize("out_dtype", [BF16, FP32])
 @pytest.mark.parametrize("platform", [VNNI, AMX_VLLM])
 def test_w8a16_fp8_block_is_implemented(out_dtype, platform):
-    assert ONEDNN.can_implement(key(W8A16, n=200, k=300, out_dtype=out_dtype), platform) == (True, "")
+    assert implements(ONEDNN, key(W8A16, n=200, k=300, out_dtype=out_dtype), platform) == ""
 
 
 @pytest.mark.parametrize(
     "gemm_key, reason",
     [
         (key(QuantScheme.weight_only(torch.int8, G.PER_CHANNEL)),
-         "onednn's weight-only path takes fp8 e4m3fn weights with 128x128 block scales"),
-        (key(QuantScheme.weight_only(FP8_DTYPE, G.PER_CHANNEL)),
-         "onednn's weight-only path takes fp8 e4m3fn weights with 128x128 block scales"),
+         "onednn computes int8 / uint8 x int8, bf16 x fp8 (weight-only) on cpu, not bf16 x int8 (weight-only)"),
+        (key(QuantScheme.weight_only(FP8_DTYPE, G.PER_CHANNEL)), "fp8 W8A16 takes block weight scales, not per-channel"),
         (key(QuantScheme.weight_only(FP8_DTYPE, G.BLOCK, FP16)),
-         "onednn's W8A16 takes bf16 activations (its weight is prepared once as bf16), not torch.float16"),
+         "onednn computes int8 / uint8 x int8, bf16 x fp8 (weight-only) on cpu, not fp16 x fp8 (weight-only)"),
         (key(QuantScheme.weight_only(FP8_DTYPE, G.BLOCK, FP32)),
-         "onednn's W8A16 takes bf16 activations (its weight is prepared once as bf16), not torch.float32"),
-        (key(W8A16, out_dtype=FP16), "onednn's W8A16 writes bf16 or fp32, not torch.float16"),
+         "onednn computes int8 / uint8 x int8, bf16 x fp8 (weight-only) on cpu, not fp32 x fp8 (weight-only)"),
+        (key(W8A16, out_dtype=FP16), "fp8 W8A16 writes bf16 / fp32, not fp16"),
     ],
 )
 def test_w8a16_rejections(gemm_key, reason):
-    assert ONEDNN.can_implement(gemm_key, AMX) == (False, reason)
-
-
-@pytest.mark.parametrize(
-    "k_block, n_block, reason",
-    [
-        (128, 128, ""),
-        (128, 32, ""),
-        (128, 256, ""),
-        (64, 128, "W8A16 needs K blocks of 128 (vLLM's CPU fp8 kernel), got 64"),
-        (256, 128, "W8A16 needs K blocks of 128 (vLLM's CPU fp8 kernel), got 256"),
-        (128, 48, "W8A16 needs N blocks that are a multiple of 32, got 48"),
-    ],
-)
-def test_w8a16_block_shape(k_block, n_block, reason):
-    assert w8a16_block_verdict(k_block, n_block) == (not reason, reason)
+    assert implements(ONEDNN, gemm_key, AMX) == reason
 
 
 def test_weight_only_keys_are_rejected_by_the_torch_and_triton_kernels():
     choice = choose_kernel(key(W8A16), VNNI, preference=("torch", "onednn"))
     assert choice.kernel is ONEDNN
-    assert choice.rejected == {"torch": "weight-only schemes (float activation) are not implemented in the torch kernel"}
-    assert get_kernel("triton").can_implement(key(W8A16, device_type="cuda"), H100) == (
-        False, "weight-only schemes (float activation) are not implemented in the Triton kernel")
+    assert choice.rejected == {"torch": "torch computes int8 / uint8 x int8, fp8 x fp8 on cpu, not bf16 x fp8 (weight-only)"}
+    assert implements(get_kernel("triton"), key(W8A16, device_type="cuda"), H100) == (
+        "triton computes int8 x int8, fp8 x fp8 on cuda, not bf16 x fp8 (weight-only)")
 
 
 def test_registry_runs_onednn_when_preferred_and_raises_its_reason_when_forced():

@@ -37,7 +37,7 @@ FP8_BLOCK = QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_GROUP, G.BLOCK, dynamic=True
 W8A16_BLOCK = QuantScheme.weight_only(FP8_DTYPE, G.BLOCK)
 W4A8 = QuantScheme(torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, dynamic=True, weight_group_size=128)
 BF16, FP32 = torch.bfloat16, torch.float32
-BLOCK_REASON = "torch has no block-scaled GEMM (per-group activation / 128x128 weight scales)"
+BLOCK_REASON = "fp8 upcast + torch.mm takes per-tensor / per-token activation scales, not per-group"
 
 
 def key(scheme=INT8_DYNAMIC, device_type="cpu", out_dtype=BF16, n=4096, k=4096):
@@ -147,19 +147,19 @@ def test_preference_moves_on_past_disabled_and_unable_kernels():
 
 
 @pytest.mark.parametrize(
-    "scheme, k, n, factor",
+    "scheme, k, n, row, factor",
     [
-        (INT8_DYNAMIC, 196, 256, 8),
-        (INT8_DYNAMIC, 512, 33, 8),
-        (FP8_TENSOR, 136, 256, 16),  # a multiple of 8 is not enough for fp8
-        (INT8_DYNAMIC, None, 256, 8),  # symbolic K
-        (FP8_TENSOR, 512, None, 16),  # symbolic N
+        (INT8_DYNAMIC, 196, 256, "int8 torch._int_mm (cuBLASLt)", 8),
+        (INT8_DYNAMIC, 512, 33, "int8 torch._int_mm (cuBLASLt)", 8),
+        (FP8_TENSOR, 136, 256, "fp8 torch._scaled_mm (cuBLASLt)", 16),  # a multiple of 8 is not enough for fp8
+        (INT8_DYNAMIC, None, 256, "int8 torch._int_mm (cuBLASLt)", 8),  # symbolic K
+        (FP8_TENSOR, 512, None, "fp8 torch._scaled_mm (cuBLASLt)", 16),  # symbolic N
     ],
 )
-def test_torch_kernel_cuda_alignment_reasons(scheme, k, n, factor):
+def test_torch_kernel_cuda_alignment_reasons(scheme, k, n, row, factor):
     choice = choose_kernel(key(scheme, "cuda", BF16, n=n, k=k), H100, preference=("torch", "triton"))
     assert choice.kernel.name == "triton"  # masked loads: any K and N
-    assert choice.rejected == {"torch": f"cuBLAS needs static K and N that are multiples of {factor} (K={k}, N={n})"}
+    assert choice.rejected == {"torch": f"{row} needs static K and N that are multiples of {factor} (K={k}, N={n})"}
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
-from qfuse.kernels import GemmKey, choose_kernel, get_kernel, reference_math
+from qfuse.kernels import GemmKey, choose_kernel, get_kernel, implements, reference_math
 from qfuse.kernels import xpu as xpu_module
 from qfuse.kernels.xpu import pack_int4, unpack_int4
 from qfuse.platform import Platform
@@ -41,7 +41,7 @@ def w4a8(group_size=128, **changes):
 
 def key(scheme=None, n=4096, k=4096, out_dtype=FP16, device_type="xpu"):
     scheme = w4a8() if scheme is None else scheme
-    return GemmKey(scheme, n=n, k=k, out_dtype=out_dtype, bias_dtype=out_dtype, device_type=device_type, fused_quant=True)
+    return GemmKey(scheme, n=n, k=k, out_dtype=out_dtype, bias_dtype=out_dtype, device_type=device_type)
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +66,7 @@ def test_is_supported(platform, reason):
     assert XPU_KERNEL.is_supported(platform) == (not reason, reason)
 
 
-ACTIVATION_REASON = "the xpu kernel quantizes activations"
+ROW = "W4A8 int4_gemm_w4a8"
 
 
 @pytest.mark.parametrize(
@@ -78,59 +78,56 @@ ACTIVATION_REASON = "the xpu kernel quantizes activations"
         (key(w4a8(None)), ""),
         (key(w4a8(None), k=8, n=8), ""),
         (key(QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True)),
-         "the xpu kernel is W4A8: it takes int4 weights, not int8"),
+         "xpu computes int8 x int4 on xpu, not int8 x int8"),
         (key(QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, True)),
-         "the xpu kernel is W4A8: it takes int4 weights, not fp8"),
+         "xpu computes int8 x int4 on xpu, not fp8 x fp8"),
         (key(w4a8(activation_dtype=torch.uint8, symmetric=False)),
-         f"{ACTIVATION_REASON} to symmetric int8, not uint8 dyn-token asym x int4 per-group-128"),
-        (key(w4a8(symmetric=False)), f"{ACTIVATION_REASON} to symmetric int8, not int8 dyn-token asym x int4 per-group-128"),
-        (key(w4a8(dynamic=False)), f"{ACTIVATION_REASON} dynamically per token, not int8 static-token x int4 per-group-128"),
+         "xpu computes int8 x int4 on xpu, not uint8 x int4"),
+        (key(w4a8(symmetric=False)), f"{ROW} takes no activation zero point (asymmetric activations)"),
+        (key(w4a8(dynamic=False)), f"{ROW} takes dynamic activation scales only"),
         (key(w4a8(activation_granularity=G.PER_TENSOR)),
-         f"{ACTIVATION_REASON} dynamically per token, not int8 dyn-tensor x int4 per-group-128"),
+         f"{ROW} takes per-token activation scales, not per-tensor"),
         (key(w4a8(activation_granularity=G.PER_GROUP)),
-         f"{ACTIVATION_REASON} dynamically per token, not int8 dyn-group x int4 per-group-128"),
+         f"{ROW} takes per-token activation scales, not per-group"),
         (key(w4a8(None, weight_granularity=G.PER_TENSOR)),
-         "the xpu kernel takes per-group or per-channel int4 weight scales, not per_tensor"),
-        (key(w4a8(None, weight_granularity=G.BLOCK)), "the xpu kernel takes per-group or per-channel int4 weight scales, not block"),
-        (key(w4a8(48)), "the xpu kernel needs a weight group size that is a multiple of 32, got 48"),
-        (key(w4a8(16)), "the xpu kernel needs a weight group size that is a multiple of 32, got 16"),
+         "W4A8 int4_gemm_w4a8 takes per-channel / per-group weight scales, not per-tensor"),
+        (key(w4a8(None, weight_granularity=G.BLOCK)), "W4A8 int4_gemm_w4a8 takes per-channel / per-group weight scales, not block"),
+        (key(w4a8(48)), "W4A8 int4_gemm_w4a8 needs a weight group size that is a multiple of 32, got 48"),
+        (key(w4a8(16)), "W4A8 int4_gemm_w4a8 needs a weight group size that is a multiple of 32, got 16"),
         (key(w4a8(96), k=4096), "the weight group size 96 does not divide K=4096"),
         (key(k=4100), "the weight group size 128 does not divide K=4100"),
-        (key(w4a8(None), k=4100), "the xpu kernel needs static K and N that are multiples of 8 (K=4100, N=4096)"),
-        (key(n=4100), "the xpu kernel needs static K and N that are multiples of 8 (K=4096, N=4100)"),
-        (key(k=None), "the xpu kernel needs static K and N that are multiples of 8 (K=None, N=4096)"),
-        (key(n=None), "the xpu kernel needs static K and N that are multiples of 8 (K=4096, N=None)"),
-        (key(out_dtype=torch.float32), "the xpu kernel takes and returns float16 or bfloat16, not torch.float32"),
+        (key(w4a8(None), k=4100), "W4A8 int4_gemm_w4a8 needs static K and N that are multiples of 8 (K=4100, N=4096)"),
+        (key(n=4100), "W4A8 int4_gemm_w4a8 needs static K and N that are multiples of 8 (K=4096, N=4100)"),
+        (key(k=None), "W4A8 int4_gemm_w4a8 needs static K and N that are multiples of 8 (K=None, N=4096)"),
+        (key(n=None), "W4A8 int4_gemm_w4a8 needs static K and N that are multiples of 8 (K=4096, N=None)"),
+        (key(out_dtype=torch.float32), "W4A8 int4_gemm_w4a8 writes fp16 / bf16, not fp32"),
     ],
 )
 def test_can_implement(gemm, reason):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no float16-output warning for float16
-        assert XPU_KERNEL.can_implement(gemm, XPU) == (not reason, reason)
+        assert implements(XPU_KERNEL, gemm, XPU) == reason
 
 
 def test_weight_only_keys_are_rejected():
-    class WeightOnly:
-        is_weight_only = True  # QuantScheme may grow this property
-
-    assert XPU_KERNEL.can_implement(key(WeightOnly()), XPU) == (
-        False, "the xpu kernel is W4A8: it needs a quantized activation; this scheme is weight-only")
+    weight_only = QuantScheme.weight_only(torch.int8, G.PER_CHANNEL, torch.float16)
+    assert implements(XPU_KERNEL, key(weight_only), XPU) == "xpu computes int8 x int4 on xpu, not fp16 x int8 (weight-only)"
 
 
 def test_bfloat16_is_accepted_with_a_one_time_float16_output_warning():
     with pytest.warns(UserWarning, match="writes float16; qfuse casts the result back to bfloat16"):
-        assert XPU_KERNEL.can_implement(key(out_dtype=BF16), XPU) == (True, "")
+        assert implements(XPU_KERNEL, key(out_dtype=BF16), XPU) == ""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert XPU_KERNEL.can_implement(key(out_dtype=BF16), XPU) == (True, "")
+        assert implements(XPU_KERNEL, key(out_dtype=BF16), XPU) == ""
 
 
 def test_forced_xpu_is_chosen_and_int4_keys_are_rejected_elsewhere_with_a_reason():
     assert choose_kernel(key(), XPU, forced="xpu").kernel is XPU_KERNEL
     assert choose_kernel(key(device_type="cpu"), CPU, preference=("torch",)).rejected == {
-        "torch": "int4 weights (W4A8) are not implemented in the torch kernel"}
+        "torch": "torch computes int8 / uint8 x int8, fp8 x fp8 on cpu, not int8 x int4"}
     assert choose_kernel(key(device_type="cuda"), H100, preference=("triton",)).rejected == {
-        "triton": "int4 weights (W4A8) are not implemented in the Triton kernel"}
+        "triton": "triton computes int8 x int8, fp8 x fp8 on cuda, not int8 x int4"}
 
 
 # --- packing ---------------------------------------------------------------------------------------

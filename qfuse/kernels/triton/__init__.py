@@ -6,29 +6,29 @@ where Triton is missing: `scaled_mm.py` (every scale granularity, any M; tiles p
 and `quant.py` (one-pass quantizers, for `qfuse::quant_scaled_mm` when asked for by name). Under
 torch.compile the scaled-mm's main loop enters Inductor's generated code as a Triton template
 (`qfuse.lowerings.triton_template`), where Inductor fuses the epilogue into it; the eager launchers
-here serve the op's extern call (K not a multiple of 16) and eager use. Limits (`can_implement`):
-
-    device       CUDA GPUs (ROCm: int8 only, its fp8 is e4m3fnuz), with Triton installed
-    int8         capability >= 8.0 (int8 tensor-core dot)
-    fp8 e4m3     capability >= 8.9
-    scales       every granularity: per-tensor, per-token / per-channel, 1x128 / 128x128 blocks
-    zero points  none (asymmetric activations run on the torch kernel)
-    sizes        any M >= 1, N, K (masked; K padded to a multiple of 16 for aligned loads); int64 offsets
+here serve the op's extern call (K not a multiple of 16) and eager use. What it takes is the
+capability table `TritonKernel.capabilities`: int8 from capability 8.0 (also on ROCm), fp8 e4m3fn
+from 8.9 (not on ROCm, whose fp8 is e4m3fnuz), every scale granularity (per-tensor, per-token /
+per-channel, 1x128 / 128x128 blocks), no zero points (asymmetric activations run on the torch
+kernel), any M >= 1, N, K (masked; K padded to a multiple of 16 for aligned loads; int64 offsets).
 """
 
 from __future__ import annotations
 
 import torch
 
-from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.base import OK, Kernel, Verdict
+from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
 from qfuse.platform import Platform
-from qfuse.schemes import INT4_DTYPE, Granularity
+from qfuse.schemes import FP8_DTYPE, Granularity
 
 
 #: K is padded to this multiple (weights once, activations per call): with K = 4100 the unaligned
 #: rows cost 40-60x on an H200 (benchmarks/gpu_kernels.py, docs/benchmarks.md).
 K_ALIGNMENT = 16
+_ALL_ACTIVATION_SCALES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)
+_ALL_WEIGHT_SCALES = (Granularity.PER_TENSOR, Granularity.PER_CHANNEL, Granularity.BLOCK)
 
 
 class TritonKernel(Kernel):
@@ -37,27 +37,18 @@ class TritonKernel(Kernel):
     # activation (RMSNorm, SiLU * mul); the GEMM enters that code as a template (qfuse.lowerings).
     fuses_activation_quant = False
     prepares_weight = True
+    capabilities = (
+        Capability("int8 W8A8 dot", ("cuda",), (torch.int8,), (torch.int8,), _ALL_ACTIVATION_SCALES,
+                   _ALL_WEIGHT_SCALES, min_capability=80),
+        Capability("fp8 e4m3fn W8A8 dot", ("cuda",), (FP8_DTYPE,), (FP8_DTYPE,), _ALL_ACTIVATION_SCALES,
+                   _ALL_WEIGHT_SCALES, min_capability=89, rocm=False),
+    )
 
     def is_supported(self, platform: Platform) -> Verdict:
         if platform.device_type != "cuda":
             return False, f"triton kernels run on CUDA / ROCm GPUs, not on {platform.describe()}"
         if not platform.has("triton"):
             return False, "Triton is not installed (pip install triton)"
-        return OK
-
-    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
-        scheme = key.scheme
-        if scheme.is_weight_only:
-            return False, "weight-only schemes (float activation) are not implemented in the Triton kernel"
-        if scheme.weight_dtype == INT4_DTYPE:
-            return False, "int4 weights (W4A8) are not implemented in the Triton kernel"
-        if not scheme.symmetric:
-            return False, "zero points (asymmetric activations) are not implemented in the Triton kernel"
-        if scheme.is_fp8 and platform.is_rocm:
-            return False, "ROCm fp8 is e4m3fnuz; the Triton kernel takes e4m3fn"
-        needed = 89 if scheme.is_fp8 else 80
-        if not platform.is_rocm and platform.capability < needed:
-            return False, f"needs capability >= {needed} for {'fp8' if scheme.is_fp8 else 'int8'} dot (this GPU: {platform.capability})"
         return OK
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:

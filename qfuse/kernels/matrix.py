@@ -1,0 +1,116 @@
+"""The kernel x scheme matrix: every kernel's capability table, rendered for people.
+
+`python -m qfuse kernels` prints, for this machine, which kernels run here and which one the
+registry picks for each common scheme; `--markdown` prints the part that does not depend on the
+machine (every capability row, and which scheme each kernel's table takes on which device), which
+docs/kernels.md holds between the `KERNEL_TABLES` markers, kept equal by a test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import torch
+
+from qfuse.kernels.base import GemmKey
+from qfuse.kernels.capabilities import Capability, table_verdict
+from qfuse.kernels.registry import KERNELS, choose_kernel
+from qfuse.platform import OPTIONAL_LIBRARIES, Platform, current_platform
+from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme, dtype_name
+
+G = Granularity
+#: The schemes real models bring (vLLM / compressed-tensors W8A8, PT2E, DeepSeek blocks, W4A8, W8A16).
+SCHEMES: tuple[QuantScheme, ...] = (
+    QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True),
+    QuantScheme(torch.int8, torch.int8, G.PER_TENSOR, G.PER_TENSOR, dynamic=False),
+    QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True, symmetric=False),
+    QuantScheme(torch.uint8, torch.int8, G.PER_TENSOR, G.PER_CHANNEL, dynamic=False, symmetric=False),
+    QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True),
+    QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TENSOR, G.PER_TENSOR, dynamic=False),
+    QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_GROUP, G.BLOCK, dynamic=True),
+    QuantScheme(torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, dynamic=True, weight_group_size=128),
+    QuantScheme.weight_only(FP8_DTYPE, G.BLOCK),
+    QuantScheme.weight_only(torch.int8, G.PER_CHANNEL),
+)
+#: A machine with every capability, for the part of the matrix that depends on the tables alone.
+_EVERYTHING = {device: Platform(device, cuda_capability=(9, 0) if device == "cuda" else None,
+                                libraries=frozenset(OPTIONAL_LIBRARIES)) for device in ("cpu", "cuda", "xpu")}
+_SIZE = 4096  # K and N of the matrix's linears: aligned for every kernel
+#: The kernels in the matrix: `reference` (slow emulation, only when forced) takes everything.
+MATRIX_KERNELS = tuple(name for name in KERNELS if name != "reference")
+
+
+def _key(scheme: QuantScheme, device: str) -> GemmKey:
+    return GemmKey(scheme, n=_SIZE, k=_SIZE, out_dtype=torch.bfloat16, bias_dtype=None, device_type=device)
+
+
+def _cell(value) -> str:
+    """One capability column as table text."""
+    if isinstance(value, tuple):
+        return " / ".join(dtype_name(item) if isinstance(item, torch.dtype)
+                          else getattr(item, "value", item).replace("_", "-") for item in value) or "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value) if value not in ("", 0, 1) else "-"
+
+
+def capability_table() -> str:
+    """Every kernel's capability rows as one markdown table (the columns of `Capability`)."""
+    columns = [field.name for field in fields(Capability)]
+    lines = ["| kernel | " + " | ".join(column.replace("_", " ") for column in columns) + " |",
+             "|---" * (len(columns) + 1) + "|"]
+    for name, kernel in KERNELS.items():
+        for row in kernel.capabilities:
+            gpu_only = {"min_capability", "rocm"} if "cuda" not in row.devices else set()
+            cells = ["-" if column in gpu_only else _cell(getattr(row, column)) for column in columns]
+            lines.append(f"| {name} | " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def _devices_taking(kernel_name: str, scheme: QuantScheme) -> str:
+    """The devices on which `kernel_name`'s table takes `scheme` (K = N = 4096, bf16 out), naming the
+    packages it needs there."""
+    rows = KERNELS[kernel_name].capabilities
+    taken = []
+    for device in dict.fromkeys(device for row in rows for device in row.devices):
+        key, platform = _key(scheme, device), _EVERYTHING[device]
+        if table_verdict(kernel_name, rows, key, platform):
+            continue
+        needs = ""
+        if table_verdict(kernel_name, rows, key, replace(platform, libraries=frozenset())):
+            needs = " (" + ", ".join(dict.fromkeys(package for row in rows for package in row.requires)) + ")"
+        taken.append(device + needs)
+    return ", ".join(taken) or "-"
+
+
+def scheme_matrix() -> str:
+    """Markdown: which kernel's table takes which scheme, on which device."""
+    lines = ["| scheme | " + " | ".join(MATRIX_KERNELS) + " |", "|---" * (len(MATRIX_KERNELS) + 1) + "|"]
+    for scheme in SCHEMES:
+        lines.append(f"| {scheme.describe()} | " + " | ".join(_devices_taking(name, scheme) for name in MATRIX_KERNELS) + " |")
+    return "\n".join(lines)
+
+
+def markdown() -> str:
+    """The machine-independent part: what docs/kernels.md holds between its KERNEL_TABLES markers."""
+    return (f"Which scheme each kernel's table takes, and on which device (K = N = {_SIZE}, bf16 output; a "
+            "package in brackets: only with it; `reference` takes everything):\n\n"
+            f"{scheme_matrix()}\n\nThe capability rows (`capabilities` of each kernel class; `-`: no limit):\n\n"
+            f"{capability_table()}\n")
+
+
+def this_machine(devices: tuple[str, ...]) -> str:
+    """Plain text: which kernels run here, and the registry's pick for each scheme on each device."""
+    lines = []
+    for device in devices:
+        platform = current_platform(device)
+        lines.append(f"{device}: {platform.describe()}")
+        for name, kernel in KERNELS.items():
+            ok, reason = kernel.is_supported(platform)
+            lines.append(f"  {name:<10} {'runs here' if ok else 'not here: ' + reason}")
+        lines.append(f"  the registry's pick (K = N = {_SIZE}, bf16 output):")
+        for scheme in SCHEMES:
+            choice = choose_kernel(_key(scheme, device), platform)
+            picked = choice.kernel.name if choice.kernel else "none (Inductor's own code runs it)"
+            lines.append(f"    {scheme.describe():<40} {picked}")
+    return "\n".join(lines)
