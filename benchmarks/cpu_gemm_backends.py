@@ -1,7 +1,7 @@
 """CPU W8A8 GEMM backends side by side: int8 dynamic per-token x per-channel, bfloat16 activations.
 
-For each M (default 1, 32, 256) and N = K = 4096 it times, in turns (`qfuse.demo.median_ms`:
-warm-up, then the median of --runs calls timed with time.perf_counter):
+For each M (default 1, 32, 256) and N = K = 4096 it times, in turns (`qfuse.bench.time_in_turns`:
+warm-up, then the median and quartiles of --runs calls timed with time.perf_counter):
 
     zentorch    the qfuse `zentorch` kernel's quant_apply: zentorch_dynamic_qlinear quantizes the
                 bfloat16 activation per token and runs the int8 GEMM; the weight prepared once
@@ -14,47 +14,33 @@ warm-up, then the median of --runs calls timed with time.perf_counter):
 
 Every candidate's result is also compared with the fp32 one (relative Frobenius error), so a fast
 wrong backend shows. A backend that cannot run here is listed with the reason. Prints a markdown
-table (median ms, time relative to fp32 mm, error); --json writes the results with the CPU model,
-thread count and versions.
+table (median ms, time relative to fp32 mm, error); writes the results with the CPU model, flags,
+thread count and versions to --out, and plots the medians against M to --plot.
 
     .venv/bin/python benchmarks/cpu_gemm_backends.py [--m 1 32 256] [--n 4096 --k 4096]
-        [--threads N] [--runs 20] [--json benchmarks/results/cpu_gemm_backends.json]
+        [--threads N] [--runs 20] [--out benchmarks/results/cpu_gemm_backends.json] [--plot FILE.png]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
+import dataclasses
 import importlib.util
-import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from qfuse.demo import median_ms
+from qfuse.bench import add_output_arguments, format_table, machine, out_path, plot, relative_error, time_in_turns, write
 from qfuse.kernels import KERNELS
 from qfuse.kernels.base import GemmKey
+from qfuse.kernels.registry import implements
 from qfuse.platform import current_platform
 from qfuse.schemes import Granularity, QuantScheme
 
 SCHEME = QuantScheme(torch.int8, torch.int8, Granularity.PER_TOKEN, Granularity.PER_CHANNEL, dynamic=True)
 ACTIVATION_DTYPE = torch.bfloat16
 EPS = 1e-5
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            models = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
-    except OSError as error:  # not Linux: the benchmark still runs, the table says why the model is missing
-        return f"unknown ({error})"
-    return models[0] if models else "unknown (no 'model name' in /proc/cpuinfo)"
-
-
-def library_version(name: str) -> str | None:
-    return importlib.metadata.version(name) if importlib.util.find_spec(name) is not None else None
 
 
 def operands(m: int, n: int, k: int):
@@ -72,12 +58,9 @@ def why_kernel_cannot_run(name: str, n: int, k: int) -> str:
     if name == "zentorch" and importlib.util.find_spec("zentorch") is None:
         return "zentorch is not installed (pip install 'qfuse[zentorch]')"
     kernel, platform = KERNELS[name], current_platform("cpu")
-    key = GemmKey(SCHEME, n=n, k=k, out_dtype=ACTIVATION_DTYPE, bias_dtype=None, device_type="cpu",
-                  fused_quant=kernel.fuses_activation_quant)
-    for ok, reason in (kernel.is_supported(platform), kernel.can_implement(key, platform)):
-        if not ok:
-            return reason
-    return ""
+    key = GemmKey(SCHEME, n=n, k=k, out_dtype=ACTIVATION_DTYPE, bias_dtype=None, device_type="cpu")
+    ok, reason = kernel.is_supported(platform)
+    return reason if not ok else implements(kernel, key, platform)
 
 
 def qfuse_kernel_call(name: str, x, w, w_scale) -> Callable[[], torch.Tensor]:
@@ -110,32 +93,24 @@ def candidates(m: int, n: int, k: int) -> tuple[dict[str, Callable], dict[str, s
     return calls, skipped
 
 
-def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
-    reference = reference.double()
-    return ((out.double() - reference).norm() / reference.norm()).item()
-
-
 def measure(m: int, n: int, k: int, runs: int) -> list[dict]:
     calls, skipped = candidates(m, n, k)
     reference = calls["fp32 mm"]()
     errors = {name: relative_error(call(), reference) for name, call in calls.items()}
-    times = median_ms(calls, "cpu", runs=runs)
-    rows = [{"m": m, "n": n, "k": k, "backend": name, "median_ms": times[name],
-             "vs_fp32_mm": times[name] / times["fp32 mm"], "relative_error": errors[name], "skipped": None}
+    times = time_in_turns(calls, "cpu", runs=runs)
+    baseline = times["fp32 mm"].median_ms
+    rows = [{"m": m, "n": n, "k": k, "backend": name, **dataclasses.asdict(times[name]),
+             "vs_fp32_mm": times[name].median_ms / baseline, "relative_error": errors[name], "skipped": None}
             for name in ("zentorch", "onednn", "torch", "fp32 mm", "bf16 mm") if name in calls]
     rows += [{"m": m, "n": n, "k": k, "backend": name, "skipped": reason} for name, reason in skipped.items()]
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| M | backend | median ms | vs fp32 mm | rel. error vs fp32 |", "|---:|---|---:|---:|---:|"]
-    for row in rows:
-        if row["skipped"]:
-            lines.append(f"| {row['m']} | {row['backend']} | skipped: {row['skipped']} | | |")
-        else:
-            lines.append(f"| {row['m']} | {row['backend']} | {row['median_ms']:.3f} | {row['vs_fp32_mm']:.2f}x "
-                         f"| {row['relative_error']:.1e} |")
-    return "\n".join(lines)
+    cells = [[row["m"], row["backend"], f"skipped: {row['skipped']}", "", ""] if row["skipped"] else
+             [row["m"], row["backend"], f"{row['median_ms']:.3f}", f"{row['vs_fp32_mm']:.2f}x", f"{row['relative_error']:.1e}"]
+             for row in rows]
+    return format_table(cells, ["M", "backend", "median ms", "vs fp32 mm", "rel. error vs fp32"], markdown=True)
 
 
 def main() -> None:
@@ -145,18 +120,18 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--json", type=Path, help="write the results here")
+    add_output_arguments(parser, "cpu_gemm_backends", plot=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    machine = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-               "zentorch": library_version("zentorch"), "platform": current_platform("cpu").describe()}
+    info = machine()
     rows = [row for m in args.m for row in measure(m, args.n, args.k, args.runs)]
-    print(f"{machine['cpu']} ({machine['platform']}), {machine['threads']} threads, torch {machine['torch']}, "
-          f"zentorch {machine['zentorch']}; N={args.n} K={args.k}, bf16 activations, median of {args.runs}\n")
+    print(f"{info['cpu']} ({info['platform']}), {info['torch_threads']} threads, torch {info['torch']}, "
+          f"zentorch {info['zentorch']}; N={args.n} K={args.k}, bf16 activations, median of {args.runs}\n")
     print(markdown(rows))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"machine": machine, "runs": args.runs, "results": rows}, indent=2))
+    print(f"\nwrote {write(out_path(args, 'cpu_gemm_backends'), rows, runs=args.runs)}")
+    if args.plot:
+        plot(args.plot, rows, x="m", y="median_ms", series="backend",
+             title=f"W8A8 GEMM on {info['cpu']}, N={args.n} K={args.k}, {info['torch_threads']} threads: median ms")
 
 
 if __name__ == "__main__":

@@ -8,20 +8,21 @@ For one GEMM shape (default M=256, K=1024, N=2048) it times, in one process and 
              fp8 upcast to bf16 + torch.mm      (bf16 accumulator output)
              fp8 upcast to float32 + torch.mm   (the path qfuse takes on CPU)
 
-Median of --runs timed calls after warm-up; prints a table and writes JSON to --out.
+Median (and quartiles) of --runs calls after warm-up (`qfuse.bench.time_in_turns`); prints a
+table, writes JSON to --out and, with --plot, a bar chart of the medians.
 
     .venv/bin/python benchmarks/cpu_kernel_choice.py [--m 256 --k 1024 --n 2048] [--runs 30]
+        [--out benchmarks/results/cpu_kernel_choice.json] [--plot FILE.png]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
+import dataclasses
 
 import torch
 
-from qfuse.demo import median_ms
+from qfuse.bench import add_output_arguments, format_table, out_path, plot, time_in_turns, write
 
 FP8 = torch.float8_e4m3fn
 
@@ -48,16 +49,18 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=1024)
     parser.add_argument("--n", type=int, default=2048)
     parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--out", default="benchmarks/results/cpu_kernel_choice.json")
+    add_output_arguments(parser, "cpu_kernel_choice", plot=True)
     args = parser.parse_args()
-    times = median_ms(candidates(args.m, args.k, args.n), "cpu", runs=args.runs)
-    baseline = times["fp32 torch.mm"]
+    times = time_in_turns(candidates(args.m, args.k, args.n), "cpu", runs=args.runs)
+    baseline = times["fp32 torch.mm"].median_ms
+    rows = [{"candidate": name, **dataclasses.asdict(timing), "vs_fp32_mm": timing.median_ms / baseline}
+            for name, timing in times.items()]
     print(f"M={args.m} K={args.k} N={args.n}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'candidate':<24} {'median ms':>10} {'vs fp32 mm':>11}")
-    for name, milliseconds in times.items():
-        print(f"{name:<24} {milliseconds:>10.3f} {milliseconds / baseline:>10.2f}x")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"shape": vars(args), "torch": torch.__version__, "median_ms": times}, indent=2))
+    print(format_table([[row["candidate"], f"{row['median_ms']:.3f}", f"{row['vs_fp32_mm']:.2f}x"] for row in rows],
+                       ["candidate", "median ms", "vs fp32 mm"]))
+    print(f"wrote {write(out_path(args, 'cpu_kernel_choice'), rows, m=args.m, k=args.k, n=args.n, runs=args.runs)}")
+    if args.plot:
+        plot(args.plot, rows, x="candidate", y="median_ms", title=f"M={args.m} K={args.k} N={args.n}: median ms")
 
 
 if __name__ == "__main__":

@@ -10,38 +10,38 @@ Two ways of writing the same quantized MLP:
                 a buffer, dequantized in forward with dequantize_per_channel; then F.linear
 
 Each form is compiled in this process with backend="qfuse" and with plain torch.compile
-(Inductor), and timed in turns under torch.no_grad() (median of --runs runs after warm-up).
-Reported per form: the two medians and the speedup (Inductor median / qfuse median), the max abs error of each against eager,
-and how many linears qfuse fused (from qfuse.recent_reports(), compiled with Inductor's caches
-off, since a cache hit skips the passes). Writes JSON to --out.
+(Inductor), and timed in turns under torch.no_grad() (`qfuse.bench.time_in_turns`: median and
+quartiles of --runs runs after warm-up). Reported per form: the two medians and the speedup
+(Inductor median / qfuse median), the max abs error of each against eager, and how many linears
+qfuse fused (from qfuse's reports, compiled with Inductor's caches off, since a cache hit skips
+the passes). Writes JSON to --out; --plot draws the two medians per form.
 
-    .venv/bin/python benchmarks/cpu_mlp.py [--runs 50] [--threads N] [--out benchmarks/results/cpu_mlp.json]
+    .venv/bin/python benchmarks/cpu_mlp.py [--runs 50] [--threads N] [--out benchmarks/results/cpu_mlp.json] [--plot FILE.png]
+    .venv/bin/python benchmarks/cpu_mlp.py --quick     # 64 -> 128 -> 64, M=16, 3 runs: checks the set-up, seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import subprocess
-from pathlib import Path
+import dataclasses
 
 import torch
 import torch.ao.quantization.fx._decomposed  # registers torch.ops.quantized_decomposed
 from torch import nn
 
-from qfuse.demo import compile_and_report, format_table, max_error, median_ms
+from qfuse.bench import add_output_arguments, format_table, machine, out_path, plot, time_in_turns, write
+from qfuse.demo import compile_and_report, max_error
 from qfuse.demo_model import quantize_linears, quantize_per_channel
 
 quantized_decomposed = torch.ops.quantized_decomposed
-M, HIDDEN, INTERMEDIATE = 256, 1024, 2048
+SIZES = {"m": 256, "hidden": 1024, "intermediate": 2048}
+QUICK_SIZES = {"m": 16, "hidden": 64, "intermediate": 128}
 
 
 class MLP(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(HIDDEN, INTERMEDIATE), nn.Linear(INTERMEDIATE, HIDDEN)
+        self.fc1, self.fc2 = nn.Linear(hidden, intermediate), nn.Linear(intermediate, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(x)))
@@ -78,21 +78,11 @@ class QDQLinear(nn.Module):
 
 def qdq_mlp(model: MLP, sample: torch.Tensor) -> MLP:
     """The MLP with both linears in Q/DQ form, activation ranges calibrated on `sample`."""
-    qdq = MLP()
+    qdq = MLP(model.fc1.in_features, model.fc1.out_features)
     with torch.no_grad():
         qdq.fc1 = QDQLinear(model.fc1, sample)
         qdq.fc2 = QDQLinear(model.fc2, torch.relu(model.fc1(sample)))
     return qdq.eval()
-
-
-def machine() -> dict:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        model_name = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        model_name = platform.processor() or "unknown"
-    return {"cpu": model_name, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version()}
 
 
 def run_form(name: str, model: nn.Module, x: torch.Tensor, runs: int, warmup: int) -> dict:
@@ -100,17 +90,19 @@ def run_form(name: str, model: nn.Module, x: torch.Tensor, runs: int, warmup: in
         eager = model(x)
         qfuse_model, qfuse_out, records = compile_and_report(model, x, "qfuse")
         inductor_model, inductor_out, _ = compile_and_report(model, x, "inductor")
-        times = median_ms({"qfuse": lambda: qfuse_model(x), "inductor": lambda: inductor_model(x)},
-                          "cpu", warmup=warmup, runs=runs)
+        times = time_in_turns({"qfuse": lambda: qfuse_model(x), "inductor": lambda: inductor_model(x)},
+                              "cpu", warmup=warmup, runs=runs)
     return {
         "form": name,
         "linears_seen": len(records),
         "linears_fused": sum(record.fused for record in records),
         "records": [{"node": r.node, "module": r.module, "fused": r.fused, "pattern": r.pattern, "scheme": r.scheme,
                      "kernel": r.kernel, "reason": r.reason} for r in records],
-        "qfuse_ms": times["qfuse"],
-        "inductor_ms": times["inductor"],
-        "speedup": times["inductor"] / times["qfuse"],
+        "qfuse_ms": times["qfuse"].median_ms,
+        "inductor_ms": times["inductor"].median_ms,
+        "speedup": times["inductor"].median_ms / times["qfuse"].median_ms,
+        "qfuse_timing": dataclasses.asdict(times["qfuse"]),
+        "inductor_timing": dataclasses.asdict(times["inductor"]),
         "qfuse_max_error_vs_eager": max_error(qfuse_out, eager),
         "inductor_max_error_vs_eager": max_error(inductor_out, eager),
         "eager_max_abs_output": eager.abs().max().item(),
@@ -118,45 +110,44 @@ def run_form(name: str, model: nn.Module, x: torch.Tensor, runs: int, warmup: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=50, help="timed runs per model (>= 30)")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=None, help="timed runs per model (>= 30; default 50, quick 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 5, quick 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--out", default="benchmarks/results/cpu_mlp.json")
+    add_output_arguments(parser, "cpu_mlp", plot=True, quick="64 -> 128 -> 64, M=16, 3 runs: checks the set-up")
     args = parser.parse_args()
-    if args.runs < 30:
+    runs, warmup = args.runs or (3 if args.quick else 50), args.warmup or (1 if args.quick else 5)
+    if runs < 30 and not args.quick:
         parser.error("--runs must be at least 30")
     if args.threads:
         torch.set_num_threads(args.threads)
+    sizes = QUICK_SIZES if args.quick else SIZES
 
     torch.manual_seed(0)
-    float_model = MLP().eval()
-    x, calibration_sample = torch.randn(M, HIDDEN), torch.randn(M, HIDDEN)
+    float_model = MLP(sizes["hidden"], sizes["intermediate"]).eval()
+    x, calibration_sample = torch.randn(sizes["m"], sizes["hidden"]), torch.randn(sizes["m"], sizes["hidden"])
     forms = {
         "reference int8 (dynamic per-token)": quantize_linears(float_model, torch.int8),
         "pt2e Q/DQ int8 (static per-tensor)": qdq_mlp(float_model, calibration_sample),
     }
-    results = [run_form(name, model, x, args.runs, args.warmup) for name, model in forms.items()]
+    results = [run_form(name, model, x, runs, warmup) for name, model in forms.items()]
 
     rows = [[r["form"], f"{r['linears_fused']}/{r['linears_seen']}", f"{r['qfuse_ms']:.3f}",
              f"{r['inductor_ms']:.3f}", f"{r['speedup']:.2f}x",
              f"{r['qfuse_max_error_vs_eager']:.2e}", f"{r['inductor_max_error_vs_eager']:.2e}"] for r in results]
+    shape = f"M={sizes['m']}, {sizes['hidden']}->{sizes['intermediate']}->{sizes['hidden']}"
     info = machine()
-    print(f"cpu_mlp: M={M}, {HIDDEN}->{INTERMEDIATE}->{HIDDEN}, float32 input, median of {args.runs} runs; "
-          f"{info['cpu']}, {info['cpus']} CPUs, {info['torch_threads']} torch threads, torch {info['torch']}\n")
-    print(format_table(rows, ["form", "fused", "qfuse ms", "inductor ms", "speedup",
-                              "qfuse err", "inductor err"]))
+    print(f"cpu_mlp: {shape}, float32 input, median of {runs} runs; {info['cpu']}, {info['cpus']} CPUs, "
+          f"{info['torch_threads']} torch threads, torch {info['torch']}\n")
+    print(format_table(rows, ["form", "fused", "qfuse ms", "inductor ms", "speedup", "qfuse err", "inductor err"]))
     for r in results:
         for record in r["records"]:
             if not record["fused"]:
                 print(f"  {r['form']}: {record['node']} not fused: {record['reason']}")
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": "cpu_mlp", "shape": {"m": M, "hidden": HIDDEN, "intermediate": INTERMEDIATE},
-               "runs": args.runs, "warmup": args.warmup, "machine": info, "results": results}
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    out = write(out_path(args, "cpu_mlp"), results, shape=sizes, runs=runs, warmup=warmup)
     print(f"\nwrote {out}")
+    if args.plot:
+        plot(args.plot, results, x="form", y=("qfuse_ms", "inductor_ms"), title=f"cpu_mlp {shape}: median ms")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """CPU benchmark: qfuse against the recipes torchao users run today, on this CPU.
 
     .venv/bin/python benchmarks/cpu_peers.py [--quick] [--runs 30] [--repeats 3] [--threads N] [--only pt2e|torchao|demo] [--out PATH]
-    .venv/bin/python benchmarks/cpu_peers.py --quick     # small sizes, one repeat of 10 rounds, writes /tmp/cpu_peers_quick.json
+    .venv/bin/python benchmarks/cpu_peers.py --quick     # small sizes, one repeat of 10 rounds, writes $TMPDIR/cpu_peers_quick.json
 
 Groups (one model each; every variant compiled on its own deep copy with its own backend callable):
 
@@ -25,8 +25,8 @@ groups. The script checks that each compile made a new graph and that nothing re
 timing. Freezing is `torch._inductor.config.patch(freezing=True)` around the compile and the first
 call (`options={"freezing": True}` fails on PT2E models in torch 2.13). Inductor's caches are off.
 
-Timing: `qfuse.demo.median_ms` (all variants of a group in turns), `--repeats` times; a ratio is
-computed within each repeat and the median over repeats is reported:
+Timing: `qfuse.bench.time_in_turns` (all variants of a group in turns), `--repeats` times; a ratio
+is computed within each repeat and the median over repeats is reported:
 speedup = baseline median / variant median (above 1: the variant is faster), against `inductor`
 and, for PT2E, against `inductor+freezing`. Per variant: fused / seen linears from qfuse's reports
 of that variant's compile, the kernels used, and the max abs error against eager. `qfuse.explain`
@@ -37,9 +37,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -52,7 +49,8 @@ from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.peers
 import qfuse  # noqa: E402
-from qfuse.demo import format_table, max_error, median_ms  # noqa: E402
+from qfuse.bench import add_output_arguments, format_table, machine, out_path, progress, time_in_turns, write  # noqa: E402
+from qfuse.demo import max_error  # noqa: E402
 from qfuse.demo_model import TinyTransformer, W8A8Linear, quantize_linears  # noqa: E402
 from qfuse.platform import current_platform  # noqa: E402
 from tests.peers import torchao_models  # noqa: E402
@@ -98,7 +96,8 @@ def run_group(section: str, params: dict, model, x, specs: dict, args) -> dict:
                 "max_error_vs_eager": max_error(out, eager),
             }
         graphs = counters["stats"]["unique_graphs"]
-        repeats = [median_ms(fns, "cpu", warmup=args.warmup, runs=args.runs) for _ in range(args.repeats)]
+        repeats = [{label: timing.median_ms for label, timing in time_in_turns(fns, "cpu", args.runs, args.warmup).items()}
+                   for _ in range(args.repeats)]
         assert counters["stats"]["unique_graphs"] == graphs, "a variant recompiled while being timed"
     baselines = [b for b in ("inductor", "inductor+freezing") if b in specs]
     for label, row in variants.items():
@@ -152,13 +151,6 @@ def groups(args):
             yield "demo", {"dtype": dtype, "hidden": hidden, "tokens": tokens}, build, demo
 
 
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    return {"cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "platform_libraries": sorted(current_platform("cpu").libraries)}
-
-
 def print_group(group: dict) -> None:
     params = {k: v for k, v in group.items() if k not in ("section", "variants", "explain", "explain_fused")}
     print(f"\n== {group['section']} {params}  (qfuse.explain: {group['explain_fused']} fused)")
@@ -171,17 +163,15 @@ def print_group(group: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, few runs (about 2 minutes)")
     parser.add_argument("--runs", type=int, default=None, help="timed rounds per repeat (default 30, quick 10)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved timing repeats (default 3, quick 1)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--only", default=None, help="run only sections containing this string (pt2e, torchao, linear, demo)")
-    parser.add_argument("--out", default=None, help="default benchmarks/results/cpu_peers.json (quick: /tmp)")
+    add_output_arguments(parser, "cpu_peers", quick="small sizes, few runs (about 2 minutes)")
     args = parser.parse_args()
     args.runs = args.runs or (10 if args.quick else 30)
     args.repeats = args.repeats or (1 if args.quick else 3)
-    args.out = args.out or ("/tmp/cpu_peers_quick.json" if args.quick else "benchmarks/results/cpu_peers.json")
     ok, why = torchao_models.available()
     if not ok:
         raise SystemExit(why)
@@ -194,15 +184,13 @@ def main() -> None:
     for section, params, build, specs in groups(args):
         if args.only and args.only not in section:
             continue
+        progress(f"{section} {params}")
         model, x = build()
         results.append(run_group(section, params, model, x, specs, args))
         print_group(results[-1])
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(),
-              "loadavg_end": os.getloadavg(), "runs": args.runs, "repeats": args.repeats,
-              "seconds": round(time.time() - start, 1), "groups": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print(f"\n{report['seconds']} s; wrote {args.out}")
+    seconds = round(time.time() - start, 1)
+    out = write(out_path(args, "cpu_peers"), results, runs=args.runs, repeats=args.repeats, seconds=seconds)
+    print(f"\n{seconds} s; wrote {out}")
 
 
 if __name__ == "__main__":

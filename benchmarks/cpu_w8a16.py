@@ -20,24 +20,29 @@ With --w8a8, also the int8 / fp8 W8A8 GEMMs (per-tensor activation scale, per-ch
     fp8 qlinear              onednn.qlinear_pointwise on fp8 activation and weight
     torch kernel fp8         fp8 upcast to bf16 + torch.mm (the `torch` kernel on CPU)
 
-Median wall time (time.perf_counter) of --runs calls after warm-up, the candidates timed in turns.
-Before each timed call a 256 MiB buffer is written, so no weight is left in the caches (a model's
-many layers do not stay there; a warm 16 MiB weight at M = 1 would time the L3, not the GEMM);
---warm skips that. Prints a table. No assertions: the numbers go to the onednn module docstring.
+Median wall time (time.perf_counter) of --runs calls after warm-up, the candidates timed in turns
+(`qfuse.bench.time_in_turns`). Before each timed call a 256 MiB buffer is written, so no weight is
+left in the caches (a model's many layers do not stay there; a warm 16 MiB weight at M = 1 would
+time the L3, not the GEMM); --warm skips that. Prints a table per section, writes the medians and
+quartiles to --out and, with --plot, the medians against M. No assertions: the numbers go to the
+onednn module docstring.
 
     .venv/bin/python benchmarks/cpu_w8a16.py [--m 1 32 256] [--k 4096 --n 4096] [--runs 7] [--w8a8]
+        [--out benchmarks/results/cpu_w8a16.json] [--plot FILE.png]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import math
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from qfuse.bench import add_output_arguments, format_table, machine, out_path, plot, progress, time_in_turns, write
 
 from qfuse.kernels.onednn import OneDnnKernel, dequantize_weight
 from qfuse.kernels.torch_native import TorchKernel
@@ -88,29 +93,29 @@ def w8a8_candidates(m: int, k: int, n: int, generator: torch.Generator, time_ref
     return candidates
 
 
-def median_ms(fns: dict[str, Callable[[], object]], runs: int, cold: bool, warmup: int = 2) -> dict[str, float]:
-    """Median milliseconds of each fns[name](), timed in turns; the caches flushed before each call if cold."""
-    flush = torch.empty(64 * 2**20, dtype=torch.float32) if cold else None
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(runs):
-        for name, fn in fns.items():
-            if flush is not None:
-                flush.fill_(len(times[name]))
-            start = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
+def cache_flush() -> Callable[[], None]:
+    """A call that writes a 256 MiB buffer (a new value each time): no operand stays in the caches."""
+    buffer, count = torch.empty(64 * 2**20, dtype=torch.float32), itertools.count()
+    return lambda: buffer.fill_(next(count))
 
 
-def print_table(title: str, rows: dict[int, dict[str, float]]) -> None:
-    names = list(dict.fromkeys(name for times in rows.values() for name in times))
+def section_rows(section: str, candidates: Callable[[int], dict], ms: list[int], runs: int, warmup: int,
+                 flush: Callable[[], None] | None) -> list[dict]:
+    rows = []
+    for m in ms:
+        progress(f"{section} M={m}")
+        times = time_in_turns(candidates(m), "cpu", runs=runs, warmup=warmup, before_each=flush)
+        rows += [{"section": section, "m": m, "candidate": name, **dataclasses.asdict(timing)} for name, timing in times.items()]
+    return rows
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    names = list(dict.fromkeys(row["candidate"] for row in rows))
+    medians = {(row["m"], row["candidate"]): row["median_ms"] for row in rows}
+    ms = list(dict.fromkeys(row["m"] for row in rows))
+    cells = [[m, *(f"{medians[m, name]:.3f}" if (m, name) in medians else "-" for name in names)] for m in ms]
     print(f"\n{title} (median ms)")
-    print(f"{'M':>5} " + " ".join(f"{name:>24}" for name in names))
-    for m, times in rows.items():
-        print(f"{m:>5} " + " ".join(f"{times[name]:>24.3f}" if name in times else f"{'-':>24}" for name in names))
+    print(format_table(cells, ["M", *names]))
 
 
 def main() -> None:
@@ -122,18 +127,26 @@ def main() -> None:
     parser.add_argument("--w8a8", action="store_true", help="also time the int8 / fp8 W8A8 candidates")
     parser.add_argument("--ref-max-m", type=int, default=1, help="largest M at which to time int8-as-int8")
     parser.add_argument("--warm", action="store_true", help="leave the caches warm between calls")
+    add_output_arguments(parser, "cpu_w8a16", plot=True)
     args = parser.parse_args()
     generator = torch.Generator().manual_seed(0)
-    print(f"K={args.k} N={args.n}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    info = machine()
+    print(f"K={args.k} N={args.n}, torch {info['torch']}, {info['torch_threads']} threads, "
           f"AVX-512 VNNI {torch.cpu._is_vnni_supported()}, AMX {torch.cpu._is_amx_tile_supported()}, "
           f"caches {'warm' if args.warm else 'flushed before each call'}")
-    cold = not args.warm
-    rows = {m: median_ms(w8a16_candidates(m, args.k, args.n, generator), args.runs, cold) for m in args.m}
+    flush = None if args.warm else cache_flush()
+    rows = section_rows("w8a16", lambda m: w8a16_candidates(m, args.k, args.n, generator), args.m, args.runs, 2, flush)
     print_table("W8A16: fp8 block weight, bf16 activation, bf16 out", rows)
     if args.w8a8:
-        rows = {m: median_ms(w8a8_candidates(m, args.k, args.n, generator, m <= args.ref_max_m), args.runs, cold,
-                             warmup=1) for m in args.m}
-        print_table("W8A8: int8 / fp8 activation and weight, bf16 out", rows)
+        w8a8 = section_rows("w8a8", lambda m: w8a8_candidates(m, args.k, args.n, generator, m <= args.ref_max_m),
+                            args.m, args.runs, 1, flush)
+        print_table("W8A8: int8 / fp8 activation and weight, bf16 out", w8a8)
+        rows += w8a8
+    out = write(out_path(args, "cpu_w8a16"), rows, k=args.k, n=args.n, runs=args.runs, caches="warm" if args.warm else "flushed")
+    print(f"\nwrote {out}")
+    if args.plot:
+        plot(args.plot, rows, x="m", y="median_ms", series="candidate", panels=("section",),
+             title=f"K={args.k} N={args.n} on {info['cpu']}: median ms")
 
 
 if __name__ == "__main__":

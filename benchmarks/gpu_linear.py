@@ -4,13 +4,14 @@ The models are written as model code writes them (vLLM's torch fallbacks): a dyn
 activation quant, `torch._int_mm` (int8; rows padded to 17 below that, as cuBLAS needs) or
 `torch._scaled_mm` with unit scales (fp8), the scales multiplied in after, a bf16 output.
 
-    python benchmarks/gpu_linear.py --suite linear --out results/gpu_linear.json
-    python benchmarks/gpu_linear.py --suite mlp --out results/gpu_mlp.json
-    python benchmarks/gpu_linear.py --suite quick        (a few shapes, to check the set-up)
+    python benchmarks/gpu_linear.py --suite linear [--out benchmarks/results/gpu_linear.json] [--plot FILE.png]
+    python benchmarks/gpu_linear.py --suite mlp [--out benchmarks/results/gpu_mlp.json] [--plot FILE.png]
+    python benchmarks/gpu_linear.py --quick              (M in {16, 1024}, one shape, to check the set-up)
+    python benchmarks/gpu_linear.py --table FILE.json    (the markdown table of a result file)
 
 Each case is compiled with Inductor default, Inductor max-autotune-no-cudagraphs (M >= 1024) and
 qfuse default, timed per call (back to back, what a model sees) and for the host time of one call
-(`harness.time_call`); at M <= 16 also with mode="reduce-overhead" (CUDA graphs). Beside them: the
+(`qfuse.bench.time_call`); at M <= 16 also with mode="reduce-overhead" (CUDA graphs). Beside them: the
 raw GEMM alone on pre-quantized operands (row-wise `_scaled_mm`, `_int_mm`) and the bf16 linear.
 The weight of one linear is re-read from the L2 on every call (4096 x 4096 int8 fits in an H100's
 L2): decode numbers of a single linear are warm-cache numbers for every variant alike.
@@ -19,18 +20,19 @@ L2): decode numbers of a single linear are warm-cache numbers for every variant 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import qfuse
-from harness import gpu_time, progress, relative_error, time_call, warm, write
+from gemm_cases import FP8, SHAPES
+from qfuse.bench import add_output_arguments, format_table, gpu_time, out_path, plot, progress, relative_error, time_call, warm, write
 
-FP8 = torch.float8_e4m3fn
 TOKEN_PADDING = 17  # cuBLAS int8 GEMMs need more than 16 rows
-SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]  # (N, K)
 
 
 class QuantLinear(nn.Module):
@@ -147,8 +149,8 @@ def linear_case(m: int, n: int, k: int, dtype: torch.dtype, variants: list[str])
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         expected = model(x)
-        rows = [label | measure(model, x, variant, expected) for variant in variants]
-        if "bf16" in variants:
+        rows = [label | measure(model, x, variant, expected) for variant in variants if variant != "bf16"]
+        if "bf16" in variants:  # the float linear of the same size, beside the compiled quantized ones
             bf16 = nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
             rows.append(label | measure(bf16, x, "inductor", bf16(x)) | {"variant": "bf16 (inductor)"})
     return rows + gemm_rows(label, m, n, k, dtype)
@@ -173,74 +175,83 @@ def mlp_case(m: int, dtype: torch.dtype) -> list[dict]:
         return [label | measure(model, x, variant, expected) for variant in variants]
 
 
+def cell(row: dict | None) -> str:
+    """'per call / GPU / host' µs of a row ('' where there is none, '-' for a GPU time not taken)."""
+    if not row:
+        return ""
+    gpu = f"{row['gpu_us']:.0f}" if row.get("gpu_us") else "-"
+    return f"{row['per_call_us']:.0f} / {gpu} / {row['host_us']:.0f}"
+
+
+def ratios(rows: dict[str, dict]) -> tuple[str, str]:
+    """qfuse's ratios against Inductor default (per call, GPU; CUDA graphs) and the raw GEMM / qfuse GPU time."""
+    qfuse_row, inductor_row, raw = rows.get("qfuse"), rows.get("inductor"), rows.get("raw GEMM (eager)")
+    ratio = (f"{inductor_row['per_call_us'] / qfuse_row['per_call_us']:.2f}x, "
+             f"{inductor_row['gpu_us'] / qfuse_row['gpu_us']:.2f}x") if qfuse_row and inductor_row else ""
+    graphs = rows.get("qfuse:reduce-overhead"), rows.get("inductor:reduce-overhead")
+    if all(graphs):
+        ratio += f"; CUDA graphs {graphs[1]['per_call_us'] / graphs[0]['per_call_us']:.2f}x"
+    return ratio, f"{raw['gpu_us'] / qfuse_row['gpu_us']:.2f}" if raw and qfuse_row else ""
+
+
 def table(path: str) -> str:
     """A markdown table of a result file: per case, each variant's per-call / GPU / host us, and qfuse's
     ratios against Inductor default (per call and GPU time) and against the raw GEMM (GPU time)."""
-    import json
-    from collections import defaultdict
-
     cases = defaultdict(dict)
-    for row in json.load(open(path))["rows"]:
+    for row in json.loads(open(path).read())["rows"]:
         key = (row["dtype"], row.get("block", "linear"), row["m"], row.get("n", ""), row.get("k", ""))
         cases[key][row["variant"]] = row
-
-    def cell(row):
-        if not row:
-            return ""
-        gpu = f" / {row['gpu_us']:.0f}" if row.get("gpu_us") else " / -"
-        return f"{row['per_call_us']:.0f}{gpu} / {row['host_us']:.0f}"
-
     names = sorted({variant for rows in cases.values() for variant in rows})
-    lines = ["| case | " + " | ".join(names) + " | qfuse vs inductor (per call, GPU) | raw GEMM / qfuse (GPU) |",
-             "|" + "---|" * (len(names) + 3)]
-    for (dtype, block, m, n, k), rows in cases.items():
-        qfuse_row, inductor_row, raw = rows.get("qfuse"), rows.get("inductor"), rows.get("raw GEMM (eager)")
-        ratio = (f"{inductor_row['per_call_us'] / qfuse_row['per_call_us']:.2f}x, "
-                 f"{inductor_row['gpu_us'] / qfuse_row['gpu_us']:.2f}x") if qfuse_row and inductor_row else ""
-        graphs = rows.get("qfuse:reduce-overhead"), rows.get("inductor:reduce-overhead")
-        if all(graphs):
-            ratio += f"; CUDA graphs {graphs[1]['per_call_us'] / graphs[0]['per_call_us']:.2f}x"
-        share = f"{raw['gpu_us'] / qfuse_row['gpu_us']:.2f}" if raw and qfuse_row else ""
-        label = f"{dtype} {block} M={m}" + (f" N={n} K={k}" if n else "")
-        lines.append(f"| {label} | " + " | ".join(cell(rows.get(name)) for name in names) + f" | {ratio} | {share} |")
-    return "\n".join(lines)
+    lines = [[f"{dtype} {block} M={m}" + (f" N={n} K={k}" if n else ""), *(cell(rows.get(name)) for name in names),
+              *ratios(rows)] for (dtype, block, m, n, k), rows in cases.items()]
+    return format_table(lines, ["case", *names, "qfuse vs inductor (per call, GPU)", "raw GEMM / qfuse (GPU)"],
+                        markdown=True)
+
+
+def run_suite(args) -> list[dict]:
+    """The rows of --suite, written to --out after every case (a long run keeps what it measured)."""
+    dtypes = [{"int8": torch.int8, "fp8": FP8}[name] for name in args.dtypes.split(",")]
+    chosen_ms = [int(m) for m in args.ms.split(",")] if args.ms else None
+    out, rows = out_path(args, f"gpu_{args.suite}"), []
+    if args.suite == "mlp":
+        for dtype in dtypes:
+            for m in chosen_ms or ((16,) if args.quick else (16, 1024, 4096)):
+                progress(f"mlp {dtype} M={m}")
+                rows += mlp_case(m, dtype)
+                write(out, rows, suite=args.suite)
+        return rows
+    ms, shapes = ((16, 1024), SHAPES[:1]) if args.quick else ((1, 16, 1024, 4096), SHAPES)
+    for dtype in dtypes:
+        for n, k in shapes:
+            for m in chosen_ms or ms:
+                progress(f"linear {dtype} M={m} N={n} K={k}")
+                variants = args.variants.split(",") if args.variants else variants_for(m, max_autotune=not args.quick)
+                rows += linear_case(m, n, k, dtype, variants)
+                write(out, rows, suite=args.suite)
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=("linear", "mlp", "quick"), default="quick")
+    parser.add_argument("--suite", choices=("linear", "mlp"), default="linear")
     parser.add_argument("--table", default=None, help="print the markdown table of a result file and stop")
     parser.add_argument("--dtypes", default="int8,fp8")
     parser.add_argument("--ms", default=None, help="comma-separated M values (default: the suite's)")
-    parser.add_argument("--out", default=None)
     parser.add_argument("--variants", default=None, help="comma-separated compiled variants (default: per M)")
+    add_output_arguments(parser, "gpu_<suite>", plot=True,
+                         quick="M in {16, 1024}, one shape, no max-autotune (mlp: M = 16)")
     args = parser.parse_args()
     if args.table:
         print(table(args.table))
         return
-    dtypes = [{"int8": torch.int8, "fp8": FP8}[name] for name in args.dtypes.split(",")]
-    rows: list[dict] = []
-    if args.suite == "mlp":
-        for dtype in dtypes:
-            for m in [int(m) for m in args.ms.split(",")] if args.ms else (16, 1024, 4096):
-                progress(f"mlp {dtype} M={m}")
-                rows += mlp_case(m, dtype)
-                if args.out:
-                    write(args.out, rows, suite=args.suite)
-    else:
-        ms, shapes = ((16, 4096), SHAPES[:1]) if args.suite == "quick" else ((1, 16, 1024, 4096), SHAPES)
-        ms = [int(m) for m in args.ms.split(",")] if args.ms else ms
-        for dtype in dtypes:
-            for n, k in shapes:
-                for m in ms:
-                    progress(f"linear {dtype} M={m} N={n} K={k}")
-                    rows += linear_case(m, n, k, dtype, args.variants.split(",") if args.variants else variants_for(m))
-                    if args.out:
-                        write(args.out, rows, suite=args.suite)
+    rows = run_suite(args)
     for row in rows:
         print({key: round(value, 4) if isinstance(value, float) else value for key, value in row.items()})
-    if args.out:
-        write(args.out, rows, suite=args.suite)
+    print(f"wrote {out_path(args, f'gpu_{args.suite}')}")
+    if args.plot:
+        panels = ("dtype",) if args.suite == "mlp" else ("dtype", "n", "k")
+        plot(args.plot, rows, x="m", y="per_call_us", series="variant", panels=panels,
+             title=f"gpu_linear --suite {args.suite}: wall clock per call (µs), back to back")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """GPU benchmark of the Triton kernels (issue #3), every ratio against a baseline timed in the same run.
 
-    python benchmarks/gpu_triton.py [--tune | --tune-only] [--out DIR]
+    python benchmarks/gpu_triton.py [--tune | --tune-only] [--quick] [--out FILE.json]
 
 1. Ceilings: HBM bandwidth from a 1 GiB device copy (bytes read + written / time).
 2. Scaled mm, M in {1, 16, 128, 1024, 4096} x (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}:
@@ -10,54 +10,35 @@
    scales in its epilogue, and fp8 with fast accumulation (no promotion) at M >= 1024; for M <= 16
    the share of HBM bandwidth spent reading the 1-byte weight (and that of a device copy of it),
    timed by do_bench and, as a decode step runs, by CUDA-graph replays over weights 4x the L2
-   beside a read-only kernel's share (`decode_weight_read`, gpu_timing.py says why both).
+   beside a read-only kernel's share (`decode_weight_read`; `qfuse.bench.graph_ms_per_call` says why both).
 3. Dynamic per-token fp8 quant at M=4096, K=14336 (bf16 in): the Triton kernel vs Inductor's code
    for the same reference-form function, as a share of HBM bandwidth.
 4. The reference-form fp8 W8A8 linear (bf16 in and out) compiled by plain Inductor and by
    backend="qfuse" with its default kernel choice (cutlass on CUDA) and with kernel="triton",
-   each without and with CUDA graphs (Inductor's `triton.cudagraphs`, what mode="reduce-overhead" sets)
-   on an input marked static (`mark_static_address`: the graph reads it in place, as it would the
-   output of the layer before inside a captured model, instead of copying it in first).
+   each without and with CUDA graphs on an input marked static (`gemm_cases.compiled_ms`).
 With --tune, first searches block configs per M bucket (`tune`), prints the best and uses them.
-Times: triton.testing.do_bench, median, in milliseconds. Writes gpu_triton.json to --out.
+--quick: M in {16, 1024} and the first shape (the linear: M = 1024). Times: triton.testing.do_bench,
+median, in milliseconds. Writes gpu_triton.json: rows of sections scaled_mm, quant, linear.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
-import os
-from pathlib import Path
 
 import torch
-import triton
 
-from qfuse.kernels.prepared import PreparedWeight
-from qfuse.kernels.registry import get_kernel
+from gemm_cases import FP8, SHAPES, compiled_ms, operands, random_fp8_linear, reference_quant, triton_kernel
+from hbm import decode_graph_calls, hbm_bandwidth, read_only, share_of_hbm
+from qfuse.bench import add_output_arguments, geomean, graph_ms_per_call, kernel_ms, machine, out_path, progress, write
 from qfuse.kernels.triton import persistent_mm
 from qfuse.kernels.triton import scaled_mm as triton_mm
 from qfuse.kernels.triton.quant import triton_dynamic_quant
 from qfuse.schemes import Granularity
 
-from gpu_timing import bench, graph_ms_per_call, hbm_bandwidth, read_only  # noqa: E402  (beside this script)
-
-FP8 = torch.float8_e4m3fn
 M_VALUES = (1, 16, 128, 1024, 4096)
-SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
-
-
-def operands(m, n, k, dtype):
-    a = torch.randn(m, k, device="cuda").to(dtype) if dtype == FP8 else torch.randint(-127, 128, (m, k), dtype=dtype, device="cuda")
-    w = torch.randn(n, k, device="cuda").to(dtype) if dtype == FP8 else torch.randint(-127, 128, (n, k), dtype=dtype, device="cuda")
-    return a, w, torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
-
-
-def triton_kernel(a, w, sa, sb):
-    """The registry's `triton` kernel on a weight stored [N, K], as the compiled op calls it."""
-    weight = PreparedWeight(w.t(), sb, None, w.shape[1], w.shape[0])
-    return get_kernel("triton").apply(a, weight, sa, None, None, torch.bfloat16)
+COMPILERS = {"inductor": ("inductor", {}), "qfuse": ("qfuse", {}), "qfuse triton": ("qfuse", {"kernel": "triton"})}
 
 
 def scaled_mm_rows(m, n, k, bandwidth):
@@ -66,18 +47,18 @@ def scaled_mm_rows(m, n, k, bandwidth):
     x, w = torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     one = torch.ones((), device="cuda")
     times = {
-        "bf16 mm": bench(lambda: torch.mm(x, w.t())),
-        "fp8 _scaled_mm tensorwise": bench(lambda: torch._scaled_mm(a8, w8.t(), one, one, out_dtype=torch.bfloat16)),
-        "fp8 _scaled_mm rowwise": bench(lambda: torch._scaled_mm(a8, w8.t(), sa, sb, out_dtype=torch.bfloat16)),
-        "fp8 _scaled_mm rowwise fast accum": bench(lambda: torch._scaled_mm(a8, w8.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)),
-        "fp8 triton rowwise": bench(lambda: triton_kernel(a8, w8, sa, sb)),
-        "triton int8 scaled": bench(lambda: triton_kernel(ai, wi, sa, sb)),
+        "bf16 mm": kernel_ms(lambda: torch.mm(x, w.t())),
+        "fp8 _scaled_mm tensorwise": kernel_ms(lambda: torch._scaled_mm(a8, w8.t(), one, one, out_dtype=torch.bfloat16)),
+        "fp8 _scaled_mm rowwise": kernel_ms(lambda: torch._scaled_mm(a8, w8.t(), sa, sb, out_dtype=torch.bfloat16)),
+        "fp8 _scaled_mm rowwise fast accum": kernel_ms(lambda: torch._scaled_mm(a8, w8.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)),
+        "fp8 triton rowwise": kernel_ms(lambda: triton_kernel(a8, w8, sa, sb)),
+        "triton int8 scaled": kernel_ms(lambda: triton_kernel(ai, wi, sa, sb)),
     }
     if m >= 1024:
-        times["fp8 triton rowwise fast accum"] = bench(lambda: persistent_mm.persistent_scaled_mm(a8, w8.t(), sa, sb, None, torch.bfloat16, promote=0))
+        times["fp8 triton rowwise fast accum"] = kernel_ms(lambda: persistent_mm.persistent_scaled_mm(a8, w8.t(), sa, sb, None, torch.bfloat16, promote=0))
     if m > 16:  # cuBLAS int8 needs M > 16
-        times["_int_mm + rescale"] = bench(lambda: (torch._int_mm(ai, wi.t()) * sa * sb).to(torch.bfloat16))
-    row = {"m": m, "n": n, "k": k, "ms": times,
+        times["_int_mm + rescale"] = kernel_ms(lambda: (torch._int_mm(ai, wi.t()) * sa * sb).to(torch.bfloat16))
+    row = {"section": "scaled_mm", "m": m, "n": n, "k": k, "ms": times,
            "fp8_triton_vs_rowwise": times["fp8 _scaled_mm rowwise"] / times["fp8 triton rowwise"],
            "fp8_triton_tflops": 2 * m * n * k / times["fp8 triton rowwise"] / 1e9}
     if m >= 1024:
@@ -86,18 +67,18 @@ def scaled_mm_rows(m, n, k, bandwidth):
         row["int8_triton_vs_int_mm_rescale"] = times["_int_mm + rescale"] / times["triton int8 scaled"]
     if m <= 16:
         for name in ("fp8 triton rowwise", "triton int8 scaled", "fp8 _scaled_mm rowwise"):
-            row[f"weight_read_share_of_hbm[{name}]"] = n * k / (times[name] * 1e-3) / bandwidth
+            row[f"weight_read_share_of_hbm[{name}]"] = share_of_hbm(n * k, times[name], bandwidth)
         copy = torch.empty_like(w8)
-        row["weight_copy_share_of_hbm"] = 2 * n * k / (bench(lambda: copy.copy_(w8)) * 1e-3) / bandwidth
+        row["weight_copy_share_of_hbm"] = share_of_hbm(2 * n * k, kernel_ms(lambda: copy.copy_(w8)), bandwidth)
         for name, share in decode_weight_read(m, n, k, bandwidth).items():
             row[f"decode_weight_read_share_of_hbm[{name}]"] = share
     return row
 
 
-def decode_weight_read(m, n, k, bandwidth, l2_factor=4):
+def decode_weight_read(m, n, k, bandwidth):
     """Weight bytes / time / HBM bandwidth as a decode step sees it: one CUDA graph of calls over
-    different weights, together `l2_factor` times the L2 (see gpu_timing.py)."""
-    count = max(8, math.ceil(l2_factor * torch.cuda.get_device_properties(0).L2_cache_size / (n * k)))
+    different weights, together 4x the L2 (`hbm.decode_graph_calls`)."""
+    count = decode_graph_calls(n * k)
     fp8 = [operands(m, n, k, FP8) for _ in range(count)]
     int8 = [operands(m, n, k, torch.int8) for _ in range(count)]
     one = torch.ones((), device="cuda")
@@ -108,12 +89,7 @@ def decode_weight_read(m, n, k, bandwidth, l2_factor=4):
         "fp8 _scaled_mm rowwise": [lambda a=a, w=w, sa=sa, sb=sb: torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16) for a, w, sa, sb in fp8],
         "fp8 _scaled_mm tensorwise": [lambda a=a, w=w: torch._scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16) for a, w, _, _ in fp8],
     }
-    return {name: n * k / (graph_ms_per_call(calls) * 1e-3) / bandwidth for name, calls in variants.items()}
-
-
-def reference_quant(x):
-    s = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-6) / 448.0
-    return (x / s).clamp(-448, 448).to(FP8), s
+    return {name: share_of_hbm(n * k, graph_ms_per_call(calls), bandwidth) for name, calls in variants.items()}
 
 
 def quant_row(bandwidth, m=4096, k=14336):
@@ -121,47 +97,19 @@ def quant_row(bandwidth, m=4096, k=14336):
     compiled = torch.compile(reference_quant)
     compiled(x)
     bytes_moved = m * k * (2 + 1) + m * 2
-    times = {"triton dynamic quant": bench(lambda: triton_dynamic_quant(x, FP8, Granularity.PER_TOKEN, 1e-6)),
-             "inductor reference quant": bench(lambda: compiled(x))}
-    return {"m": m, "k": k, "ms": times,
-            "share_of_hbm": {name: bytes_moved / (t * 1e-3) / bandwidth for name, t in times.items()}}
+    times = {"triton dynamic quant": kernel_ms(lambda: triton_dynamic_quant(x, FP8, Granularity.PER_TOKEN, 1e-6)),
+             "inductor reference quant": kernel_ms(lambda: compiled(x))}
+    return {"section": "quant", "m": m, "k": k, "ms": times,
+            "share_of_hbm": {name: share_of_hbm(bytes_moved, t, bandwidth) for name, t in times.items()}}
 
 
-def fp8_linear(x, w, w_scale):
-    q, s = reference_quant(x.reshape(-1, x.shape[-1]))
-    one = torch.ones((), device=x.device)
-    y = torch._scaled_mm(q, w.t(), one, one, out_dtype=torch.float32)
-    return (y * s * w_scale).to(torch.bfloat16)
-
-
-class Fp8Linear(torch.nn.Module):
-    """`fp8_linear` with its weight as buffers, so that CUDA graphs keep them static (not copied in)."""
-
-    def __init__(self, w, w_scale):
-        super().__init__()
-        self.register_buffer("w", w)
-        self.register_buffer("w_scale", w_scale)
-
-    def forward(self, x):
-        return fp8_linear(x, self.w, self.w_scale)
-
-
-def linear_rows():
+def linear_rows(ms, shapes):
     rows = []
-    compilers = (("inductor", "inductor", {}), ("qfuse", "qfuse", {}), ("qfuse triton", "qfuse", {"kernel": "triton"}))
-    for m, (n, k) in itertools.product((1024, 4096), SHAPES):
+    for m, (n, k) in itertools.product(ms, shapes):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        torch._dynamo.mark_static_address(x)
-        module = Fp8Linear(torch.randn(n, k, device="cuda").to(FP8), torch.rand(n, device="cuda") + 0.5)
-        times = {}
-        for (label, backend, options), cudagraphs in itertools.product(compilers, (False, True)):
-            torch._dynamo.reset()
-            compiled = torch.compile(module, backend=backend, options={**options, "triton.cudagraphs": cudagraphs})
-            for _ in range(3):  # CUDA graphs record on the second or third call
-                compiled(x)
-            times[label + (" cudagraphs" if cudagraphs else "")] = bench(lambda: compiled(x))
+        times = compiled_ms(random_fp8_linear(n, k), x, COMPILERS)
         baseline = {label: "inductor cudagraphs" if label.endswith("cudagraphs") else "inductor" for label in times}
-        rows.append({"m": m, "n": n, "k": k, "ms": times,
+        rows.append({"section": "linear", "m": m, "n": n, "k": k, "ms": times,
                      "speedup": {label: times[baseline[label]] / times[label] for label in times if not label.startswith("inductor")}})
     return rows
 
@@ -184,7 +132,7 @@ def tune(buckets=(128, 4096)):
             for n, k in SHAPES:
                 a, w, sa, sb = operands(m, n, k, dtype)
                 try:
-                    total += math.log(bench(lambda: triton_mm.triton_scaled_mm(a, w.t(), sa, sb, None, torch.bfloat16, config)))
+                    total += math.log(kernel_ms(lambda: triton_mm.triton_scaled_mm(a, w.t(), sa, sb, None, torch.bfloat16, config)))
                 except Exception as error:  # out of shared memory etc.: not a candidate
                     print(f"  config {config} failed at M={m}: {type(error).__name__}")
                     total = math.inf
@@ -195,45 +143,52 @@ def tune(buckets=(128, 4096)):
     return best
 
 
+def print_summary(gemm, linear):
+    for row in gemm:
+        extras = {key: round(value, 3) for key, value in row.items() if key not in ("section", "m", "n", "k", "ms")}
+        print(row["m"], row["n"], row["k"], {name: round(t, 4) for name, t in row["ms"].items()}, extras)
+    for m in sorted({row["m"] for row in gemm if row["m"] >= 1024}):
+        for key in ("fp8_triton_vs_rowwise", "fp8_triton_fast_vs_rowwise_fast", "int8_triton_vs_int_mm_rescale"):
+            print(f"{key} geomean at M={m}: {geomean(row[key] for row in gemm if row['m'] == m):.3f}")
+    for row in linear:
+        print("linear", row["m"], row["n"], row["k"], {k: round(v, 4) for k, v in row["ms"].items()},
+              {k: round(v, 3) for k, v in row["speedup"].items()})
+    for label in linear[0]["speedup"]:
+        print(f"linear speedup geomean {label}: {geomean(row['speedup'][label] for row in linear):.3f}")
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tune", action="store_true")
     parser.add_argument("--tune-only", action="store_true", help="search configs, print them, stop")
     parser.add_argument("--buckets", type=int, nargs="+", default=[128, 4096], help="M values to tune")
-    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    add_output_arguments(parser, "gpu_triton", quick="M in {16, 1024}, the first shape (linear: M = 1024)")
     args = parser.parse_args()
-    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
-    print(info)
-    tuned = None
+    out = out_path(args, "gpu_triton")
+    print(machine())
+    tuned = {}
     if args.tune or args.tune_only:
         tuned = tune(args.buckets)
         if args.tune_only:
             return
         triton_mm.CONFIGS = {label: {128: tuned[label, 128], 2**62: tuned[label, 4096]}
                              for label in ("fp8", "int8")}
+    ms, shapes, linear_ms = ((16, 1024), SHAPES[:1], (1024,)) if args.quick else (M_VALUES, SHAPES, (1024, 4096))
     bandwidth = hbm_bandwidth()
     print(f"HBM copy bandwidth: {bandwidth / 1e12:.2f} TB/s")
-    gemm = [scaled_mm_rows(m, n, k, bandwidth) for m, (n, k) in itertools.product(M_VALUES, SHAPES)]
-    for row in gemm:
-        extras = {key: round(value, 3) for key, value in row.items() if key not in ("m", "n", "k", "ms")}
-        print(row["m"], row["n"], row["k"], {name: round(t, 4) for name, t in row["ms"].items()}, extras)
-    for m in (1024, 4096):
-        for key in ("fp8_triton_vs_rowwise", "fp8_triton_fast_vs_rowwise_fast", "int8_triton_vs_int_mm_rescale"):
-            ratios = [row[key] for row in gemm if row["m"] == m]
-            print(f"{key} geomean at M={m}: {math.prod(ratios) ** (1 / len(ratios)):.3f}")
+    gemm = []
+    for m, (n, k) in itertools.product(ms, shapes):
+        progress(f"scaled mm M={m} N={n} K={k}")
+        gemm.append(scaled_mm_rows(m, n, k, bandwidth))
+    progress("quant")
     quant = quant_row(bandwidth)
     print("quant", quant)
-    linear = linear_rows()
-    for row in linear:
-        print("linear", row["m"], row["n"], row["k"], {k: round(v, 4) for k, v in row["ms"].items()},
-              {k: round(v, 3) for k, v in row["speedup"].items()})
-    for label in linear[0]["speedup"]:
-        ratios = [row["speedup"][label] for row in linear]
-        print(f"linear speedup geomean {label}: {math.prod(ratios) ** (1 / len(ratios)):.3f}")
-    result = {"machine": info, "hbm_bytes_per_s": bandwidth, "tuned_configs": {f"{label} M={m}": config for (label, m), config in (tuned or {}).items()}, "scaled_mm": gemm,
-              "quant": quant, "linear": linear}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "gpu_triton.json").write_text(json.dumps(result, indent=2, default=str))
+    progress("compiled linear")
+    linear = linear_rows(linear_ms, shapes)
+    print_summary(gemm, linear)
+    write(out, [*gemm, quant, *linear], hbm_bytes_per_s=bandwidth,
+          tuned_configs={f"{label} M={m}": config for (label, m), config in tuned.items()})
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

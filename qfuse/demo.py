@@ -4,7 +4,8 @@ The model (`qfuse.demo_model.TinyTransformer`, hidden 2048 by default, every lin
 `W8A8Linear`) is compiled twice in this process: with `backend="qfuse"` and with plain `torch.compile` (Inductor). The demo
 prints, per linear, what qfuse matched (pattern, scheme, kernel) or why it did not (the near miss),
 the max abs error of the qfuse output against eager and against the float model with the same
-(dequantized) weights, and the median time of each compiled model.
+(dequantized) weights, and the median time of each compiled model (`qfuse.bench.time_in_turns`:
+the two models timed in turns, so a slow spell of a shared machine slows both alike).
 
 Inductor's caches are disabled while compiling: a warm FX-graph-cache hit skips qfuse's passes and
 leaves no report to print.
@@ -13,40 +14,15 @@ leaves no report to print.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 
 import torch
 
+from qfuse.bench import Timing, format_table, time_in_turns
 from qfuse.demo_model import DTYPES, TinyTransformer, dequantize_linears, quantize_linears
 from qfuse.passes.manager import graphs_compiled, reports_since
 from qfuse.passes.report import LinearRecord
-
-
-def median_ms(fns: dict[str, Callable[[], object]], device: str, warmup: int = 3, runs: int = 20) -> dict[str, float]:
-    """Median wall time in milliseconds of each `fns[name]()`, after `warmup` untimed calls of each.
-
-    The functions are timed in turns (a, b, a, b, ...), so a slow spell of a shared machine
-    slows them alike and their ratio stays meaningful.
-    """
-    def sync() -> None:
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(runs):
-        for name, fn in fns.items():
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def compile_and_report(model: torch.nn.Module, x: torch.Tensor, backend: str) -> tuple[Callable, torch.Tensor, list[LinearRecord]]:
@@ -64,13 +40,6 @@ def max_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-def format_table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
 def linear_table(records: list[LinearRecord]) -> str:
     rows = [
         [record.module or record.node, record.pattern, record.scheme, record.kernel] if record.fused
@@ -78,6 +47,10 @@ def linear_table(records: list[LinearRecord]) -> str:
         for record in records
     ]
     return format_table(rows, ["linear", "pattern", "scheme", "kernel / near miss"])
+
+
+def spread(timing: Timing) -> str:
+    return f"{timing.median_ms:.3f} ms ({timing.q1_ms:.3f}-{timing.q3_ms:.3f})"
 
 
 ACTIVATION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -100,8 +73,8 @@ def run_demo(device: str = "cpu", dtype: str = "int8", tokens: int = 64, hidden:
         eager_out, float_out = model(x), reference_model(x)
         qfuse_model, qfuse_out, records = compile_and_report(model, x, "qfuse")
         inductor_model, inductor_out, _ = compile_and_report(model, x, "inductor")
-        times = median_ms({"qfuse": lambda: qfuse_model(x), "inductor": lambda: inductor_model(x)}, device, runs=runs)
-    qfuse_ms, inductor_ms = times["qfuse"], times["inductor"]
+        times = time_in_turns({"qfuse": lambda: qfuse_model(x), "inductor": lambda: inductor_model(x)}, device, runs=runs)
+    qfuse_ms, inductor_ms = times["qfuse"].median_ms, times["inductor"].median_ms
 
     fused = sum(record.fused for record in records)
     print(f"\nlinears seen by qfuse: {len(records)}, fused: {fused}\n")
@@ -116,12 +89,12 @@ def run_demo(device: str = "cpu", dtype: str = "int8", tokens: int = 64, hidden:
     for name, value in errors.items():
         print(f"  {name:<22} {value:.3e}")
     speedup = inductor_ms / qfuse_ms
-    print(f"\nmedian of {runs} runs, timed in turns: qfuse {qfuse_ms:.3f} ms, inductor {inductor_ms:.3f} ms, "
-          f"speedup (inductor / qfuse) {speedup:.2f}x")
+    print(f"\nmedian of {runs} runs (quartiles), timed in turns: qfuse {spread(times['qfuse'])}, "
+          f"inductor {spread(times['inductor'])}, speedup (inductor / qfuse) {speedup:.2f}x")
     if speedup < 1:
         print("qfuse is slower than Inductor on this model and machine: see docs/benchmarks.md for where "
               "its kernels win and lose")
-    return {"records": records, "errors": errors, "qfuse_ms": qfuse_ms, "inductor_ms": inductor_ms}
+    return {"records": records, "errors": errors, "qfuse_ms": qfuse_ms, "inductor_ms": inductor_ms, "timings": times}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
