@@ -14,7 +14,7 @@ from typing import Any
 from qfuse import debug
 from qfuse.config import QfuseConfig, split_options
 from qfuse.ops.verify import verify_results
-from qfuse.passes.manager import QfusePass, compose, graphs_compiled, reports_since
+from qfuse.passes.manager import QfusePass, graphs_compiled, prepare_pass, reports_since
 from qfuse.passes.report import LinearRecord, PassReport, RecordSelection
 
 _saved_passes: list[Any] = []
@@ -22,17 +22,11 @@ _saved_passes: list[Any] = []
 
 def install(config: QfuseConfig | None = None, **options: Any) -> QfusePass:
     """Run qfuse in every Inductor compile from now on; returns the installed pass."""
-    import qfuse.ops  # noqa: F401
-    from qfuse.lowerings import register_lowerings
     from torch._inductor import config as inductor_config
 
-    register_lowerings()
-    config = (config or QfuseConfig.from_env()).replace(**options)
-    if config.debug:
-        debug.enable_logging()
-    qfuse_pass = QfusePass(config)
-    _saved_passes.append(inductor_config.post_grad_custom_post_pass)
-    inductor_config.post_grad_custom_post_pass = compose(inductor_config.post_grad_custom_post_pass, qfuse_pass)
+    existing = inductor_config.post_grad_custom_post_pass
+    qfuse_pass, inductor_config.post_grad_custom_post_pass = prepare_pass(existing, config, **options)
+    _saved_passes.append(existing)
     return qfuse_pass
 
 

@@ -14,27 +14,22 @@ from typing import Any
 import torch
 
 from qfuse import debug
-from qfuse.config import QfuseConfig, split_options
-from qfuse.passes.manager import QfusePass, compose
+from qfuse.config import split_options
+from qfuse.passes.manager import prepare_pass
 
 
 def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None,
                   mode: str | None = None):
-    import qfuse.ops  # noqa: F401  (the compiled code calls torch.ops.qfuse.*)
-    from qfuse.lowerings import register_lowerings
     from torch._inductor import config as inductor_config
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
-    register_lowerings()
     qfuse_options, inductor_patches = split_options(options)
     if mode is not None:  # as torch.compile(mode=...) does for Inductor
         inductor_patches = {**list_mode_options(mode), **inductor_patches}
-    config = QfuseConfig.from_env().replace(**qfuse_options)
-    if config.debug:
-        debug.enable_logging()
-        debug.start_depyf_for_process(config)
-        inductor_patches.setdefault("force_disable_caches", True)  # a cache hit would skip the passes and dumps
     existing = inductor_patches.pop("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
-    inductor_patches["post_grad_custom_post_pass"] = compose(existing, QfusePass(config))
+    qfuse_pass, inductor_patches["post_grad_custom_post_pass"] = prepare_pass(existing, **qfuse_options)
+    if qfuse_pass.config.debug:
+        debug.start_depyf_for_process(qfuse_pass.config)
+        inductor_patches.setdefault("force_disable_caches", True)  # a cache hit would skip the passes and dumps
     return compile_fx(gm, example_inputs, config_patches=inductor_patches)

@@ -12,7 +12,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import qfuse
 from qfuse.platform import current_platform
-from qfuse.passes.manager import QfusePass
+from qfuse.passes.manager import ComposedPass, QfusePass, prepare_pass
 from tests.helpers import compile_and_run
 from tests.passes.test_reference_linear import int_mm_linear, operands
 
@@ -85,6 +85,26 @@ def test_backend_composes_with_a_configured_pass():
     with torch._inductor.config.patch(post_grad_custom_post_pass=existing):
         _, report = compile_and_run(int_mm_linear, x, w, w_scale, bias)
     assert existing.calls == 1 and report.fused
+
+
+def test_prepare_pass_composes_after_the_existing_pass_with_the_options_applied():
+    existing = CountingPass()
+    qfuse_pass, post_grad_pass = prepare_pass(existing, qfuse.QfuseConfig(kernel="torch"), verify=True)
+    assert isinstance(post_grad_pass, ComposedPass) and post_grad_pass.passes == [existing, qfuse_pass]
+    assert qfuse_pass.config == qfuse.QfuseConfig(kernel="torch", verify=True)
+    alone, same = prepare_pass(None)
+    assert same is alone and alone.config == qfuse.QfuseConfig.from_env()
+    assert torch.ops.qfuse.scaled_mm.default in torch._inductor.lowering.lowerings
+
+
+def test_installs_nest_and_each_uninstall_restores_the_pass_before_it():
+    existing = CountingPass()
+    with torch._inductor.config.patch(post_grad_custom_post_pass=existing):
+        with qfuse.installed(kernel="torch") as outer:
+            with qfuse.installed(kernel="reference") as inner:
+                assert torch._inductor.config.post_grad_custom_post_pass.passes == [existing, inner]  # outer replaced
+            assert torch._inductor.config.post_grad_custom_post_pass.passes == [existing, outer]
+        assert torch._inductor.config.post_grad_custom_post_pass is existing
 
 
 def test_uuid_follows_the_config():

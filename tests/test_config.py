@@ -160,3 +160,13 @@ def test_cache_key_changes_with_what_the_passes_emit():
 def test_cache_key_ignores_debug_switches():
     assert QfuseConfig(debug=True, debug_dir="elsewhere").cache_key() == QfuseConfig().cache_key()
     assert QfuseConfig(verify=True).cache_key() != QfuseConfig().cache_key()
+
+
+def test_the_family_list_names_the_pass_modules_in_order():
+    from qfuse.passes.families import PATTERN_FAMILIES, family_module
+    from qfuse.passes.manager import PASS_MODULES, describe
+
+    assert QfuseConfig().patterns == PATTERN_FAMILIES == tuple(PASS_MODULES)
+    for family, module in PASS_MODULES.items():
+        assert module.__name__ == family_module(family) and callable(module.run)
+        assert describe(family).startswith(f"{family}:")

@@ -43,6 +43,7 @@ from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
 from qfuse.lowerings import triton_template
 from qfuse.lowerings.triton_template import why_not_template
 from qfuse.ops import RECORD_KEY
+from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.platform import current_platform
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE
 
@@ -180,8 +181,8 @@ def _record(how: str) -> None:
         record.lowered = how
 
 
-def _extern(*args):
-    return inductor_lowering.fallback_handler(torch.ops.qfuse.scaled_mm.default, add_to_fallback_set=False)(*args)
+def _extern(call: ScaledMmArgs):
+    return inductor_lowering.fallback_handler(call.op, add_to_fallback_set=False)(*call.as_args())
 
 
 def _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype):
@@ -233,38 +234,46 @@ def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
     return _to(out, out_dtype)
 
 
-def lower_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel):
-    *lead, k = a.get_size()
-    n = b.get_size()[1]
+def lower_scaled_mm(*args, **kwargs):
+    call = ScaledMmArgs(*args, **kwargs)
+    *lead, k = call.a.get_size()
+    n = call.b.get_size()[1]
     rows = sympy.Mul(*lead) if lead else sympy.Integer(1)
-    if _splits_onednn_epilogue(a, scale_a, azp_a, rows, kernel):
+    if _splits_onednn_epilogue(call.a, call.scale_a, call.azp_a, rows, call.kernel):
         _record("extern call (oneDNN qlinear, weight scale); per-row scale, bias and cast in Inductor's pointwise code")
-        acc = _extern(a, b, None, scale_b, None, azp_a, azp_b, torch.float32, kernel)
+        acc = _extern(call._replace(scale_a=None, bias=None, out_dtype=torch.float32))
         acc = _lower(aten.reshape.default, acc, [rows, n])
-        return _lower(aten.reshape.default, _scaled_epilogue(acc, scale_a, None, bias, rows, out_dtype), [*lead, n])
-    reason = why_not_lowered(a, b, scale_a, scale_b, rows, kernel)
+        out = _scaled_epilogue(acc, call.scale_a, None, call.bias, rows, call.out_dtype)
+        return _lower(aten.reshape.default, out, [*lead, n])
+    reason = why_not_lowered(call.a, call.b, call.scale_a, call.scale_b, rows, call.kernel)
     if reason:
         log.debug("qfuse: scaled_mm stays an extern call: %s", reason)
         _record(f"extern call of qfuse::scaled_mm ({reason})")
-        return _extern(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel)
-    a2d = _lower(aten.reshape.default, a, [rows, k])
-    if kernel == "triton":
-        return _lower(aten.reshape.default, _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype), [*lead, n])
-    if kernel == "cutlass":
+        return _extern(call)
+    return _lower(aten.reshape.default, _lowered_linear(call, rows, k), [*lead, n])
+
+
+def _lowered_linear(call: ScaledMmArgs, rows, k):
+    """The [rows, N] result of a call that `why_not_lowered` accepted, in Inductor IR."""
+    a2d = _lower(aten.reshape.default, call.a, [rows, k])
+    b, scale_a, scale_b, bias, out_dtype = call.b, call.scale_a, call.scale_b, call.bias, call.out_dtype
+    if call.kernel == "triton":
+        return _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype)
+    if call.kernel == "cutlass":
         _record("ATen row-wise _scaled_mm (CUTLASS), scales and bias inside the GEMM")
-        return _lower(aten.reshape.default, _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows), [*lead, n])
-    if a.get_dtype() == FP8_DTYPE:
+        return _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows)
+    if a2d.get_dtype() == FP8_DTYPE:
         fused = _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype)
         if fused is not None:
             _record("ATen _scaled_mm (cuBLAS), scales and bias inside the GEMM")
-            return _lower(aten.reshape.default, fused, [*lead, n])
-    if a.get_dtype() == torch.int8:
-        out = _int8_accumulator(a2d, b, azp_a, azp_b, rows, k)
+            return fused
+    if a2d.get_dtype() == torch.int8:
+        out = _int8_accumulator(a2d, b, call.azp_a, call.azp_b, rows, k)
     else:
         out = _fp8_accumulator(a2d, b)
     _record("Inductor's own GEMM lowering; scales, bias and cast in its fused pointwise code")
-    return _lower(aten.reshape.default, _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype), [*lead, n])
+    return _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype)
 
 
 def register() -> None:
-    inductor_lowering.register_lowering(torch.ops.qfuse.scaled_mm.default, type_promotion_kind=None)(lower_scaled_mm)
+    inductor_lowering.register_lowering(ScaledMmArgs.op, type_promotion_kind=None)(lower_scaled_mm)

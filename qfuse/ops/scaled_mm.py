@@ -14,6 +14,9 @@ a trailing 1), or one per row and 128-group of K; `scale_b` one value, [N] / [1,
 one per row) and `azp_b` (one value or one per output channel). `kernel` names the registry kernel
 the compiler chose for this call; its prepared form of the weight is made once per weight
 (`qfuse.kernels.prepared`).
+
+Passes and lowerings read and emit these calls through `ScaledMmArgs` / `QuantScaledMmArgs`, the
+ops' arguments by name (`qfuse.ops.arguments`), never by position.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor
 
 from qfuse.kernels import get_kernel
 from qfuse.kernels.prepared import prepare_once
+from qfuse.ops.arguments import op_arguments
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -108,59 +113,58 @@ def _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, azp_b, op):
     )
 
 
-@torch.library.custom_op("qfuse::scaled_mm", mutates_args=())
-def scaled_mm(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    scale_a: torch.Tensor | None,
-    scale_b: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    azp_a: torch.Tensor | None,
-    azp_b: torch.Tensor | None,
-    out_dtype: torch.dtype,
-    kernel: str,
-) -> torch.Tensor:
-    _check_dtypes(a.dtype, b.dtype, out_dtype, "scaled_mm")
-    out_shape = _output_shape(a, b, "scaled_mm")
-    a2d, scale_a, scale_b, azp_a, azp_b = _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, azp_b, "scaled_mm")
+def prepared_kernel(kernel: str, b: torch.Tensor, scale_b, azp_b) -> tuple:
+    """(the kernel named `kernel`, its prepared form of the weight b, made once per weight)."""
     implementation = get_kernel(kernel)
-    weight = prepare_once(implementation, b, scale_b, azp_b)
+    return implementation, prepare_once(implementation, b, scale_b, azp_b)
+
+
+def _checked_output_shape(a: torch.Tensor, gemm_dtype: torch.dtype, b: torch.Tensor, out_dtype: torch.dtype,
+                          op: str) -> tuple:
+    """The output shape, after checking the dtypes: `gemm_dtype` is the activation's dtype in the GEMM
+    (a's own, or the one quant_scaled_mm quantizes it to)."""
+    _check_dtypes(gemm_dtype, b.dtype, out_dtype, op)
+    return _output_shape(a, b, op)
+
+
+@torch.library.custom_op("qfuse::scaled_mm", mutates_args=())
+def scaled_mm(a: Tensor, b: Tensor, scale_a: Tensor | None, scale_b: Tensor | None, bias: Tensor | None,
+              azp_a: Tensor | None, azp_b: Tensor | None, out_dtype: torch.dtype, kernel: str) -> Tensor:
+    out_shape = _checked_output_shape(a, a.dtype, b, out_dtype, "scaled_mm")
+    a2d, scale_a, scale_b, azp_a, azp_b = _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, azp_b, "scaled_mm")
+    implementation, weight = prepared_kernel(kernel, b, scale_b, azp_b)
     return implementation.apply(a2d, weight, scale_a, bias, azp_a, out_dtype).reshape(out_shape)
 
 
 @scaled_mm.register_fake
 def _(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype, kernel):
-    _check_dtypes(a.dtype, b.dtype, out_dtype, "scaled_mm")
-    return a.new_empty(_output_shape(a, b, "scaled_mm"), dtype=out_dtype)
+    return a.new_empty(_checked_output_shape(a, a.dtype, b, out_dtype, "scaled_mm"), dtype=out_dtype)
+
+
+class ScaledMmArgs(op_arguments(torch.ops.qfuse.scaled_mm.default)):
+    """`qfuse::scaled_mm`'s arguments by name; its fields are the parameters of `scaled_mm` above."""
+
+
+def _quant_scaled_mm_output_shape(x: torch.Tensor, b: torch.Tensor, quant_dtype: torch.dtype,
+                                  out_dtype: torch.dtype) -> tuple:
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"qfuse::quant_scaled_mm: activation must be floating point, got {x.dtype}")
+    return _checked_output_shape(x, quant_dtype, b, out_dtype, "quant_scaled_mm")
 
 
 @torch.library.custom_op("qfuse::quant_scaled_mm", mutates_args=())
-def quant_scaled_mm(
-    x: torch.Tensor,
-    b: torch.Tensor,
-    scale_a: torch.Tensor | None,
-    scale_b: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    quant_dtype: torch.dtype,
-    eps: float,
-    out_dtype: torch.dtype,
-    kernel: str,
-) -> torch.Tensor:
-    _check_quant_input(x, b, quant_dtype, out_dtype)
-    out_shape = _output_shape(x, b, "quant_scaled_mm")
+def quant_scaled_mm(x: Tensor, b: Tensor, scale_a: Tensor | None, scale_b: Tensor | None, bias: Tensor | None,
+                    quant_dtype: torch.dtype, eps: float, out_dtype: torch.dtype, kernel: str) -> Tensor:
+    out_shape = _quant_scaled_mm_output_shape(x, b, quant_dtype, out_dtype)
     x2d, scale_a, scale_b, _, _ = _flatten_operands(x, b, scale_a, scale_b, bias, None, None, "quant_scaled_mm")
-    implementation = get_kernel(kernel)
-    weight = prepare_once(implementation, b, scale_b, None)
+    implementation, weight = prepared_kernel(kernel, b, scale_b, None)
     return implementation.quant_apply(x2d, weight, scale_a, bias, quant_dtype, eps, out_dtype).reshape(out_shape)
-
-
-def _check_quant_input(x, b, quant_dtype, out_dtype):
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"qfuse::quant_scaled_mm: activation must be floating point, got {x.dtype}")
-    _check_dtypes(quant_dtype, b.dtype, out_dtype, "quant_scaled_mm")
 
 
 @quant_scaled_mm.register_fake
 def _(x, b, scale_a, scale_b, bias, quant_dtype, eps, out_dtype, kernel):
-    _check_quant_input(x, b, quant_dtype, out_dtype)
-    return x.new_empty(_output_shape(x, b, "quant_scaled_mm"), dtype=out_dtype)
+    return x.new_empty(_quant_scaled_mm_output_shape(x, b, quant_dtype, out_dtype), dtype=out_dtype)
+
+
+class QuantScaledMmArgs(op_arguments(torch.ops.qfuse.quant_scaled_mm.default)):
+    """`qfuse::quant_scaled_mm`'s arguments by name; its fields are the parameters of `quant_scaled_mm` above."""

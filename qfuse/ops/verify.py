@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qfuse.ops.arguments import op_arguments
 from qfuse.schemes import QuantScheme
 
 
@@ -77,3 +78,7 @@ def check_close(fused: torch.Tensor, original: torch.Tensor, label: str, toleran
 @check_close.register_fake
 def _(fused, original, label, tolerance):
     return torch.empty_like(fused)
+
+
+class CheckCloseArgs(op_arguments(torch.ops.qfuse.check_close.default)):
+    """`qfuse::check_close`'s arguments by name; its fields are the parameters of `check_close` above."""

@@ -19,10 +19,9 @@ whose block scales are 128 x 128; int4 values with any group size do not fit tha
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-from qfuse.kernels import get_kernel
-from qfuse.kernels.prepared import prepare_once
-from qfuse.ops.scaled_mm import OUT_DTYPES
+from qfuse.ops.scaled_mm import OUT_DTYPES, prepared_kernel
 
 PER_CHANNEL = -1  # group_size for one scale per output channel
 W4A8_KERNELS = ("xpu", "reference")
@@ -61,23 +60,14 @@ def _group_scale(scale_b: torch.Tensor, k: int, n: int, group_size: int) -> tupl
 
 
 @torch.library.custom_op("qfuse::w4a8_scaled_mm", mutates_args=())
-def w4a8_scaled_mm(
-    x: torch.Tensor,
-    b: torch.Tensor,
-    scale_b: torch.Tensor,
-    bias: torch.Tensor | None,
-    group_size: int,
-    eps: float,
-    out_dtype: torch.dtype,
-    kernel: str,
-) -> torch.Tensor:
+def w4a8_scaled_mm(x: Tensor, b: Tensor, scale_b: Tensor, bias: Tensor | None, group_size: int, eps: float,
+                   out_dtype: torch.dtype, kernel: str) -> Tensor:
     _check_operands(x, b, scale_b, bias, out_dtype, kernel)
     (k, n), out_shape = b.shape, (*x.shape[:-1], b.shape[1])
     scale, group = _group_scale(scale_b, k, n, group_size)
     if kernel == "reference":
         scale = scale.repeat_interleave(group, dim=0)  # [K, N]: one scale per weight element
-    implementation = get_kernel(kernel)
-    weight = prepare_once(implementation, b, scale, None)
+    implementation, weight = prepared_kernel(kernel, b, scale, None)
     out = implementation.quant_apply(x.reshape(-1, k), weight, None, bias, torch.int8, eps, out_dtype)
     return out.reshape(out_shape)
 

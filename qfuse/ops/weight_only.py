@@ -17,10 +17,9 @@ and `qfuse::quant_scaled_mm` quantizes a float one: here nothing quantizes the a
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-from qfuse.kernels import get_kernel
-from qfuse.kernels.prepared import prepare_once
-from qfuse.ops.scaled_mm import OUT_DTYPES, _normalize_scale_b, _output_shape
+from qfuse.ops.scaled_mm import OUT_DTYPES, _normalize_scale_b, _output_shape, prepared_kernel
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, WEIGHT_ONLY_DTYPES
 
 _OP = "weight_only_scaled_mm"
@@ -41,18 +40,11 @@ def _check_operands(x, b, bias, out_dtype) -> tuple:
 
 
 @torch.library.custom_op("qfuse::weight_only_scaled_mm", mutates_args=())
-def weight_only_scaled_mm(
-    x: torch.Tensor,
-    b: torch.Tensor,
-    scale_b: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    out_dtype: torch.dtype,
-    kernel: str,
-) -> torch.Tensor:
+def weight_only_scaled_mm(x: Tensor, b: Tensor, scale_b: Tensor | None, bias: Tensor | None, out_dtype: torch.dtype,
+                          kernel: str) -> Tensor:
     out_shape = _check_operands(x, b, bias, out_dtype)
     k, n = b.shape
-    implementation = get_kernel(kernel)
-    weight = prepare_once(implementation, b, _normalize_scale_b(scale_b, k, n), None)
+    implementation, weight = prepared_kernel(kernel, b, _normalize_scale_b(scale_b, k, n), None)
     return implementation.weight_only_apply(x.reshape(-1, k), weight, bias, out_dtype).reshape(out_shape)
 
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch.fx import Graph, Node
 
 from qfuse.kernels import get_kernel
 from qfuse.ops import RECORD_KEY
+from qfuse.ops.scaled_mm import QuantScaledMmArgs, ScaledMmArgs
 from qfuse.passes.fused_linear import NotFusable, PassContext
 from qfuse.passes.graph_utils import aten, dtype_of, insert_call, shape_of, strip_views
 from qfuse.passes.quant_forms import fold_verdict, match_quantize, match_token_scale
@@ -47,16 +47,15 @@ class FoldableQuant:
     eps: float
 
 
-def can_fold_quant(fused: Node) -> FoldableQuant:
-    """How `fused`'s activation was quantized, if it can fold into the GEMM; NotFusable says why not."""
-    a, scale_a, azp_a, azp_b = fused.args[0], fused.args[2], fused.args[5], fused.args[6]
-    if scale_a is None or azp_a is not None or azp_b is not None:
+def can_fold_quant(call: ScaledMmArgs) -> FoldableQuant:
+    """How the fused call's activation was quantized, if it can fold into the GEMM; NotFusable says why not."""
+    if call.scale_a is None or call.azp_a is not None or call.azp_b is not None:
         raise NotFusable("the activation has no scale of its own or carries a zero point")
-    _, view_shape = strip_views(a)
-    quantizer = match_quantize(a)
+    _, view_shape = strip_views(call.a)
+    quantizer = match_quantize(call.a)
     if quantizer is None:
         raise NotFusable("the quantized activation is not produced by a known quantize form (divide, clamp, cast)")
-    if not _same_scale(scale_a, quantizer.scale):
+    if not _same_scale(call.scale_a, quantizer.scale):
         raise NotFusable("the activation is quantized with another scale than the one the GEMM rescales by")
     dynamic = match_token_scale(quantizer.scale)
     if dynamic is None and isinstance(quantizer.scale, Node) and any(size != 1 for size in shape_of(quantizer.scale)):
@@ -66,26 +65,33 @@ def can_fold_quant(fused: Node) -> FoldableQuant:
         raise NotFusable(reason)
     if dynamic is not None:
         return FoldableQuant(quantizer.x, view_shape, None, dynamic.eps)
-    return FoldableQuant(quantizer.x, view_shape, scale_a, 0.0)
+    return FoldableQuant(quantizer.x, view_shape, call.scale_a, 0.0)
+
+
+def fold_replacement(graph: Graph, fused: Node, call: ScaledMmArgs, fold: FoldableQuant) -> Node:
+    """Insert the `qfuse::quant_scaled_mm` call that takes over from `fused` (before it)."""
+    with graph.inserting_before(fused):
+        x = fold.x if fold.view_shape is None else insert_call(graph, aten.reshape.default, (fold.x, fold.view_shape))
+        folded = QuantScaledMmArgs(
+            x=x, b=call.b, scale_a=fold.static_scale, scale_b=call.scale_b, bias=call.bias,
+            quant_dtype=dtype_of(call.a), eps=fold.eps, out_dtype=call.out_dtype, kernel=call.kernel,
+        )
+        return insert_call(graph, folded.op, folded.as_args())
 
 
 def run(graph: Graph, context: PassContext) -> None:
-    for fused in list(graph.find_nodes(op="call_function", target=torch.ops.qfuse.scaled_mm.default)):
-        if not get_kernel(fused.args[8]).fuses_activation_quant:
+    for fused in list(graph.find_nodes(op="call_function", target=ScaledMmArgs.op)):
+        call = ScaledMmArgs.of(fused)
+        if not get_kernel(call.kernel).fuses_activation_quant:
             continue
         record = fused.meta.get(RECORD_KEY)
         try:
-            fold = can_fold_quant(fused)
+            fold = can_fold_quant(call)
         except NotFusable as reason:
             if record is not None:
                 record.note = "; ".join(filter(None, [record.note, f"activation quant not folded: {reason}"]))
             continue
-        b, _, scale_b, bias, _, _, out_dtype, kernel = fused.args[1:]
-        with graph.inserting_before(fused):
-            x = fold.x if fold.view_shape is None else insert_call(graph, aten.reshape.default, (fold.x, fold.view_shape))
-            replacement = insert_call(graph, torch.ops.qfuse.quant_scaled_mm.default, (
-                x, b, fold.static_scale, scale_b, bias, dtype_of(fused.args[0]), fold.eps, out_dtype, kernel,
-            ))
+        replacement = fold_replacement(graph, fused, call, fold)
         fused.replace_all_uses_with(replacement)
         context.report.matches[FOLDED_PATTERN] += 1
         if record is not None:

@@ -127,9 +127,9 @@ def _rounds(node, depth: int = 6) -> bool:
     return node.target == aten.round.default or any(_rounds(arg, depth - 1) for arg in node.all_input_nodes)
 
 
-def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
+def analyze(anchor: Node) -> FusedLinear | None:
     try:
-        return analyze_dequantized_linear(graph, anchor, match_fake_dequantize, FAMILY)
+        return analyze_dequantized_linear(anchor, match_fake_dequantize, FAMILY)
     except NotFusable as reason:
         activation = anchor.args[1] if anchor.target == aten.addmm.default else anchor.args[0]
         if "the activation is not" in str(reason) and _rounds(activation):

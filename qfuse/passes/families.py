@@ -1,10 +1,20 @@
-"""The pattern families qfuse knows, in the order the pass manager runs them.
+"""The pattern families qfuse knows, in the order the pass manager runs them: the one list.
 
     reference_linear   hand-written W8A8: integer / fp8 matmul followed by a dequantize epilogue
     pt2e_linear        PT2E Q/DQ form (torch.ops.quantized_decomposed) around a float linear
     fake_quant_linear  the same in plain torch ops: a float linear of fake-quantized operands
     activation_quant   hand-written activation quantization folded into the fused linear, for
                        kernels that quantize the activation themselves
+
+Each family is the module `qfuse.passes.<name>`, with `run(graph, context)` and a docstring that
+says what it matches. The pass manager imports the modules by these names (`family_module`);
+`qfuse.config` reads the names without importing the passes (this file imports nothing, so
+neither Inductor).
 """
 
 PATTERN_FAMILIES: tuple[str, ...] = ("reference_linear", "pt2e_linear", "fake_quant_linear", "activation_quant")
+
+
+def family_module(family: str) -> str:
+    """The module that implements a family."""
+    return f"qfuse.passes.{family}"

@@ -1,8 +1,10 @@
 """What every linear-fusing pass shares: the description of a fused linear, kernel choice, emission.
 
-A pass that recognises a quantized linear fills a `FusedLinear` (operands as graph nodes or Python
-numbers, the scheme) and calls `fuse_linear`: it asks the kernel registry, records the outcome in
-the report, and if a kernel can run it, emits one `qfuse::scaled_mm` that replaces `replaces`.
+A pass that recognises a quantized linear fills a `FusedLinear` (operands as graph nodes, pending
+calls or Python numbers, the scheme) and calls `fuse_linear`: it asks the kernel registry, records
+the outcome in the report, and if a kernel can run it, inserts the operands' pending calls and one
+`qfuse::scaled_mm` that replaces `replaces`. Until then the graph is untouched, so a linear that no
+kernel can run stays exactly as it was.
 """
 
 from __future__ import annotations
@@ -16,8 +18,18 @@ from torch.fx import Graph, Node
 
 from qfuse.kernels import GemmKey, choose_kernel
 from qfuse.ops import RECORD_KEY
-from qfuse.ops.verify import tolerance_for
-from qfuse.passes.graph_utils import aten, fake_value, insert_call, module_path, scalar_tensor, static_int
+from qfuse.ops.scaled_mm import ScaledMmArgs
+from qfuse.ops.verify import CheckCloseArgs, tolerance_for
+from qfuse.passes.graph_utils import (
+    PendingCall,
+    aten,
+    fake_value,
+    insert_call,
+    materialize,
+    module_path,
+    scalar_tensor,
+    static_int,
+)
 from qfuse.passes.report import LinearRecord, PassReport
 from qfuse.passes.scale_algebra import ScaleProduct
 from qfuse.platform import current_platform
@@ -26,7 +38,8 @@ from qfuse.schemes import QuantScheme
 if TYPE_CHECKING:
     from qfuse.config import QfuseConfig
 
-Operand = Node | float | int | None
+GraphValue = Node | PendingCall  # a graph value, or one a rewrite will insert
+Operand = GraphValue | float | int | None
 Scale = Operand | ScaleProduct
 
 
@@ -49,8 +62,8 @@ class FusedLinear:
     anchor: Node  # the matmul node, for the report
     family: str
     pattern: str
-    a: Node  # quantized activation [..., K]
-    b: Node  # quantized weight, logically [K, N]
+    a: GraphValue  # quantized activation [..., K]
+    b: GraphValue  # quantized weight, logically [K, N]
     scheme: QuantScheme
     out_dtype: torch.dtype
     replaces: Node  # the node whose value the fused op takes over
@@ -58,7 +71,7 @@ class FusedLinear:
     output_padding: tuple[int, int] = (0, 0)  # zero rows, columns to append (Inductor's shape padding)
     scale_a: Scale = None
     scale_b: Scale = None
-    bias: Node | None = None
+    bias: GraphValue | None = None
     azp_a: Operand = None
     azp_b: Operand = None
     note: str = ""  # e.g. why the epilogue stopped where it did
@@ -80,12 +93,28 @@ def record_near_miss(context: PassContext, anchor: Node, family: str, reason: st
 
 
 def _as_tensor_node(graph: Graph, operand: Scale, dtype: torch.dtype, device: torch.device) -> Node | None:
-    """Python numbers from the graph become 0-dim constants, scale products one node; nodes pass through."""
+    """Python numbers from the graph become 0-dim constants, scale products and pending calls
+    nodes; nodes pass through."""
     if isinstance(operand, ScaleProduct):
         return operand.emit(graph, device)
-    if operand is None or isinstance(operand, Node):
-        return operand
-    return scalar_tensor(graph, operand, dtype, device)
+    if isinstance(operand, (int, float)):
+        return scalar_tensor(graph, operand, dtype, device)
+    return materialize(graph, operand)
+
+
+def _scaled_mm_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch.device) -> ScaledMmArgs:
+    """The fused op's arguments, every operand inserted as a node (at the current insertion point)."""
+    return ScaledMmArgs(
+        a=materialize(graph, linear.a),
+        b=materialize(graph, linear.b),
+        scale_a=_as_tensor_node(graph, linear.scale_a, torch.float32, device),
+        scale_b=_as_tensor_node(graph, linear.scale_b, torch.float32, device),
+        bias=materialize(graph, linear.bias),
+        azp_a=_as_tensor_node(graph, linear.azp_a, torch.int32, device),
+        azp_b=_as_tensor_node(graph, linear.azp_b, torch.int32, device),
+        out_dtype=linear.out_dtype,
+        kernel=kernel,
+    )
 
 
 def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node | None:
@@ -101,22 +130,13 @@ def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node
         scheme=linear.scheme.describe(), rejected_kernels=choice.rejected, note=linear.note,
     )
     if choice.kernel is None:
-        record.reason = "no kernel can run it: " + "; ".join(f"{k}: {v}" for k, v in choice.rejected.items())
+        record.reason = "no kernel can run it: " + choice.rejections()
         context.report.add(record)
         return None
     record.kernel = choice.kernel.name
     with graph.inserting_before(linear.replaces):
-        fused = insert_call(graph, torch.ops.qfuse.scaled_mm.default, (
-            linear.a,
-            linear.b,
-            _as_tensor_node(graph, linear.scale_a, torch.float32, device),
-            _as_tensor_node(graph, linear.scale_b, torch.float32, device),
-            linear.bias,
-            _as_tensor_node(graph, linear.azp_a, torch.int32, device),
-            _as_tensor_node(graph, linear.azp_b, torch.int32, device),
-            linear.out_dtype,
-            choice.kernel.name,
-        ))
+        call = _scaled_mm_args(graph, linear, choice.kernel.name, device)
+        fused = insert_call(graph, call.op, call.as_args())
         fused.meta[RECORD_KEY] = record  # later passes (activation_quant) add to the record
         if linear.output_shape is not None:
             fused = insert_call(graph, aten.reshape.default, (fused, linear.output_shape))
@@ -132,10 +152,10 @@ def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node
 
 def _check_against_original(graph: Graph, fused: Node, linear: FusedLinear, label: str) -> Node:
     """Verify mode: keep the original subgraph and compare it with the fused op (qfuse::check_close)."""
+    check = CheckCloseArgs(fused=fused, original=linear.replaces, label=label,
+                           tolerance=tolerance_for(linear.scheme, linear.out_dtype))
     with graph.inserting_after(linear.replaces):
-        return insert_call(graph, torch.ops.qfuse.check_close.default, (
-            fused, linear.replaces, label, tolerance_for(linear.scheme, linear.out_dtype),
-        ))
+        return insert_call(graph, check.op, check.as_args())
 
 
 def fuse_anchored_linears(
@@ -143,17 +163,18 @@ def fuse_anchored_linears(
     context: PassContext,
     family: str,
     anchors: Sequence,
-    analyze: Callable[[Graph, Node], FusedLinear | None],
+    analyze: Callable[[Node], FusedLinear | None],
 ) -> None:
     """Run `analyze` on every call of an anchor op (a matmul) and fuse what it recognises.
 
-    `analyze` returns None for a matmul that is no candidate at all, and raises NotFusable for a
+    `analyze` only reads the graph: it returns None for a matmul that is no candidate at all, a
+    FusedLinear (the nodes it needs as pending calls) for a linear, and raises NotFusable for a
     near miss, which is recorded with its reason.
     """
     for target in anchors:
         for anchor in list(graph.find_nodes(op="call_function", target=target)):
             try:
-                linear = analyze(graph, anchor)
+                linear = analyze(anchor)
             except NotFusable as near_miss:
                 record_near_miss(context, anchor, family, str(near_miss))
                 continue

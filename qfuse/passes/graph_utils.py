@@ -2,12 +2,19 @@
 
 Shapes come from each node's `meta["val"]` (a FakeTensor); symbolic sizes are compared only when
 the answer is known without adding a guard (`statically_known_true`).
+
+A pass plans the nodes a rewrite needs as `PendingCall`s while it checks, and inserts them
+(`materialize`) only once every check passed and a kernel was chosen: a near miss leaves the
+graph as it found it. A pending call has a FakeTensor value like a node, so `shape_of` /
+`dtype_of` read both alike.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,7 +30,10 @@ CONSTANT_OPS = (aten.full.default, aten.ones.default)
 
 
 def fake_value(node: Any) -> torch.Tensor | None:
-    """The FakeTensor a node produces, or None (a Python scalar, a node without metadata)."""
+    """The FakeTensor a node (or a pending call) produces, or None (a Python scalar, a node without
+    metadata)."""
+    if isinstance(node, PendingCall):
+        return node.fake_value
     if isinstance(node, Node):
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor):
@@ -123,6 +133,8 @@ def converted_dtype(node: Node) -> torch.dtype | None:
 
 
 def _example(arg: Any) -> Any:
+    if isinstance(arg, PendingCall):
+        return arg.fake_value
     if isinstance(arg, Node):
         return arg.meta["val"]
     if isinstance(arg, (list, tuple)):
@@ -136,13 +148,53 @@ def graph_fake_mode(graph: Graph):
     return torch._guards.detect_fake_mode(values) or torch._subclasses.FakeTensorMode()
 
 
+def _evaluate(graph: Graph, target: Any, args: tuple, kwargs: dict) -> Any:
+    """What target(*args, **kwargs) produces, on the FakeTensors of the graph's nodes."""
+    with graph_fake_mode(graph):
+        return target(*_example(args), **_example(kwargs))
+
+
 def insert_call(graph: Graph, target: Any, args: tuple, kwargs: dict | None = None) -> Node:
     """Insert a call (at the graph's current insertion point) with its meta["val"] filled in."""
     kwargs = kwargs or {}
     node = graph.call_function(target, args, kwargs)
-    with graph_fake_mode(graph):
-        node.meta["val"] = target(*_example(args), **_example(kwargs))
+    node.meta["val"] = _evaluate(graph, target, args, kwargs)
     return node
+
+
+@dataclass(eq=False)
+class PendingCall:
+    """target(*args, **kwargs), to be inserted into the graph of the nodes it reads (`materialize`);
+    its args may hold nodes and other pending calls."""
+
+    target: Any
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    node: Node | None = field(default=None, init=False)  # once inserted
+
+    @property
+    def graph(self) -> Graph:
+        """The graph of the first node among the arguments (a pending call reads at least one)."""
+        for arg in self.args:
+            if isinstance(arg, (Node, PendingCall)):
+                return arg.graph
+        raise ValueError(f"a pending call of {self.target} reads no graph node")
+
+    @functools.cached_property
+    def fake_value(self) -> Any:
+        return _evaluate(self.graph, self.target, self.args, self.kwargs)
+
+
+def materialize(graph: Graph, value: Any) -> Any:
+    """`value` with its pending calls inserted at the graph's current insertion point (each once);
+    anything else (a node, a number, None) as it is."""
+    if not isinstance(value, PendingCall):
+        return value
+    if value.node is None:
+        args = tuple(materialize(graph, arg) for arg in value.args)
+        value.node = graph.call_function(value.target, args, value.kwargs)
+        value.node.meta["val"] = value.fake_value
+    return value.node
 
 
 def scalar_tensor(graph: Graph, value: float | int, dtype: torch.dtype, device: torch.device) -> Node:

@@ -5,24 +5,29 @@ It runs as Inductor's `post_grad_custom_post_pass` (post-grad, aten level, decom
 so Inductor's FX graph cache never returns a graph compiled by another qfuse or another config.
 On a warm cache hit Inductor skips post-grad passes entirely: the cached graph already holds the
 qfuse ops, and no new report is produced.
+
+`prepare_pass` is what both ways in (the backend and `install()`) do before a compile: register
+the ops and lowerings, build the configuration, turn on debug logging, and compose qfuse's pass
+after whatever post-grad pass is already configured.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import logging
 from collections import deque
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from qfuse import debug
 from qfuse.config import QfuseConfig
-from qfuse.passes import activation_quant, fake_quant_linear, pt2e_linear, reference_linear
-from qfuse.passes.families import PATTERN_FAMILIES
+from qfuse.passes.families import PATTERN_FAMILIES, family_module
 from qfuse.passes.fused_linear import PassContext
 from qfuse.passes.graph_utils import module_path
 from qfuse.passes.report import PassReport, count_ops, inductor_quantized_nodes, matmul_nodes
@@ -31,12 +36,8 @@ log = logging.getLogger("qfuse")
 
 # Each family is a module with `run(graph, context)`; its docstring says what it matches.
 PASS_MODULES: dict[str, ModuleType] = {
-    "reference_linear": reference_linear,
-    "pt2e_linear": pt2e_linear,
-    "fake_quant_linear": fake_quant_linear,
-    "activation_quant": activation_quant,
+    family: importlib.import_module(family_module(family)) for family in PATTERN_FAMILIES
 }
-assert tuple(PASS_MODULES) == PATTERN_FAMILIES
 
 
 def describe(family: str) -> str:
@@ -136,3 +137,19 @@ def compose(existing: CustomGraphPass | None, qfuse_pass: QfusePass) -> CustomGr
 
     others = without_qfuse(existing) if existing is not None else []
     return ComposedPass([*others, qfuse_pass]) if others else qfuse_pass
+
+
+def prepare_pass(existing: CustomGraphPass | None, config: QfuseConfig | None = None,
+                 **options: Any) -> tuple[QfusePass, CustomGraphPass]:
+    """Get qfuse ready to compile: its ops and lowerings registered, the configuration (`config`, else
+    the `QFUSE_*` environment, with `options` applied), debug logging on in debug mode. Returns
+    (qfuse's pass, the post-grad pass to configure: `existing` followed by qfuse's)."""
+    import qfuse.ops  # noqa: F401  (the compiled code calls torch.ops.qfuse.*)
+    from qfuse.lowerings import register_lowerings
+
+    register_lowerings()
+    config = (config or QfuseConfig.from_env()).replace(**options)
+    if config.debug:
+        debug.enable_logging()
+    qfuse_pass = QfusePass(config)
+    return qfuse_pass, compose(existing, qfuse_pass)

@@ -20,7 +20,9 @@ computed as q ^ 0x80 read as int8, which Inductor's CPU code vectorizes; zero_po
 and weights are exact.
 
 `can_fuse_*` checks: int8 / uint8 activation, int8 weight, per-channel axis on the output
-channels, addmm without beta / alpha, a float result.
+channels, addmm without beta / alpha, a float result. They only read the graph; the casts, shifts,
+views and transposes the fused op's operands need are pending calls (`*_operand`), inserted when
+the linear is fused, so a near miss leaves the graph untouched.
 """
 
 from __future__ import annotations
@@ -34,16 +36,16 @@ from torch.fx import Graph, Node
 from qfuse.ops.scaled_mm import OUT_DTYPES
 from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import (
+    PendingCall,
     aten,
     dtype_of,
-    insert_call,
     prims,
     same_shape,
     shape_of,
     strip_views,
     strip_zero_padding,
 )
-from qfuse.passes.quant_forms import is_dynamic_scale
+from qfuse.passes.quant_forms import is_dynamic_scale, uint8_as_int8
 from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme
 
 
@@ -77,11 +79,12 @@ class Dequantized:
     def dtype(self) -> torch.dtype:
         return self.cast_to or dtype_of(self.q)
 
-    def quantized(self, graph: Graph) -> Node:
+    @property
+    def quantized(self) -> Node | PendingCall:
         """q as an integer / fp8 tensor (a float of integers is cast: exact, they are in range)."""
         if self.cast_to is None:
             return self.q
-        return insert_call(graph, prims.convert_element_type.default, (self.q, self.cast_to))
+        return PendingCall(prims.convert_element_type.default, (self.q, self.cast_to))
 
 
 def match_dequantize(node) -> Dequantized | None:
@@ -111,16 +114,6 @@ def _is_zero(value) -> bool:
     return value is None or (isinstance(value, (int, float)) and value == 0)
 
 
-def activation_granularity(dq: Dequantized) -> Granularity:
-    """Per tensor or per token; a per-channel dequantize along the row axis is per token."""
-    if dq.granularity == Granularity.PER_CHANNEL:
-        rank = len(shape_of(dq.q))
-        if dq.axis % rank != rank - 2 or shape_of(dq.scale)[-1] != 1:
-            raise NotFusable(f"the activation is dequantized per channel along axis {dq.axis}, not per token")
-        return Granularity.PER_TOKEN
-    return dq.granularity
-
-
 def _check_zero_point(dq: Dequantized, role: str) -> None:
     """An integer zero point for int8 / uint8, none for fp8 (whose GEMMs take none)."""
     if _is_zero(dq.zero_point):
@@ -132,28 +125,24 @@ def _check_zero_point(dq: Dequantized, role: str) -> None:
         raise NotFusable(f"the {role}'s zero point is a {dtype_of(dq.zero_point)} tensor, not an integer one")
 
 
-def can_fuse_activation(graph: Graph, dq: Dequantized, view_shape: list | None, before: Node):
-    """The int8 / fp8 activation operand and its zero point (uint8 is shifted to int8)."""
+def can_fuse_activation(dq: Dequantized) -> Granularity:
+    """The activation's granularity (per tensor or per token; a per-channel dequantize along the row
+    axis is per token), if an int8 / uint8 / fp8 GEMM can take it."""
+    granularity = dq.granularity
+    if granularity == Granularity.PER_CHANNEL:
+        rank = len(shape_of(dq.q))
+        if dq.axis % rank != rank - 2 or shape_of(dq.scale)[-1] != 1:
+            raise NotFusable(f"the activation is dequantized per channel along axis {dq.axis}, not per token")
+        granularity = Granularity.PER_TOKEN
     if dq.dtype not in (torch.int8, torch.uint8, FP8_DTYPE):
         raise NotFusable(f"the activation is dequantized from {dq.dtype}; qfuse fuses int8 / uint8 / fp8 Q/DQ")
     _check_zero_point(dq, "activation")
-    zero_point = 0 if dq.zero_point is None else dq.zero_point
-    with graph.inserting_before(before):
-        q = dq.quantized(graph)
-        if dq.dtype == torch.uint8:  # u - 128 as int8 is u ^ 0x80 read as int8: exact, and vectorized
-            as_int8 = insert_call(graph, aten.view.dtype, (q, torch.int8))
-            q = insert_call(graph, aten.bitwise_xor.Scalar, (as_int8, -128))
-            zero_point = zero_point - 128 if isinstance(zero_point, int) else insert_call(
-                graph, aten.sub.Tensor, (zero_point, 128)
-            )
-        if view_shape is not None:
-            q = insert_call(graph, aten.reshape.default, (q, view_shape))
-    return q, zero_point
+    return granularity
 
 
-def can_fuse_weight(graph: Graph, dq: Dequantized, transposed: bool, activation_dtype, before: Node):
-    """The int8 / fp8 weight as a [K, N] operand and its scale as one value or [N]; the per-channel
-    axis must be the output channels."""
+def can_fuse_weight(dq: Dequantized, transposed: bool, activation_dtype: torch.dtype) -> Granularity:
+    """The weight's granularity (per channel or per tensor), if it is int8 (fp8 with an fp8 activation)
+    and a per-channel axis is its output channels."""
     expected = FP8_DTYPE if activation_dtype == FP8_DTYPE else torch.int8
     if dq.dtype != expected:
         raise NotFusable(f"the weight is dequantized from {dq.dtype}; with a {activation_dtype} activation "
@@ -167,12 +156,25 @@ def can_fuse_weight(graph: Graph, dq: Dequantized, transposed: bool, activation_
             raise NotFusable(
                 f"the weight is dequantized per channel along axis {dq.axis}, not along its output channels"
             )
-    with graph.inserting_before(before):
-        q = dq.quantized(graph)
-        b = insert_call(graph, aten.permute.default, (q, [1, 0])) if transposed else q
-        scale = dq.scale
-        if isinstance(scale, Node) and len(shape_of(scale)) == 2:  # [N, 1] / [1, N] of a fake quant
-            scale = insert_call(graph, aten.reshape.default, (scale, [-1]))
+    return dq.granularity
+
+
+def activation_operand(dq: Dequantized, view_shape: list | None) -> tuple:
+    """(the int8 / fp8 activation operand, its zero point); a uint8 one is shifted to int8."""
+    q, zero_point = dq.quantized, 0 if dq.zero_point is None else dq.zero_point
+    if dq.dtype == torch.uint8:
+        q, zero_point = uint8_as_int8(q, zero_point)
+    if view_shape is not None:
+        q = PendingCall(aten.reshape.default, (q, view_shape))
+    return q, zero_point
+
+
+def weight_operand(dq: Dequantized, transposed: bool) -> tuple:
+    """(the weight as a [K, N] operand, its scale as one value or [N])."""
+    b = PendingCall(aten.permute.default, (dq.quantized, [1, 0])) if transposed else dq.quantized
+    scale = dq.scale
+    if isinstance(scale, Node) and len(shape_of(scale)) == 2:  # [N, 1] / [1, N] of a fake quant
+        scale = PendingCall(aten.reshape.default, (scale, [-1]))
     return b, scale
 
 
@@ -193,7 +195,7 @@ def _linear_operands(anchor: Node) -> tuple[Node | None, Node, Node]:
 
 
 def analyze_dequantized_linear(
-    graph: Graph, anchor: Node, match: Callable[[Node], Dequantized | None], family: str
+    anchor: Node, match: Callable[[Node], Dequantized | None], family: str
 ) -> FusedLinear | None:
     """A float linear whose activation and weight are both dequantized (as `match` recognises
     dequantization) -> a FusedLinear on the quantized tensors; None if neither is; NotFusable if one is."""
@@ -223,16 +225,15 @@ def analyze_dequantized_linear(
         raise NotFusable(f"the linear returns {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
     if bias is not None and len(shape_of(bias)) != 1:
         raise NotFusable(f"addmm bias of shape {list(shape_of(bias))}; expected [N]")
-    granularity = activation_granularity(activation_dq)
-    b, scale_b = can_fuse_weight(graph, weight_dq, transposed, activation_dq.dtype, anchor)
-    a, activation_zero_point = can_fuse_activation(graph, activation_dq, view_shape, anchor)
+    activation_granularity = can_fuse_activation(activation_dq)
+    weight_granularity = can_fuse_weight(weight_dq, transposed, activation_dq.dtype)
+    a, activation_zero_point = activation_operand(activation_dq, view_shape)
+    b, scale_b = weight_operand(weight_dq, transposed)
     fp8 = activation_dq.dtype == FP8_DTYPE
     scheme = QuantScheme(
         activation_dtype=FP8_DTYPE if fp8 else torch.int8, weight_dtype=FP8_DTYPE if fp8 else torch.int8,
-        activation_granularity=granularity,
-        weight_granularity=(
-            Granularity.PER_CHANNEL if weight_dq.granularity == Granularity.PER_CHANNEL else Granularity.PER_TENSOR
-        ),
+        activation_granularity=activation_granularity,
+        weight_granularity=weight_granularity,
         dynamic=is_dynamic_scale(activation_dq.scale),
         symmetric=_is_zero(activation_zero_point),
     )
@@ -248,8 +249,8 @@ def analyze_dequantized_linear(
     )
 
 
-def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
-    return analyze_dequantized_linear(graph, anchor, match_dequantize, FAMILY)
+def analyze(anchor: Node) -> FusedLinear | None:
+    return analyze_dequantized_linear(anchor, match_dequantize, FAMILY)
 
 
 ANCHORS = (aten.mm.default, aten.addmm.default, aten.bmm.default)

@@ -24,7 +24,15 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
-from qfuse.passes.graph_utils import CONSTANT_OPS, aten, converted_dtype, dtype_of, shape_of, strip_views
+from qfuse.passes.graph_utils import (
+    CONSTANT_OPS,
+    PendingCall,
+    aten,
+    converted_dtype,
+    dtype_of,
+    shape_of,
+    strip_views,
+)
 from qfuse.schemes import FP8_DTYPE, quant_range, symmetric_quant_max
 
 QUANTIZED = (torch.int8, FP8_DTYPE)
@@ -219,3 +227,13 @@ def is_dynamic_scale(value, limit: int = 64) -> bool:
             return True
         pending.extend(arg for arg in node.all_input_nodes)
     return False
+
+
+def uint8_as_int8(q_uint8, zero_point) -> tuple[PendingCall, int | PendingCall]:
+    """(q - 128 as int8, zero_point - 128): the same dequantized values, for an int8 GEMM. q - 128
+    is computed as q ^ 0x80 read as int8 (exact, and Inductor's CPU code vectorizes it)."""
+    as_int8 = PendingCall(aten.view.dtype, (q_uint8, torch.int8))
+    shifted = PendingCall(aten.bitwise_xor.Scalar, (as_int8, -128))
+    if isinstance(zero_point, int):
+        return shifted, zero_point - 128
+    return shifted, PendingCall(aten.sub.Tensor, (zero_point, 128))

@@ -31,6 +31,8 @@ Safety (`can_fuse_*`): quantized dtypes on both sides, every factor one value / 
 per-column of the output (never growing it), a float output. A matmul with no scale after it, or
 with a factor that fits no role, is left alone (fusing half a dequantize would mislead), with the
 factor named. The activation quantization itself stays where it is (see `activation_quant`).
+The walk only reads the graph: an operand that needs a new node (the uint8 shift, a transpose, the
+moved row slice, the bias as a vector) is a pending call, inserted when the linear is fused.
 """
 
 from __future__ import annotations
@@ -41,18 +43,25 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.ops.scaled_mm import OUT_DTYPES
-from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
+from qfuse.passes.fused_linear import FusedLinear, GraphValue, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import (
     VIEW_OPS,
+    PendingCall,
     aten,
     converted_dtype,
     dtype_of,
-    insert_call,
     same_size,
     shape_of,
     single_user,
 )
-from qfuse.passes.quant_forms import Quantizer, constant_number, is_dynamic_scale, match_quantize, match_token_scale
+from qfuse.passes.quant_forms import (
+    Quantizer,
+    constant_number,
+    is_dynamic_scale,
+    match_quantize,
+    match_token_scale,
+    uint8_as_int8,
+)
 from qfuse.passes.scale_algebra import Factor, NotAScale, Role, ScaleProduct, base_of, factors_of, split_sides
 from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme, dtype_name
 
@@ -69,7 +78,7 @@ class Epilogue:
     bias: Node | None = None
     output_shape: list | None = None
     row_slice: tuple | None = None  # (start, end) of a row slice of the output, moved onto the activation
-    azp_a: Node | int | None = None  # the activation's zero point (a uint8 activation corrected by column sums)
+    azp_a: GraphValue | int | None = None  # the activation's zero point (a uint8 activation corrected by column sums)
     closed: bool = False  # after the output cast (or a bias fused by _scaled_mm), nothing more
     stopped_because: str = ""  # why the walk did not absorb the next node, when that is a near miss
 
@@ -129,7 +138,7 @@ def _int8_shifted_by_128(a_u8: Node) -> Node | None:
     return None
 
 
-def _parse_uint8_int_mm(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str]:
+def _parse_uint8_int_mm(node: Node) -> tuple[GraphValue, Node, Epilogue, str]:
     """_int_mm(a_u8, b) - colsum(b) * zp: a uint8 activation with zero point zp, as int8 with zp - 128."""
     a_u8, b = node.args
     user = single_user(node)
@@ -139,10 +148,7 @@ def _parse_uint8_int_mm(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue,
     unshifted = _int8_shifted_by_128(a_u8)
     if unshifted is not None and isinstance(zero_point, int) and zero_point == 128:
         return unshifted, b, Epilogue(last=user), "_int_mm of int8 shifted to uint8"
-    with graph.inserting_before(node):
-        as_int8 = insert_call(graph, aten.view.dtype, (a_u8, torch.int8))
-        a = insert_call(graph, aten.bitwise_xor.Scalar, (as_int8, -128))  # u ^ 0x80 as int8 is u - 128
-        azp_a = zero_point - 128 if isinstance(zero_point, int) else insert_call(graph, aten.sub.Tensor, (zero_point, 128))
+    a, azp_a = uint8_as_int8(a_u8, zero_point)
     return a, b, Epilogue(last=user, azp_a=azp_a), "_int_mm of uint8 with a zero point"
 
 
@@ -170,11 +176,12 @@ def _parse_scaled_mm_v2(node: Node) -> tuple[Node, Node, Epilogue, str]:
     return a, b, epilogue, "_scaled_mm_v2"
 
 
-def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] | None:
-    """(a, b, the epilogue so far, pattern name) if `node` is a quantized matmul, else None."""
+def parse_matmul(node: Node) -> tuple[GraphValue, GraphValue, Epilogue, str] | None:
+    """(a, b, the epilogue so far, pattern name) if `node` is a quantized matmul, else None; an
+    operand that needs a new node (a shift, a transpose) is a pending call."""
     if node.target == aten._int_mm.default:
         if dtype_of(node.args[0]) == torch.uint8:
-            return _parse_uint8_int_mm(graph, node)
+            return _parse_uint8_int_mm(node)
         return node.args[0], node.args[1], Epilogue(last=node), "_int_mm"
     if node.target == aten._scaled_mm.default:
         epilogue = Epilogue(last=node, bias=_argument(node, 4, "bias"))
@@ -198,8 +205,7 @@ def parse_matmul(graph: Graph, node: Node) -> tuple[Node, Node, Epilogue, str] |
             raise NotFusable(f"a float activation times an upcast {dtype_name(dtype_of(weight))} weight is weight-only "
                              "quantization, which qfuse does not fuse yet")
         if transposed:
-            with graph.inserting_before(node):
-                weight = insert_call(graph, aten.permute.default, (weight, [1, 0]))
+            weight = PendingCall(aten.permute.default, (weight, [1, 0]))
         return upcast_a.args[0], weight, Epilogue(last=node), "float mm of upcast"
     return None
 
@@ -273,9 +279,9 @@ def can_fuse_bias(bias, output: Node) -> bool:
     )
 
 
-def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
+def analyze(anchor: Node) -> FusedLinear | None:
     """Recognise the linear at `anchor`; None if it is no quantized matmul; NotFusable if it nearly is."""
-    parsed = parse_matmul(graph, anchor)
+    parsed = parse_matmul(anchor)
     if parsed is None:
         return None
     a, b, epilogue, pattern = parsed
@@ -294,8 +300,7 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
     quantizer = match_quantize(a)
     scale_a, scale_b = split_sides(epilogue.factors, quantizer.scale if quantizer else None)
     if epilogue.row_slice is not None:
-        with graph.inserting_before(anchor):
-            a = insert_call(graph, aten.slice.Tensor, (a, 0, *epilogue.row_slice))
+        a = PendingCall(aten.slice.Tensor, (a, 0, *epilogue.row_slice))
     scheme = QuantScheme(
         activation_dtype=a_dtype, weight_dtype=b_dtype,
         activation_granularity=Granularity.PER_TOKEN if _per_token(scale_a, quantizer) else Granularity.PER_TENSOR,
@@ -306,8 +311,7 @@ def analyze(graph: Graph, anchor: Node) -> FusedLinear | None:
     return FusedLinear(
         anchor=anchor, family=FAMILY, pattern=f"{pattern} + dequant epilogue", a=a, b=b, scheme=scheme,
         out_dtype=out_dtype, replaces=epilogue.last, output_shape=epilogue.output_shape,
-        scale_a=scale_a, scale_b=scale_b, bias=_bias_as_vector(graph, epilogue.bias, epilogue.last),
-        azp_a=epilogue.azp_a,
+        scale_a=scale_a, scale_b=scale_b, bias=_bias_as_vector(epilogue.bias), azp_a=epilogue.azp_a,
     )
 
 
@@ -321,11 +325,10 @@ def _per_token(scale_a: ScaleProduct | None, quantizer: Quantizer | None) -> boo
             and any(base_of(factor.value) is base_of(quantizer.scale) for factor in scale_a.factors))
 
 
-def _bias_as_vector(graph: Graph, bias: Node | None, before: Node) -> Node | None:
+def _bias_as_vector(bias: Node | None) -> GraphValue | None:
     if bias is None or len(shape_of(bias)) == 1:
         return bias
-    with graph.inserting_before(before):
-        return insert_call(graph, aten.reshape.default, (bias, [-1]))
+    return PendingCall(aten.reshape.default, (bias, [-1]))
 
 
 ANCHORS = (aten._int_mm.default, aten._scaled_mm.default, aten._scaled_mm_v2.default, aten.mm.default)

@@ -98,7 +98,7 @@ def test_a_kernel_without_weight_only_raises_not_implemented():
     with pytest.raises(NotImplementedError, match="kernel 'torch' has no weight-only GEMM"):
         torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, BF16, "torch")
     torch_kernel = get_kernel("torch")
-    with pytest.raises(NotImplementedError, match="its can_implement must reject weight-only schemes"):
+    with pytest.raises(NotImplementedError, match="its capability table has no row with a float activation dtype"):
         torch_kernel.weight_only_apply(x, torch_kernel.prepare_weight(b, scale_b, None), None, FP32)
 
 

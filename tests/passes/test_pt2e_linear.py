@@ -4,7 +4,11 @@ import pytest
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
 
+from qfuse.kernels import KERNELS
+from qfuse.ops.scaled_mm import ScaledMmArgs
+from qfuse.passes import pt2e_linear
 from tests.helpers import compile_and_run
+from tests.passes.post_grad import run_family
 
 qd = torch.ops.quantized_decomposed
 SCALED_MM = "qfuse.scaled_mm.default"
@@ -198,3 +202,35 @@ def test_all_zero_weight_zero_points_reach_the_default_cpu_kernel(case):
     (record,) = report.records
     assert record.fused and record.kernel in ("onednn", "zentorch"), record.rejected_kernels
     torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)
+
+
+class Int16Activation(QDQLinear):
+    def dequantized_activation(self, x):
+        q = qd.quantize_per_tensor(x, 0.05, 0, -32768, 32767, torch.int16)
+        return qd.dequantize_per_tensor(q, 0.05, 0, -32768, 32767, torch.int16)
+
+
+def test_a_near_miss_leaves_the_graph_untouched():
+    """The weight's operand would need a transpose; the int16 activation fails its check: nothing is inserted."""
+    run = run_family(pt2e_linear, Int16Activation(), torch.randn(5, 64))
+    (record,) = run.report.records
+    assert not record.fused and "dequantized from torch.int16" in record.reason
+    assert run.untouched, run.code_after
+
+
+def test_a_linear_no_kernel_can_run_leaves_the_graph_untouched():
+    """A uint8 activation plans its shift to int8 and the weight its transpose; with every kernel
+    disabled none of that is inserted."""
+    run = run_family(pt2e_linear, QDQLinear(dtype=torch.uint8), torch.randn(5, 64), disabled_kernels=tuple(KERNELS))
+    (record,) = run.report.records
+    assert not record.fused and record.reason.startswith("no kernel can run it: ") and "torch: " in record.reason
+    assert run.untouched, run.code_after
+
+
+def test_the_planned_operands_are_inserted_when_the_linear_is_fused():
+    run = run_family(pt2e_linear, QDQLinear(dtype=torch.uint8), torch.randn(5, 64), kernel="reference")
+    (fused,) = run.graph.find_nodes(op="call_function", target=ScaledMmArgs.op)
+    call = ScaledMmArgs.of(fused)
+    assert call.as_args() == fused.args
+    assert call.a.target == torch.ops.aten.bitwise_xor.Scalar and call.b.target == torch.ops.aten.permute.default
+    assert call.kernel == "reference" and call.out_dtype == torch.float32

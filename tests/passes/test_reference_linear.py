@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import qfuse
+from qfuse.passes import reference_linear
 from tests.helpers import compile_and_run
+from tests.passes.post_grad import run_family
 
 FP8 = torch.float8_e4m3fn
 SCALED_MM = "qfuse.scaled_mm.default"
@@ -240,3 +242,25 @@ def test_record_names_the_users_module():
     model = torch.nn.Sequential(torch.nn.Identity(), QuantizedLinear())
     _, report = compile_and_run(model, torch.randn(5, 64))
     assert report.records[0].module == "1"
+
+
+def uint8_int_mm_without_dequantize(x, w, w_scale, bias):
+    """torchao's u8s8 form with a zero point of 131 (the operand would need a shift to int8), no scale."""
+    q = torch.clamp(torch.round(x / 0.05) + 131, 0, 255).to(torch.uint8)
+    b = w.t()
+    return (torch._int_mm(q, b) - b.sum(0, keepdim=True) * 131).float()
+
+
+def upcast_mm_without_dequantize(x, w, w_scale, bias):
+    """A float mm of upcast int8 operands (the weight would need a transpose), no scale."""
+    q, _ = dynamic_int8(x)
+    return q.float() @ w.float().t()
+
+
+@pytest.mark.parametrize("form", [uint8_int_mm_without_dequantize, upcast_mm_without_dequantize],
+                         ids=lambda form: form.__name__)
+def test_a_near_miss_leaves_the_graph_untouched(form):
+    run = run_family(reference_linear, form, *operands((5, 64)))
+    (record,) = run.report.records
+    assert not record.fused and "no dequantize scale is applied to its output" in record.reason
+    assert run.untouched, run.code_after
