@@ -257,8 +257,20 @@ def upcast_mm_without_dequantize(x, w, w_scale, bias):
     return q.float() @ w.float().t()
 
 
-@pytest.mark.parametrize("form", [uint8_int_mm_without_dequantize, upcast_mm_without_dequantize],
-                         ids=lambda form: form.__name__)
+def _int_mm_takes_uint8() -> bool:
+    """torch 2.13 multiplies a uint8 activation in torch._int_mm on CPU; torch 2.11 refuses it."""
+    try:
+        torch._int_mm(torch.zeros(17, 8, dtype=torch.uint8), torch.zeros(8, 8, dtype=torch.int8))
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("form", [
+    pytest.param(uint8_int_mm_without_dequantize, marks=pytest.mark.skipif(
+        not _int_mm_takes_uint8(), reason="this torch's _int_mm takes no uint8 activation")),
+    upcast_mm_without_dequantize,
+], ids=lambda form: form.__name__)
 def test_a_near_miss_leaves_the_graph_untouched(form):
     run = run_family(reference_linear, form, *operands((5, 64)))
     (record,) = run.report.records
