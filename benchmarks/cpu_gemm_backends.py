@@ -34,7 +34,7 @@ import torch
 from qfuse.bench import add_output_arguments, format_table, machine, out_path, plot, relative_error, time_in_turns, write
 from qfuse.kernels import KERNELS
 from qfuse.kernels.base import GemmKey
-from qfuse.kernels.registry import implements
+from qfuse.kernels.registry import why_not_implemented
 from qfuse.platform import current_platform
 from qfuse.schemes import Granularity, QuantScheme
 
@@ -60,7 +60,7 @@ def why_kernel_cannot_run(name: str, n: int, k: int) -> str:
     kernel, platform = KERNELS[name], current_platform("cpu")
     key = GemmKey(SCHEME, n=n, k=k, out_dtype=ACTIVATION_DTYPE, bias_dtype=None, device_type="cpu")
     ok, reason = kernel.is_supported(platform)
-    return reason if not ok else implements(kernel, key, platform)
+    return reason if not ok else why_not_implemented(kernel, key, platform)
 
 
 def qfuse_kernel_call(name: str, x, w, w_scale) -> Callable[[], torch.Tensor]:

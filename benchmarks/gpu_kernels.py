@@ -25,7 +25,7 @@ import qfuse
 from gemm_cases import SHAPES, operands, reference_fp8_linear
 from qfuse.bench import add_output_arguments, geomean, kernel_ms, machine, out_path, progress, write
 from qfuse.kernels import KERNELS, GemmKey
-from qfuse.kernels.registry import implements
+from qfuse.kernels.registry import why_not_implemented
 from qfuse.platform import current_platform
 from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme
 
@@ -46,7 +46,7 @@ def kernel_row(m, n, k):
     for (label, scheme), name in itertools.product(SCHEMES.items(), GPU_KERNELS):
         kernel = KERNELS[name]
         key = GemmKey(scheme, n=n, k=k, out_dtype=torch.bfloat16, bias_dtype=None, device_type="cuda")
-        reason = implements(kernel, key, platform)
+        reason = why_not_implemented(kernel, key, platform)
         if reason:
             row["rejected"][f"{label} {name}"] = reason
             continue

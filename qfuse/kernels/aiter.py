@@ -3,18 +3,10 @@
     out[M, N] = (a[M, K] @ b[N, K]^T) * scale_a[M, 1] * scale_b[1, N] + bias[N]
     via aiter.gemm_a8w8_CK(XQ, WQ, x_scale, w_scale, bias, dtype=out_dtype)
 
-What it accepts (machine: `is_supported`; the rest: the capability table `AiterKernel.capabilities`,
-one row per scale pair AITER takes):
-
-    rule            accepted
-    --------------  ----------------------------------------------------------------
-    machine         ROCm GPU, `aiter` importable, QFUSE_AITER_LINEAR on, arch in FP8_DTYPE_BY_ARCH
-    dtypes          int8 x int8, fp8 x fp8 (fp8 is re-encoded per arch, see below)
-    symmetry        symmetric only (no zero points)
-    scales          per-tensor x per-tensor, or per-token x per-channel (SCALE_PAIRS)
-    sizes           static K and N, multiples of 16; any M
-    output          bfloat16 or float16
-    bias            none, or [N] of the output dtype (passed as is, as vLLM does)
+What it accepts: the machine in `is_supported` (a ROCm GPU, `aiter` importable, QFUSE_AITER_LINEAR
+on, an arch in FP8_DTYPE_BY_ARCH), the rest in the capability table `AiterKernel.capabilities`
+(docs/kernels.md prints it): int8 / fp8, symmetric, per-tensor x per-tensor or per-token x
+per-channel scales, static K and N multiples of 16, bf16 / fp16 output, a bias of the output dtype.
 
 fp8 encoding: MI300 (gfx940-gfx942) computes in e4m3fnuz, MI355 (gfx950) in OCP e4m3fn. qfuse's ops
 carry e4m3fn, so on gfx94x `prepare_weight` re-encodes the weight once (`e4m3fn_to_e4m3fnuz`: same
@@ -60,7 +52,7 @@ FP8_DTYPE_BY_ARCH: dict[str, torch.dtype] = {
     "gfx942": FNUZ_DTYPE,  # MI300X, MI325X
     "gfx950": FP8_DTYPE,  # MI350X, MI355X: OCP e4m3fn
 }
-#: The (activation, weight) scale granularities AITER's a8w8 GEMM takes: one capability row each.
+#: The (activation, weight) scale granularities AITER's a8w8 GEMM takes (its row's `scale_pairs`).
 SCALE_PAIRS = (
     (Granularity.PER_TENSOR, Granularity.PER_TENSOR),
     (Granularity.PER_TOKEN, Granularity.PER_CHANNEL),
@@ -139,11 +131,9 @@ def _per_column_scale(scale: torch.Tensor | None, n: int, device: torch.device) 
 class AiterKernel(Kernel):
     name = "aiter"
     prepares_weight = True  # [K, N] -> contiguous [N, K], e4m3fn -> e4m3fnuz on MI300
-    capabilities = tuple(
-        Capability(f"gemm_a8w8_CK, {activation.value} x {weight.value} scales".replace("per_", "per-"), ("cuda",),
-                   WEIGHT_DTYPES, WEIGHT_DTYPES, (activation,), (weight,), k_multiple=ALIGNMENT, n_multiple=ALIGNMENT,
-                   out_dtypes=OUT_DTYPES, bias_dtypes=SAME_AS_OUTPUT)
-        for activation, weight in SCALE_PAIRS
+    capabilities = (
+        Capability("gemm_a8w8_CK", ("cuda",), WEIGHT_DTYPES, WEIGHT_DTYPES, scale_pairs=SCALE_PAIRS, k_multiple=ALIGNMENT,
+                   n_multiple=ALIGNMENT, out_dtypes=OUT_DTYPES, bias_dtypes=SAME_AS_OUTPUT),
     )
 
     def is_supported(self, platform: Platform) -> Verdict:

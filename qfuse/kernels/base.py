@@ -52,10 +52,6 @@ class GemmKey:
     weight_zero_point: bool = False  # the weight carries a zero point (asymmetric PT2E weights)
     per_call_weight: bool = False  # the weight is quantized anew on every call (a fake-quantized float weight)
 
-    @property
-    def has_bias(self) -> bool:
-        return self.bias_dtype is not None
-
 
 class Kernel(abc.ABC):
     """One GEMM backend. Subclasses are stateless; the registry holds one instance of each."""

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from qfuse.platform import Platform
-from qfuse.schemes import Granularity, dtype_name
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, Granularity, dtype_name
 
 G = Granularity
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FLOAT_DTYPES = FLOAT_ACTIVATION_DTYPES  # fp32, bf16, fp16: weight-only activations, outputs, biases
 #: `Capability.bias_dtypes` value: the bias must have the output's dtype.
 SAME_AS_OUTPUT = "output"
 DYNAMIC, STATIC = "dynamic", "static"
@@ -34,7 +34,11 @@ DYNAMIC, STATIC = "dynamic", "static"
 
 @dataclass(frozen=True)
 class Capability:
-    """One row of a kernel's capability table (see the module docstring); defaults are the loosest."""
+    """One row of a kernel's capability table (see the module docstring).
+
+    A default is the common case of today's kernels. A column added for a new scheme field must
+    default to the value that no kernel took before the field existed (what a kernel that has not
+    thought about it cannot compute), so that no kernel accepts the new field without saying so."""
 
     label: str  # what this row computes, e.g. "fp8 W8A8 via ATen"
     devices: tuple[str, ...]  # the tensors' device type: "cpu", "cuda" (NVIDIA and ROCm), "xpu"
@@ -42,6 +46,7 @@ class Capability:
     weight_dtypes: tuple[torch.dtype, ...]  # int8, fp8, int4
     activation_scales: tuple[Granularity, ...] = (G.PER_TENSOR, G.PER_TOKEN)
     weight_scales: tuple[Granularity, ...] = (G.PER_TENSOR, G.PER_CHANNEL)
+    scale_pairs: tuple[tuple[Granularity, Granularity], ...] = ()  # not empty: only these (activation, weight) pairs
     activation_scale_kinds: tuple[str, ...] = (DYNAMIC, STATIC)
     activation_zero_point: bool = False  # asymmetric activations
     weight_zero_point: bool = False
@@ -66,45 +71,50 @@ class Capability:
 
     def column_reasons(self, key, platform: Platform) -> list[str]:
         """Why this row cannot run `key` (a `GemmKey`) on `platform`: one entry per column, in the
-        order of the table ('' where the column accepts the key)."""
-        scheme, label = key.scheme, self.label
+        order of the table ('' where the column accepts the key). Each reason is a predicate that
+        follows the row's label ("needs ...", "takes ..."), except `declined`, which stands alone."""
+        scheme = key.scheme
         missing = [package for package in self.requires if not platform.has(package)]
         nvidia, rocm = key.device_type == "cuda" and not platform.is_rocm, key.device_type == "cuda" and platform.is_rocm
+        pair = (scheme.activation_granularity, scheme.weight_granularity)
         return [
             self.declined,
-            f"{label} needs {', '.join(missing)} (not importable)" if missing else "",
-            f"{label} does not run on ROCm GPUs" if rocm and not self.rocm else "",
-            f"{label} needs compute capability >= {self.min_capability} (this GPU: {platform.capability})"
+            f"needs {', '.join(missing)} (not importable)" if missing else "",
+            "does not run on ROCm GPUs" if rocm and not self.rocm else "",
+            f"needs compute capability >= {self.min_capability} (this GPU: {platform.capability})"
             if nvidia and platform.capability < self.min_capability else "",
             "" if scheme.activation_granularity in self.activation_scales else
-            f"{label} takes {_values(self.activation_scales)} activation scales, not {_value(scheme.activation_granularity)}",
-            "" if (DYNAMIC if scheme.dynamic else STATIC) in self.activation_scale_kinds else
-            f"{label} takes {' or '.join(self.activation_scale_kinds)} activation scales only",
-            f"{label} takes no activation zero point (asymmetric activations)"
-            if not scheme.symmetric and not self.activation_zero_point else "",
-            f"{label} takes symmetric weights only (this weight has a zero point)"
-            if key.weight_zero_point and not self.weight_zero_point else "",
+            f"takes {_values(self.activation_scales)} activation scales, not {_value(scheme.activation_granularity)}",
             "" if scheme.weight_granularity in self.weight_scales else
-            f"{label} takes {_values(self.weight_scales)} weight scales, not {_value(scheme.weight_granularity)}",
+            f"takes {_values(self.weight_scales)} weight scales, not {_value(scheme.weight_granularity)}",
+            "" if not self.scale_pairs or pair in self.scale_pairs else
+            f"takes {' or '.join(_pair(option) for option in self.scale_pairs)} scales, not {_pair(pair)}",
+            "" if (DYNAMIC if scheme.dynamic else STATIC) in self.activation_scale_kinds else
+            f"takes {' or '.join(self.activation_scale_kinds)} activation scales only",
+            "takes no activation zero point (asymmetric activations)"
+            if not scheme.symmetric and not self.activation_zero_point else "",
+            "takes symmetric weights only (this weight has a zero point)"
+            if key.weight_zero_point and not self.weight_zero_point else "",
             self._group_reason(key),
             "" if _multiple(key.k, self.k_multiple) and _multiple(key.n, self.n_multiple) else
-            f"{label} needs {self._alignment()} (K={key.k}, N={key.n})",
-            "" if key.out_dtype in self.out_dtypes else
-            f"{label} writes {_names(self.out_dtypes)}, not {dtype_name(key.out_dtype)}",
+            f"needs {self._alignment()} (K={key.k}, N={key.n})",
+            "" if key.out_dtype in self.out_dtypes else f"writes {_names(self.out_dtypes)}, not {dtype_name(key.out_dtype)}",
             self._bias_reason(key),
         ]
 
     def _alignment(self) -> str:
         if self.k_multiple == self.n_multiple:
             return f"static K and N that are multiples of {self.k_multiple}"
-        return f"a static K that is a multiple of {self.k_multiple} and N of {self.n_multiple}"
+        sizes = [f"{name} a multiple of {multiple}" for name, multiple in (("K", self.k_multiple), ("N", self.n_multiple))
+                 if multiple > 1]
+        return "static " + " and ".join(sizes)
 
     def _group_reason(self, key) -> str:
         group = key.scheme.weight_group_size
         if group is not None and group % self.weight_group_multiple:
-            return f"{self.label} needs a weight group size that is a multiple of {self.weight_group_multiple}, got {group}"
+            return f"needs a weight group size that is a multiple of {self.weight_group_multiple}, got {group}"
         if group is not None and key.k is not None and key.k % group:
-            return f"the weight group size {group} does not divide K={key.k}"
+            return f"needs a weight group size that divides K (group {group}, K={key.k})"
         return ""
 
     def _bias_reason(self, key) -> str:
@@ -113,11 +123,11 @@ class Capability:
         if self.bias_dtypes == SAME_AS_OUTPUT:
             if key.bias_dtype == key.out_dtype:
                 return ""
-            return (f"{self.label} adds a bias of the output dtype only "
+            return (f"adds a bias of the output dtype only "
                     f"(bias {dtype_name(key.bias_dtype)}, output {dtype_name(key.out_dtype)})")
         if key.bias_dtype in self.bias_dtypes:
             return ""
-        return f"{self.label} adds a {_names(self.bias_dtypes)} bias, not {dtype_name(key.bias_dtype)}"
+        return f"adds a {_names(self.bias_dtypes)} bias, not {dtype_name(key.bias_dtype)}"
 
 
 def _names(dtypes) -> str:
@@ -130,6 +140,10 @@ def _value(granularity: Granularity) -> str:
 
 def _values(granularities) -> str:
     return " / ".join(_value(granularity) for granularity in granularities)
+
+
+def _pair(pair: tuple[Granularity, Granularity]) -> str:
+    return f"{_value(pair[0])} x {_value(pair[1])}"
 
 
 def _multiple(size: int | None, factor: int) -> bool:
@@ -150,15 +164,17 @@ def table_verdict(name: str, rows: tuple[Capability, ...], key, platform: Platfo
         wanted += " (weight-only)" if scheme.is_weight_only else ""
         offered = ", ".join(dict.fromkeys(row.dtypes() for row in on_device if not row.declined))
         return f"{name} computes {offered or 'nothing'} on {key.device_type}, not {wanted}"
-    # The rows that came furthest (accepted the most columns before one failed) say why.
-    furthest, reasons = -1, []
+    # The rows that came furthest (accepted the most columns before one failed) say why; rows that
+    # failed the same column for the same reason say it once, with their labels joined.
+    furthest, reasons = -1, {}
     for row in matching:
         columns = row.column_reasons(key, platform)
         failed = next((position for position, reason in enumerate(columns) if reason), len(columns))
         if failed == len(columns):
             return ""
         if failed > furthest:
-            furthest, reasons = failed, []
+            furthest, reasons = failed, {}
         if failed == furthest:
-            reasons.append(columns[failed])
-    return "; ".join(dict.fromkeys(reasons))
+            reasons.setdefault(columns[failed], []).append(row)
+    return "; ".join(reason if rows[0].declined else f"{' and '.join(row.label for row in rows)}: {reason}"
+                     if len(rows) > 1 else f"{rows[0].label} {reason}" for reason, rows in reasons.items())

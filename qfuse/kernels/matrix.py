@@ -1,7 +1,7 @@
 """The kernel x scheme matrix: every kernel's capability table, rendered for people.
 
-`python -m qfuse kernels` prints, for this machine, which kernels run here and which one the
-registry picks for each common scheme; `--markdown` prints the part that does not depend on the
+`python -m qfuse kernels` prints, for this machine, which kernels run here, the kernel x scheme
+matrix of this machine and the registry's pick for each common scheme; `--markdown` prints the part that does not depend on the
 machine (every capability row, and which scheme each kernel's table takes on which device), which
 docs/kernels.md holds between the `KERNEL_TABLES` markers, kept equal by a test.
 """
@@ -13,8 +13,8 @@ from dataclasses import fields, replace
 import torch
 
 from qfuse.kernels.base import GemmKey
-from qfuse.kernels.capabilities import Capability, table_verdict
-from qfuse.kernels.registry import KERNELS, choose_kernel
+from qfuse.kernels.capabilities import Capability
+from qfuse.kernels.registry import KERNELS, choose_kernel, why_not_implemented
 from qfuse.platform import OPTIONAL_LIBRARIES, Platform, current_platform
 from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme, dtype_name
 
@@ -32,9 +32,14 @@ SCHEMES: tuple[QuantScheme, ...] = (
     QuantScheme.weight_only(FP8_DTYPE, G.BLOCK),
     QuantScheme.weight_only(torch.int8, G.PER_CHANNEL),
 )
-#: A machine with every capability, for the part of the matrix that depends on the tables alone.
-_EVERYTHING = {device: Platform(device, cuda_capability=(9, 0) if device == "cuda" else None,
-                                libraries=frozenset(OPTIONAL_LIBRARIES)) for device in ("cpu", "cuda", "xpu")}
+#: Machines with every capability (every package importable), for the part of the matrix that
+#: depends on the tables alone: "cuda" is an NVIDIA sm_90, "rocm" an MI300 (its tensors are "cuda").
+_TARGETS = {
+    "cpu": Platform("cpu", libraries=frozenset(OPTIONAL_LIBRARIES)),
+    "cuda": Platform("cuda", cuda_capability=(9, 0), libraries=frozenset(OPTIONAL_LIBRARIES)),
+    "rocm": Platform("cuda", is_rocm=True, cuda_capability=(9, 4), gpu_arch="gfx942", libraries=frozenset(OPTIONAL_LIBRARIES)),
+    "xpu": Platform("xpu", libraries=frozenset(OPTIONAL_LIBRARIES)),
+}
 _SIZE = 4096  # K and N of the matrix's linears: aligned for every kernel
 #: The kernels in the matrix: `reference` (slow emulation, only when forced) takes everything.
 MATRIX_KERNELS = tuple(name for name in KERNELS if name != "reference")
@@ -44,11 +49,18 @@ def _key(scheme: QuantScheme, device: str) -> GemmKey:
     return GemmKey(scheme, n=_SIZE, k=_SIZE, out_dtype=torch.bfloat16, bias_dtype=None, device_type=device)
 
 
+def _item(item) -> str:
+    if isinstance(item, torch.dtype):
+        return dtype_name(item)
+    if isinstance(item, tuple):  # an (activation, weight) scale pair
+        return " x ".join(_item(part) for part in item)
+    return getattr(item, "value", item).replace("_", "-")
+
+
 def _cell(value) -> str:
     """One capability column as table text."""
     if isinstance(value, tuple):
-        return " / ".join(dtype_name(item) if isinstance(item, torch.dtype)
-                          else getattr(item, "value", item).replace("_", "-") for item in value) or "-"
+        return " / ".join(_item(item) for item in value) or "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
     return str(value) if value not in ("", 0, 1) else "-"
@@ -67,19 +79,19 @@ def capability_table() -> str:
     return "\n".join(lines)
 
 
-def _devices_taking(kernel_name: str, scheme: QuantScheme) -> str:
-    """The devices on which `kernel_name`'s table takes `scheme` (K = N = 4096, bf16 out), naming the
-    packages it needs there."""
+def _targets_taking(kernel_name: str, scheme: QuantScheme) -> str:
+    """The targets (cpu, cuda, rocm, xpu) on which `kernel_name`'s table takes `scheme` (K = N = 4096,
+    bf16 out), naming the packages it needs there."""
     rows = KERNELS[kernel_name].capabilities
     taken = []
-    for device in dict.fromkeys(device for row in rows for device in row.devices):
-        key, platform = _key(scheme, device), _EVERYTHING[device]
-        if table_verdict(kernel_name, rows, key, platform):
+    for target, platform in _TARGETS.items():
+        key = _key(scheme, platform.device_type)
+        if why_not_implemented(KERNELS[kernel_name], key, platform):
             continue
         needs = ""
-        if table_verdict(kernel_name, rows, key, replace(platform, libraries=frozenset())):
+        if why_not_implemented(KERNELS[kernel_name], key, replace(platform, libraries=frozenset())):
             needs = " (" + ", ".join(dict.fromkeys(package for row in rows for package in row.requires)) + ")"
-        taken.append(device + needs)
+        taken.append(target + needs)
     return ", ".join(taken) or "-"
 
 
@@ -87,30 +99,39 @@ def scheme_matrix() -> str:
     """Markdown: which kernel's table takes which scheme, on which device."""
     lines = ["| scheme | " + " | ".join(MATRIX_KERNELS) + " |", "|---" * (len(MATRIX_KERNELS) + 1) + "|"]
     for scheme in SCHEMES:
-        lines.append(f"| {scheme.describe()} | " + " | ".join(_devices_taking(name, scheme) for name in MATRIX_KERNELS) + " |")
+        lines.append(f"| {scheme.describe()} | " + " | ".join(_targets_taking(name, scheme) for name in MATRIX_KERNELS) + " |")
     return "\n".join(lines)
 
 
 def markdown() -> str:
     """The machine-independent part: what docs/kernels.md holds between its KERNEL_TABLES markers."""
-    return (f"Which scheme each kernel's table takes, and on which device (K = N = {_SIZE}, bf16 output; a "
-            "package in brackets: only with it; `reference` takes everything):\n\n"
+    return (f"Which scheme each kernel's table takes, and where (K = N = {_SIZE}, bf16 output; cuda: an NVIDIA "
+            "sm_90, rocm: an MI300; a package in brackets: only with it; `reference` takes everything):\n\n"
             f"{scheme_matrix()}\n\nThe capability rows (`capabilities` of each kernel class; `-`: no limit):\n\n"
             f"{capability_table()}\n")
 
 
 def this_machine(devices: tuple[str, ...]) -> str:
-    """Plain text: which kernels run here, and the registry's pick for each scheme on each device."""
-    lines = []
+    """Plain text, per device type of this machine: which kernels run here, and the kernel x scheme
+    matrix of this machine ('yes' where the kernel runs here and takes the scheme) with the
+    registry's pick."""
+    from qfuse.bench import format_table
+
+    sections = []
     for device in devices:
         platform = current_platform(device)
-        lines.append(f"{device}: {platform.describe()}")
+        lines = [f"{device}: {platform.describe()}"]
         for name, kernel in KERNELS.items():
             ok, reason = kernel.is_supported(platform)
             lines.append(f"  {name:<10} {'runs here' if ok else 'not here: ' + reason}")
-        lines.append(f"  the registry's pick (K = N = {_SIZE}, bf16 output):")
+        rows = []
         for scheme in SCHEMES:
-            choice = choose_kernel(_key(scheme, device), platform)
-            picked = choice.kernel.name if choice.kernel else "none (Inductor's own code runs it)"
-            lines.append(f"    {scheme.describe():<40} {picked}")
-    return "\n".join(lines)
+            key = _key(scheme, device)
+            cells = ["yes" if KERNELS[name].is_supported(platform)[0] and not why_not_implemented(KERNELS[name], key, platform)
+                     else "-" for name in MATRIX_KERNELS]
+            choice = choose_kernel(key, platform)
+            rows.append([scheme.describe(), *cells, choice.kernel.name if choice.kernel else "none (Inductor's code)"])
+        lines.append(f"\n  K = N = {_SIZE}, bf16 output:")
+        lines += ["  " + line for line in format_table(rows, ["scheme", *MATRIX_KERNELS, "registry's pick"]).splitlines()]
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections)

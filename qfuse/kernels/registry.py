@@ -57,11 +57,6 @@ class KernelChoice:
         """Every rejected kernel with its reason: 'onednn: ...; torch: ...' ('' when none was)."""
         return "; ".join(f"{name}: {reason}" for name, reason in self.rejected.items())
 
-    def explain(self) -> str:
-        chosen = self.kernel.name if self.kernel else "none"
-        others = self.rejections()
-        return f"{chosen}" + (f" (rejected {others})" if others else "")
-
 
 def get_kernel(name: str) -> Kernel:
     try:
@@ -74,7 +69,7 @@ def priority_list(platform: Platform) -> tuple[str, ...]:
     return PRIORITY["rocm" if platform.is_rocm else platform.device_type]
 
 
-def implements(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
+def why_not_implemented(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
     """Why `kernel` cannot compute `key` on `platform` (its capability table, then `can_implement`),
     or '' if it can. Whether it runs on this machine at all is `is_supported`'s question."""
     reason = table_verdict(kernel.name, kernel.capabilities, key, platform)
@@ -90,7 +85,7 @@ def implements(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
 def _verdict(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
     """Why `kernel` cannot run `key` here, or '' if it can."""
     ok, reason = kernel.is_supported(platform)
-    return reason if not ok else implements(kernel, key, platform)
+    return reason if not ok else why_not_implemented(kernel, key, platform)
 
 
 def _too_small(kernel: Kernel, key: GemmKey) -> str:

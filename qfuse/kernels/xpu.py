@@ -4,16 +4,11 @@
     out[m, n]  = scale_a[m] * sum_k a[m, k] * w[k, n] * scale_w[k // g, n] + bias[n]
     w: int4 values in [-8, 7], stored packed (below); the op writes float16, cast to the out dtype
 
-What it accepts (machine: `is_supported`; the rest: the capability table `XpuKernel.capabilities`):
-
-    rule            accepted
-    --------------  ----------------------------------------------------------------
-    machine         an XPU with vllm-xpu-kernels importable (it registers torch.ops._xpu_C)
-    weight          int4, symmetric; per-group with g a multiple of 32 (and dividing K), or per-channel
-    activation      int8, dynamic, per-token, symmetric (quantized inside the kernel)
-    sizes           static K (in features) and N (out features), multiples of 8; any M
-    dtypes          float16 or bfloat16 activations and output; oneDNN writes float16, so a
-                    bfloat16 model gets a one-time warning and a cast back to bfloat16
+What it accepts: the machine in `is_supported` (an XPU with vllm-xpu-kernels importable: it registers
+torch.ops._xpu_C), the rest in the capability table `XpuKernel.capabilities` (docs/kernels.md prints
+it): int4 symmetric weights per channel or in groups of a multiple of 32, int8 activations quantized
+dynamically per token inside the op, static K and N multiples of 8, fp16 / bf16 in and out (oneDNN
+writes fp16, so a bf16 model gets a one-time warning on its first call and a cast back to bf16).
 
 Packing (`pack_int4`, the layout of vLLM's XPUW4A8IntLinearKernel): the [N, K] int4 values, plus 8
 (so each is a nibble in [0, 15]), eight consecutive K values per int32, the first in the lowest
@@ -38,7 +33,7 @@ import warnings
 
 import torch
 
-from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.base import OK, Kernel, Verdict
 from qfuse.kernels.capabilities import DYNAMIC, Capability
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
@@ -47,7 +42,7 @@ from qfuse.schemes import INT4_DTYPE, Granularity
 XPU_KERNELS_LIBRARY = "vllm_xpu_kernels"
 GROUP_SIZE_MULTIPLE = 32
 ALIGNMENT = 8  # K and N
-FLOAT_DTYPES = (torch.float16, torch.bfloat16)  # activation and output
+XPU_FLOAT_DTYPES = (torch.float16, torch.bfloat16)  # activation and output
 ONEDNN_OUT_DTYPE = torch.float16
 NIBBLE_OFFSET = 8  # stored nibble = int4 value + 8; also oneDNN's symmetric weight zero point
 VALUES_PER_INT32 = 8
@@ -106,7 +101,7 @@ class XpuKernel(Kernel):
         Capability("W4A8 int4_gemm_w4a8", ("xpu",), (torch.int8,), (INT4_DTYPE,), (Granularity.PER_TOKEN,),
                    (Granularity.PER_CHANNEL, Granularity.PER_GROUP), activation_scale_kinds=(DYNAMIC,),
                    weight_group_multiple=GROUP_SIZE_MULTIPLE, k_multiple=ALIGNMENT, n_multiple=ALIGNMENT,
-                   out_dtypes=FLOAT_DTYPES, bias_dtypes=FLOAT_DTYPES),
+                   out_dtypes=XPU_FLOAT_DTYPES),  # any float bias: cast to float16 for oneDNN
     )
 
     def is_supported(self, platform: Platform) -> Verdict:
@@ -114,11 +109,6 @@ class XpuKernel(Kernel):
             return False, f"the xpu kernel runs on Intel GPUs (XPU) only, not on {platform.describe()}"
         if not platform.has(XPU_KERNELS_LIBRARY):
             return False, "vllm-xpu-kernels is not installed (it provides the oneDNN op _xpu_C::int4_gemm_w4a8)"
-        return OK
-
-    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
-        if key.out_dtype == torch.bfloat16:
-            warn_float16_output_once()  # the table accepts bf16; oneDNN writes fp16 and qfuse casts
         return OK
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
@@ -137,7 +127,7 @@ class XpuKernel(Kernel):
         if a.dtype != torch.int8 or azp_a is not None:
             raise ValueError(f"the xpu kernel takes a symmetric int8 activation, "
                              f"got {a.dtype} with zero point {azp_a is not None}")
-        if out_dtype not in FLOAT_DTYPES:
+        if out_dtype not in XPU_FLOAT_DTYPES:
             raise ValueError(f"the xpu kernel returns float16 or bfloat16, not {out_dtype}")
         if out_dtype == torch.bfloat16:
             warn_float16_output_once()

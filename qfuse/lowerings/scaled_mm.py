@@ -41,8 +41,8 @@ from torch._inductor.virtualized import V
 
 from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
 from qfuse.lowerings import triton_template
+from qfuse.lowerings.ir import convert, extern_call, known_equal, lower, numel, record_lowering
 from qfuse.lowerings.triton_template import why_not_template
-from qfuse.ops import RECORD_KEY
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.platform import current_platform
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE
@@ -52,27 +52,11 @@ log = logging.getLogger("qfuse")
 _CUDA_INT_MM_MIN_ROWS = 17
 
 
-def _lower(op, *args, **kwargs):
-    return inductor_lowering.lowerings[op](*args, **kwargs)
-
-
-def _to(value, dtype):
-    return _lower(prims.convert_element_type.default, value, dtype)
-
-
-def _numel(node) -> sympy.Expr:
-    return sympy.Mul(*node.get_size()) if node.get_size() else sympy.Integer(1)
-
-
-def _known_equal(left, right) -> bool:
-    return V.graph.sizevars.statically_known_equals(left, right)
-
-
 def _scale_shape(scale, count, shape) -> list | None:
     """The 2D broadcast shape of a scale that is one value or one per row / column, else None."""
-    if scale is None or _known_equal(_numel(scale), 1):
+    if scale is None or known_equal(numel(scale), 1):
         return [1, 1]
-    if _known_equal(_numel(scale), count):
+    if known_equal(numel(scale), count):
         return shape
     return None
 
@@ -80,7 +64,7 @@ def _scale_shape(scale, count, shape) -> list | None:
 def _why_not_aten_cutlass(a, b) -> str:
     if cutlass_backend(current_platform("cuda")) != "aten":
         return "the cutlass kernel calls vLLM's CUTLASS op"
-    if not all(_known_equal(sympy.Mod(size, ALIGNMENT), 0) for size in b.get_size()):
+    if not all(known_equal(sympy.Mod(size, ALIGNMENT), 0) for size in b.get_size()):
         return f"K or N is not a multiple of {ALIGNMENT}: the cutlass kernel pads the weight"
     return ""
 
@@ -89,8 +73,8 @@ def _splits_onednn_epilogue(a, scale_a, azp_a, rows, kernel: str) -> bool:
     """onednn with a per-row activation scale: qlinear takes one scale, so the op would scale the
     rows in eager torch ops after it; in IR that epilogue fuses with the consumer instead."""
     return (kernel == "onednn" and a.get_dtype() == torch.int8 and scale_a is not None
-            and not _known_equal(_numel(scale_a), 1) and _known_equal(_numel(scale_a), rows)
-            and (azp_a is None or _known_equal(_numel(azp_a), 1)))
+            and not known_equal(numel(scale_a), 1) and known_equal(numel(scale_a), rows)
+            and (azp_a is None or known_equal(numel(azp_a), 1)))
 
 
 def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
@@ -106,35 +90,35 @@ def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
     on_cuda = a.get_device().type == "cuda"
     if on_cuda and a.get_dtype() == torch.int8 and not V.graph.sizevars.statically_known_geq(rows, _CUDA_INT_MM_MIN_ROWS):
         return f"CUDA int8 GEMM needs at least {_CUDA_INT_MM_MIN_ROWS} rows and M is not known to be that large"
-    if on_cuda and a.get_dtype() == FP8_DTYPE and not _known_equal(b.get_stride()[0], 1):
+    if on_cuda and a.get_dtype() == FP8_DTYPE and not known_equal(b.get_stride()[0], 1):
         return "the fp8 weight is not column-major"
     return ""
 
 
 def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
-    if a2d.get_device().type == "cpu" and _known_equal(k, 1):  # _int_mm is wrong there (torch_native.int8_matmul)
-        acc = _lower(aten.mul.Tensor, _to(a2d, torch.int32), _to(b, torch.int32))
+    if a2d.get_device().type == "cpu" and known_equal(k, 1):  # _int_mm is wrong there (torch_native.int8_matmul)
+        acc = lower(aten.mul.Tensor, convert(a2d, torch.int32), convert(b, torch.int32))
     else:
-        acc = _lower(aten._int_mm.default, a2d, b)
+        acc = lower(aten._int_mm.default, a2d, b)
     if azp_a is not None:
-        column_sums = _lower(aten.sum.dim_IntList, _to(b, torch.int32), [0], True)
-        zero_a = _lower(aten.reshape.default, _to(azp_a, torch.int32), _scale_shape(azp_a, rows, [rows, 1]))
-        acc = _lower(aten.sub.Tensor, acc, _lower(aten.mul.Tensor, zero_a, column_sums))
+        column_sums = lower(aten.sum.dim_IntList, convert(b, torch.int32), [0], True)
+        zero_a = lower(aten.reshape.default, convert(azp_a, torch.int32), _scale_shape(azp_a, rows, [rows, 1]))
+        acc = lower(aten.sub.Tensor, acc, lower(aten.mul.Tensor, zero_a, column_sums))
     if azp_b is not None:
-        row_sums = _lower(aten.sum.dim_IntList, _to(a2d, torch.int32), [1], True)
-        zero_b = _lower(aten.reshape.default, _to(azp_b, torch.int32), [1, -1])
-        acc = _lower(aten.sub.Tensor, acc, _lower(aten.mul.Tensor, row_sums, zero_b))
+        row_sums = lower(aten.sum.dim_IntList, convert(a2d, torch.int32), [1], True)
+        zero_b = lower(aten.reshape.default, convert(azp_b, torch.int32), [1, -1])
+        acc = lower(aten.sub.Tensor, acc, lower(aten.mul.Tensor, row_sums, zero_b))
         if azp_a is not None:
-            both = _lower(aten.mul.Tensor, zero_a, zero_b)
-            acc = _lower(aten.add.Tensor, acc, _lower(aten.mul.Tensor, both, k))
-    return _to(acc, torch.float32)
+            both = lower(aten.mul.Tensor, zero_a, zero_b)
+            acc = lower(aten.add.Tensor, acc, lower(aten.mul.Tensor, both, k))
+    return convert(acc, torch.float32)
 
 
 def _fp8_accumulator(a2d, b):
     if a2d.get_device().type == "cuda":
-        unit = _lower(aten.full.default, [], 1.0, dtype=torch.float32, device=a2d.get_device())
-        return _lower(aten._scaled_mm.default, a2d, b, unit, unit, None, None, torch.float32)
-    return _lower(aten.mm.default, _to(a2d, torch.float32), _to(b, torch.float32))
+        unit = lower(aten.full.default, [], 1.0, dtype=torch.float32, device=a2d.get_device())
+        return lower(aten._scaled_mm.default, a2d, b, unit, unit, None, None, torch.float32)
+    return lower(aten.mm.default, convert(a2d, torch.float32), convert(b, torch.float32))
 
 
 def _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype):
@@ -143,14 +127,14 @@ def _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype):
         return None
     if bias is not None and bias.get_dtype() != out_dtype:
         return None
-    tensorwise = _known_equal(_numel(scale_a), 1) and _known_equal(_numel(scale_b), 1)
-    rowwise = (not _known_equal(_numel(scale_a), 1) and not _known_equal(_numel(scale_b), 1)
+    tensorwise = known_equal(numel(scale_a), 1) and known_equal(numel(scale_b), 1)
+    rowwise = (not known_equal(numel(scale_a), 1) and not known_equal(numel(scale_b), 1)
                and out_dtype == torch.bfloat16)
     if not (tensorwise or rowwise):
         return None
     shapes = ([], []) if tensorwise else ([rows, 1], [1, b.get_size()[1]])
-    sa, sb = (_lower(aten.reshape.default, _to(scale, torch.float32), shape) for scale, shape in zip((scale_a, scale_b), shapes))
-    return _lower(aten._scaled_mm.default, a2d, b, sa, sb, bias, None, out_dtype)
+    sa, sb = (lower(aten.reshape.default, convert(scale, torch.float32), shape) for scale, shape in zip((scale_a, scale_b), shapes))
+    return lower(aten._scaled_mm.default, a2d, b, sa, sb, bias, None, out_dtype)
 
 
 def _rowwise_scale(scale, shape, device):
@@ -158,42 +142,30 @@ def _rowwise_scale(scale, shape, device):
 
     One per row / column is a view of the scale itself (no kernel on the hot path); one value or none
     is broadcast into a new buffer."""
-    if scale is not None and not _known_equal(_numel(scale), 1):  # ATen checks stride(1) == 1
-        return ir.ExternKernel.require_contiguous(_lower(aten.reshape.default, _to(scale, torch.float32), shape))
-    unit = _lower(aten.full.default, shape, 1.0, dtype=torch.float32, device=device)
+    if scale is not None and not known_equal(numel(scale), 1):  # ATen checks stride(1) == 1
+        return ir.ExternKernel.require_contiguous(lower(aten.reshape.default, convert(scale, torch.float32), shape))
+    unit = lower(aten.full.default, shape, 1.0, dtype=torch.float32, device=device)
     if scale is None:
         return unit
-    return ir.ExternKernel.require_contiguous(_lower(aten.mul.Tensor, unit, _lower(aten.reshape.default, _to(scale, torch.float32), [1, 1])))
+    return ir.ExternKernel.require_contiguous(lower(aten.mul.Tensor, unit, lower(aten.reshape.default, convert(scale, torch.float32), [1, 1])))
 
 
 def _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows):
     """The cutlass kernel's ATen call: row-wise scaled fp8 GEMM (CUTLASS inside ATen), bf16 out."""
     sa = _rowwise_scale(scale_a, [rows, 1], a2d.get_device())
     sb = _rowwise_scale(scale_b, [1, b.get_size()[1]], a2d.get_device())
-    return _lower(aten._scaled_mm.default, a2d, b, sa, sb, bias, None, torch.bfloat16)
-
-
-def _record(how: str) -> None:
-    """Write how this op entered the generated code into its LinearRecord (debug mode shows it)."""
-    node = V.graph.current_node
-    record = node.meta.get(RECORD_KEY) if node is not None else None
-    if record is not None:
-        record.lowered = how
-
-
-def _extern(call: ScaledMmArgs):
-    return inductor_lowering.fallback_handler(call.op, add_to_fallback_set=False)(*call.as_args())
+    return lower(aten._scaled_mm.default, a2d, b, sa, sb, bias, None, torch.bfloat16)
 
 
 def _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype):
     """(float32(out) * scale_a * scale_b + bias).to(out_dtype) on [rows, N], in pointwise IR."""
     for scale, shape in ((scale_a, _scale_shape(scale_a, rows, [rows, 1])), (scale_b, [1, -1])):
         if scale is not None:
-            shape = shape if not _known_equal(_numel(scale), 1) else [1, 1]
-            out = _lower(aten.mul.Tensor, out, _lower(aten.reshape.default, _to(scale, torch.float32), shape))
+            shape = shape if not known_equal(numel(scale), 1) else [1, 1]
+            out = lower(aten.mul.Tensor, out, lower(aten.reshape.default, convert(scale, torch.float32), shape))
     if bias is not None:
-        out = _lower(aten.add.Tensor, out, _to(bias, torch.float32))
-    return _to(out, out_dtype)
+        out = lower(aten.add.Tensor, out, convert(bias, torch.float32))
+    return convert(out, out_dtype)
 
 
 def _triton_scale_kinds(scale_a, scale_b, rows, k, n):
@@ -208,7 +180,7 @@ def _triton_scale_kinds(scale_a, scale_b, rows, k, n):
         if scale is None:
             return NO_SCALE, None
         candidates = ((TENSOR_SCALE, [1, 1]), (VECTOR_SCALE, vector_shape), (BLOCK_SCALE, block_shape))
-        return next(((kind, shape) for kind, shape in candidates if _known_equal(_numel(scale), sympy.Mul(*shape))), None)
+        return next(((kind, shape) for kind, shape in candidates if known_equal(numel(scale), sympy.Mul(*shape))), None)
 
     return kind(scale_a, [rows, 1], [rows, groups]), kind(scale_b, [1, n], [groups, column_groups])
 
@@ -227,11 +199,11 @@ def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
     from qfuse.kernels.triton.scaled_mm import promote_every
 
     kinds = _triton_scale_kinds(scale_a, scale_b, rows, k, b.get_size()[1])
-    (kind_a, sa), (kind_b, sb) = ((kind, None if shape is None else _lower(aten.reshape.default, _to(scale, torch.float32), shape))
+    (kind_a, sa), (kind_b, sb) = ((kind, None if shape is None else lower(aten.reshape.default, convert(scale, torch.float32), shape))
                                   for scale, (kind, shape) in zip((scale_a, scale_b), kinds))
     out, how = triton_template.scaled_linear(a2d, b, sa, kind_a, sb, kind_b, bias, promote_every(a2d.get_dtype(), out_dtype))
-    _record(how + "; scales and bias inside it, the output cast and what follows fused into its store")
-    return _to(out, out_dtype)
+    record_lowering(how + "; scales and bias inside it, the output cast and what follows fused into its store")
+    return convert(out, out_dtype)
 
 
 def lower_scaled_mm(*args, **kwargs):
@@ -240,38 +212,38 @@ def lower_scaled_mm(*args, **kwargs):
     n = call.b.get_size()[1]
     rows = sympy.Mul(*lead) if lead else sympy.Integer(1)
     if _splits_onednn_epilogue(call.a, call.scale_a, call.azp_a, rows, call.kernel):
-        _record("extern call (oneDNN qlinear, weight scale); per-row scale, bias and cast in Inductor's pointwise code")
-        acc = _extern(call._replace(scale_a=None, bias=None, out_dtype=torch.float32))
-        acc = _lower(aten.reshape.default, acc, [rows, n])
+        record_lowering("extern call (oneDNN qlinear, weight scale); per-row scale, bias and cast in Inductor's pointwise code")
+        acc = extern_call(call._replace(scale_a=None, bias=None, out_dtype=torch.float32))
+        acc = lower(aten.reshape.default, acc, [rows, n])
         out = _scaled_epilogue(acc, call.scale_a, None, call.bias, rows, call.out_dtype)
-        return _lower(aten.reshape.default, out, [*lead, n])
+        return lower(aten.reshape.default, out, [*lead, n])
     reason = why_not_lowered(call.a, call.b, call.scale_a, call.scale_b, rows, call.kernel)
     if reason:
         log.debug("qfuse: scaled_mm stays an extern call: %s", reason)
-        _record(f"extern call of qfuse::scaled_mm ({reason})")
-        return _extern(call)
-    return _lower(aten.reshape.default, _lowered_linear(call, rows, k), [*lead, n])
+        record_lowering(f"extern call of qfuse::scaled_mm ({reason})")
+        return extern_call(call)
+    return lower(aten.reshape.default, _lowered_linear(call, rows, k), [*lead, n])
 
 
 def _lowered_linear(call: ScaledMmArgs, rows, k):
     """The [rows, N] result of a call that `why_not_lowered` accepted, in Inductor IR."""
-    a2d = _lower(aten.reshape.default, call.a, [rows, k])
+    a2d = lower(aten.reshape.default, call.a, [rows, k])
     b, scale_a, scale_b, bias, out_dtype = call.b, call.scale_a, call.scale_b, call.bias, call.out_dtype
     if call.kernel == "triton":
         return _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype)
     if call.kernel == "cutlass":
-        _record("ATen row-wise _scaled_mm (CUTLASS), scales and bias inside the GEMM")
+        record_lowering("ATen row-wise _scaled_mm (CUTLASS), scales and bias inside the GEMM")
         return _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows)
     if a2d.get_dtype() == FP8_DTYPE:
         fused = _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype)
         if fused is not None:
-            _record("ATen _scaled_mm (cuBLAS), scales and bias inside the GEMM")
+            record_lowering("ATen _scaled_mm (cuBLAS), scales and bias inside the GEMM")
             return fused
     if a2d.get_dtype() == torch.int8:
         out = _int8_accumulator(a2d, b, call.azp_a, call.azp_b, rows, k)
     else:
         out = _fp8_accumulator(a2d, b)
-    _record("Inductor's own GEMM lowering; scales, bias and cast in its fused pointwise code")
+    record_lowering("Inductor's own GEMM lowering; scales, bias and cast in its fused pointwise code")
     return _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype)
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
-from qfuse.kernels import GemmKey, choose_kernel, get_kernel, implements, reference_math
+from qfuse.kernels import GemmKey, choose_kernel, get_kernel, reference_math, why_not_implemented
 from qfuse.kernels import aiter as aiter_module
 from qfuse.platform import Platform
 from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme
@@ -36,7 +36,7 @@ INT8_TENSOR = QuantScheme(torch.int8, torch.int8, G.PER_TENSOR, G.PER_TENSOR, dy
 FP8_TOKEN_CHANNEL = QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True)
 FP8_TENSOR = QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TENSOR, G.PER_TENSOR, dynamic=False)
 AITER = get_kernel("aiter")
-TENSOR_ROW, TOKEN_ROW = "gemm_a8w8_CK, per-tensor x per-tensor scales", "gemm_a8w8_CK, per-token x per-channel scales"
+PAIRS = "gemm_a8w8_CK takes per-tensor x per-tensor or per-token x per-channel scales, not "
 
 
 def key(scheme=FP8_TOKEN_CHANNEL, n=4096, k=1024, out_dtype=BF16, bias_dtype=BF16):
@@ -95,35 +95,33 @@ def test_linear_switch_rejects_other_values(monkeypatch):
         (key(INT8_TOKEN_CHANNEL), ""),
         (key(INT8_TENSOR, out_dtype=FP16, bias_dtype=FP16), ""),
         (key(bias_dtype=None), ""),
-        (key(QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.PER_TENSOR, True)), TOKEN_ROW + " takes per-channel weight scales, not per-tensor"),
+        (key(QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.PER_TENSOR, True)), PAIRS + "per-token x per-tensor"),
         (key(QuantScheme(torch.int8, torch.int8, G.PER_TENSOR, G.PER_CHANNEL, False)),
-         TENSOR_ROW + " takes per-tensor weight scales, not per-channel"),
-        (key(QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_GROUP, G.BLOCK, True)), (
-            TENSOR_ROW + " takes per-tensor activation scales, not per-group; "
-            + TOKEN_ROW + " takes per-token activation scales, not per-group")),
-        (key(QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.BLOCK, True)), TOKEN_ROW + " takes per-channel weight scales, not block"),
+         PAIRS + "per-tensor x per-channel"),
+        (key(QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_GROUP, G.BLOCK, True)), "gemm_a8w8_CK takes per-tensor / per-token activation scales, not per-group"),
+        (key(QuantScheme(FP8_DTYPE, FP8_DTYPE, G.PER_TOKEN, G.BLOCK, True)), "gemm_a8w8_CK takes per-tensor / per-channel weight scales, not block"),
         (key(QuantScheme(torch.uint8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, True, symmetric=False)),
          "aiter computes int8 / fp8 x int8 / fp8 on cuda, not uint8 x int8"),
         (key(QuantScheme(torch.int8, torch.int8, G.PER_TENSOR, G.PER_TENSOR, False, symmetric=False)),
-         TENSOR_ROW + " takes no activation zero point (asymmetric activations)"),
+         "gemm_a8w8_CK takes no activation zero point (asymmetric activations)"),
         (key(QuantScheme(torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, True, weight_group_size=128)),
          "aiter computes int8 / fp8 x int8 / fp8 on cuda, not int8 x int4"),
-        (key(k=1032), "gemm_a8w8_CK, per-token x per-channel scales needs static K and N that are multiples of 16 (K=1032, N=4096)"),
-        (key(n=4104), "gemm_a8w8_CK, per-token x per-channel scales needs static K and N that are multiples of 16 (K=1024, N=4104)"),
-        (key(k=None), "gemm_a8w8_CK, per-token x per-channel scales needs static K and N that are multiples of 16 (K=None, N=4096)"),
-        (key(n=None), "gemm_a8w8_CK, per-token x per-channel scales needs static K and N that are multiples of 16 (K=1024, N=None)"),
-        (key(out_dtype=torch.float32, bias_dtype=None), "gemm_a8w8_CK, per-token x per-channel scales writes bf16 / fp16, not fp32"),
+        (key(k=1032), "gemm_a8w8_CK needs static K and N that are multiples of 16 (K=1032, N=4096)"),
+        (key(n=4104), "gemm_a8w8_CK needs static K and N that are multiples of 16 (K=1024, N=4104)"),
+        (key(k=None), "gemm_a8w8_CK needs static K and N that are multiples of 16 (K=None, N=4096)"),
+        (key(n=None), "gemm_a8w8_CK needs static K and N that are multiples of 16 (K=1024, N=None)"),
+        (key(out_dtype=torch.float32, bias_dtype=None), "gemm_a8w8_CK writes bf16 / fp16, not fp32"),
         (key(bias_dtype=torch.float32),
-         "gemm_a8w8_CK, per-token x per-channel scales adds a bias of the output dtype only (bias fp32, output bf16)"),
+         "gemm_a8w8_CK adds a bias of the output dtype only (bias fp32, output bf16)"),
     ],
 )
-def test_can_implement(gemm, reason):
-    assert implements(AITER, gemm, MI300) == reason
+def test_capability_rows(gemm, reason):
+    assert why_not_implemented(AITER, gemm, MI300) == reason
 
 
 def test_weight_only_keys_are_rejected():
     weight_only = QuantScheme.weight_only(FP8_DTYPE, G.PER_CHANNEL)
-    assert implements(AITER, key(weight_only), MI300) == (
+    assert why_not_implemented(AITER, key(weight_only), MI300) == (
         "aiter computes int8 / fp8 x int8 / fp8 on cuda, not bf16 x fp8 (weight-only)")
 
 

@@ -1,6 +1,6 @@
 """The capability-table check (`qfuse.kernels.capabilities`): every column, on a made-up kernel table.
 
-Each kernel's own rows are tested in its test file through `implements`; here each column of
+Each kernel's own rows are tested in its test file through `why_not_implemented`; here each column of
 `Capability` rejects what it should with its reason, and the choice among several rows is checked.
 """
 
@@ -47,8 +47,8 @@ def key(scheme=INT8, k=4096, n=4096, out_dtype=torch.bfloat16, bias_dtype=None, 
         (key(weight_zero_point=True), H100, "int8 row takes symmetric weights only (this weight has a zero point)"),
         (key(QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.BLOCK, True)), H100,
          "int8 row takes per-tensor / per-channel weight scales, not block"),
-        (key(k=4104), H100, "int8 row needs a static K that is a multiple of 16 and N of 8 (K=4104, N=4096)"),
-        (key(n=None), H100, "int8 row needs a static K that is a multiple of 16 and N of 8 (K=4096, N=None)"),
+        (key(k=4104), H100, "int8 row needs static K a multiple of 16 and N a multiple of 8 (K=4104, N=4096)"),
+        (key(n=None), H100, "int8 row needs static K a multiple of 16 and N a multiple of 8 (K=4096, N=None)"),
         (key(out_dtype=torch.float16), H100, "int8 row writes bf16, not fp16"),
         (key(bias_dtype=torch.float32), H100, "int8 row adds a bias of the output dtype only (bias fp32, output bf16)"),
         (key(bias_dtype=torch.bfloat16), H100, ""),
@@ -72,7 +72,7 @@ def test_dynamic_only_rows_and_bias_dtype_lists():
     [
         (64, 4096, ""),
         (48, 4096, "int4 row needs a weight group size that is a multiple of 32, got 48"),
-        (128, 4160, "the weight group size 128 does not divide K=4160"),
+        (128, 4160, "int4 row needs a weight group size that divides K (group 128, K=4160)"),
     ],
 )
 def test_weight_groups(group, k, reason):

@@ -9,7 +9,7 @@ there is one, else on the CPU; tests/test_cuda.py runs the kernel end to end on 
 import pytest
 import torch
 
-from qfuse.kernels import GemmKey, get_kernel, implements, reference_math
+from qfuse.kernels import GemmKey, get_kernel, reference_math, why_not_implemented
 from qfuse.kernels import cutlass as cutlass_module
 from qfuse.kernels.prepared import prepare_once
 from qfuse.platform import Platform
@@ -50,7 +50,7 @@ def key(scheme=FP8, out_dtype=BF16, bias_dtype=BF16):
         (H100, key(INT8), "int8 via vLLM needs vllm (not importable)"),
         (H100_VLLM, key(W4A8), "cutlass computes int8 x int8, fp8 x fp8 on cuda, not int8 x int4"),
         (V100_VLLM, key(INT8), "int8 via vLLM needs compute capability >= 75 (this GPU: 70)"),
-        (A100_VLLM, key(), "fp8 via vLLM needs compute capability >= 89 (this GPU: 80); fp8 via ATen (f8f8bf16_rowwise) needs compute capability >= 89 (this GPU: 80)"),
+        (A100_VLLM, key(), "fp8 via vLLM and fp8 via ATen (f8f8bf16_rowwise): needs compute capability >= 89 (this GPU: 80)"),
         (H100_VLLM, key(INT8_ASYMMETRIC), "cutlass computes int8 x int8, fp8 x fp8 on cuda, not uint8 x int8"),
         (H100, key(FP8_BLOCK), "fp8 via ATen (f8f8bf16_rowwise) takes per-tensor / per-token activation scales, not per-group"),
         (H100, key(out_dtype=torch.float16, bias_dtype=None), "fp8 via ATen (f8f8bf16_rowwise) writes bf16, not fp16"),
@@ -59,8 +59,8 @@ def key(scheme=FP8, out_dtype=BF16, bias_dtype=BF16):
          "fp8 via ATen (f8f8bf16_rowwise) adds a bias of the output dtype only (bias fp32, output bf16)"),
     ],
 )
-def test_can_implement(platform, gemm, reason):
-    assert implements(CUTLASS, gemm, platform) == reason
+def test_capability_rows(platform, gemm, reason):
+    assert why_not_implemented(CUTLASS, gemm, platform) == reason
 
 
 @pytest.mark.parametrize("platform, where", [(MI300, "ROCm GPU (capability 94)"), (Platform("cpu"), "CPU")])

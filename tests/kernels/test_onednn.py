@@ -24,9 +24,9 @@ from qfuse.kernels import (
     KernelUnavailableError,
     choose_kernel,
     get_kernel,
-    implements,
     prepared,
     reference_math,
+    why_not_implemented,
 )
 from qfuse.kernels import onednn as onednn_module
 from qfuse.kernels.onednn import FP8_W8A8_REASON, OneDnnKernel, OneDnnWeight
@@ -99,7 +99,7 @@ def test_describe_names_amx_or_vnni():
 @pytest.mark.parametrize("out_dtype", [FP32, BF16, FP16])
 @pytest.mark.parametrize("k, n", [(77, 45), (4096, 4096), (None, None)])
 def test_int8_schemes_are_implemented_at_any_size(scheme, out_dtype, k, n):
-    assert implements(ONEDNN, key(scheme, n=n, k=k, out_dtype=out_dtype), AMX) == ""
+    assert why_not_implemented(ONEDNN, key(scheme, n=n, k=k, out_dtype=out_dtype), AMX) == ""
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_int8_schemes_are_implemented_at_any_size(scheme, out_dtype, k, n):
     ],
 )
 def test_int8_rejections(gemm_key, reason):
-    assert implements(ONEDNN, gemm_key, AMX) == reason
+    assert why_not_implemented(ONEDNN, gemm_key, AMX) == reason
 
 
 # --- can_implement: fp8 W8A16 ---------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_int8_rejections(gemm_key, reason):
 @pytest.mark.parametrize("out_dtype", [BF16, FP32])
 @pytest.mark.parametrize("platform", [VNNI, AMX_VLLM])
 def test_w8a16_fp8_block_is_implemented(out_dtype, platform):
-    assert implements(ONEDNN, key(W8A16, n=200, k=300, out_dtype=out_dtype), platform) == ""
+    assert why_not_implemented(ONEDNN, key(W8A16, n=200, k=300, out_dtype=out_dtype), platform) == ""
 
 
 @pytest.mark.parametrize(
@@ -143,14 +143,15 @@ def test_w8a16_fp8_block_is_implemented(out_dtype, platform):
     ],
 )
 def test_w8a16_rejections(gemm_key, reason):
-    assert implements(ONEDNN, gemm_key, AMX) == reason
+    assert why_not_implemented(ONEDNN, gemm_key, AMX) == reason
 
 
-def test_weight_only_keys_are_rejected_by_the_torch_and_triton_kernels():
+def test_fp8_weight_only_keys_are_rejected_by_the_torch_and_triton_kernels():
     choice = choose_kernel(key(W8A16), VNNI, preference=("torch", "onednn"))
     assert choice.kernel is ONEDNN
-    assert choice.rejected == {"torch": "torch computes int8 / uint8 x int8, fp8 x fp8 on cpu, not bf16 x fp8 (weight-only)"}
-    assert implements(get_kernel("triton"), key(W8A16, device_type="cuda"), H100) == (
+    assert choice.rejected == {"torch": "torch computes int8 / uint8 x int8, fp8 x fp8, bf16 / fp16 / fp32 x int8 "
+                                        "(weight-only) on cpu, not bf16 x fp8 (weight-only)"}
+    assert why_not_implemented(get_kernel("triton"), key(W8A16, device_type="cuda"), H100) == (
         "triton computes int8 x int8, fp8 x fp8 on cuda, not bf16 x fp8 (weight-only)")
 
 
@@ -285,15 +286,15 @@ def assert_w8a16_close(out, expected64, out_dtype):
 @pytest.mark.parametrize("out_dtype", [BF16, FP32])
 def test_w8a16_matches_float64(m, k, n, with_bias, out_dtype):
     x, b, scale_b, bias = w8a16_operands(m, k, n, with_bias)
-    out = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, out_dtype, "onednn")
+    out = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, None, out_dtype, "onednn")
     assert_w8a16_close(out, expected_weight_only(x, b, scale_b, bias), out_dtype)
 
 
 def test_w8a16_weight_is_prepared_once_as_packed_bf16():
     x, b, scale_b, bias = w8a16_operands(4, 256, 64, True)
     before = prepared.cached_weight_count()
-    first = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, BF16, "onednn")
-    second = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, BF16, "onednn")
+    first = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, None, BF16, "onednn")
+    second = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, None, BF16, "onednn")
     assert prepared.cached_weight_count() == before + 1
     assert torch.equal(first, second)
     weight = ONEDNN.prepare_weight(b, scale_b, None)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
-from qfuse.kernels import GemmKey, choose_kernel, get_kernel, implements, reference_math
+from qfuse.kernels import GemmKey, choose_kernel, get_kernel, reference_math, why_not_implemented
 from qfuse.kernels import xpu as xpu_module
 from qfuse.kernels.xpu import pack_int4, unpack_int4
 from qfuse.platform import Platform
@@ -94,8 +94,8 @@ ROW = "W4A8 int4_gemm_w4a8"
         (key(w4a8(None, weight_granularity=G.BLOCK)), "W4A8 int4_gemm_w4a8 takes per-channel / per-group weight scales, not block"),
         (key(w4a8(48)), "W4A8 int4_gemm_w4a8 needs a weight group size that is a multiple of 32, got 48"),
         (key(w4a8(16)), "W4A8 int4_gemm_w4a8 needs a weight group size that is a multiple of 32, got 16"),
-        (key(w4a8(96), k=4096), "the weight group size 96 does not divide K=4096"),
-        (key(k=4100), "the weight group size 128 does not divide K=4100"),
+        (key(w4a8(96), k=4096), "W4A8 int4_gemm_w4a8 needs a weight group size that divides K (group 96, K=4096)"),
+        (key(k=4100), "W4A8 int4_gemm_w4a8 needs a weight group size that divides K (group 128, K=4100)"),
         (key(w4a8(None), k=4100), "W4A8 int4_gemm_w4a8 needs static K and N that are multiples of 8 (K=4100, N=4096)"),
         (key(n=4100), "W4A8 int4_gemm_w4a8 needs static K and N that are multiples of 8 (K=4096, N=4100)"),
         (key(k=None), "W4A8 int4_gemm_w4a8 needs static K and N that are multiples of 8 (K=None, N=4096)"),
@@ -103,29 +103,30 @@ ROW = "W4A8 int4_gemm_w4a8"
         (key(out_dtype=torch.float32), "W4A8 int4_gemm_w4a8 writes fp16 / bf16, not fp32"),
     ],
 )
-def test_can_implement(gemm, reason):
+def test_capability_rows(gemm, reason):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no float16-output warning for float16
-        assert implements(XPU_KERNEL, gemm, XPU) == reason
+        assert why_not_implemented(XPU_KERNEL, gemm, XPU) == reason
 
 
 def test_weight_only_keys_are_rejected():
     weight_only = QuantScheme.weight_only(torch.int8, G.PER_CHANNEL, torch.float16)
-    assert implements(XPU_KERNEL, key(weight_only), XPU) == "xpu computes int8 x int4 on xpu, not fp16 x int8 (weight-only)"
+    assert why_not_implemented(XPU_KERNEL, key(weight_only), XPU) == "xpu computes int8 x int4 on xpu, not fp16 x int8 (weight-only)"
 
 
-def test_bfloat16_is_accepted_with_a_one_time_float16_output_warning():
-    with pytest.warns(UserWarning, match="writes float16; qfuse casts the result back to bfloat16"):
-        assert implements(XPU_KERNEL, key(out_dtype=BF16), XPU) == ""
+def test_bfloat16_and_a_float32_bias_are_accepted_without_a_warning_at_choice():
+    """The float16-output warning comes on the first call (see the op test), not when the kernel is chosen."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert implements(XPU_KERNEL, key(out_dtype=BF16), XPU) == ""
+        assert why_not_implemented(XPU_KERNEL, key(out_dtype=BF16), XPU) == ""
+        float32_bias = GemmKey(w4a8(), n=4096, k=4096, out_dtype=BF16, bias_dtype=torch.float32, device_type="xpu")
+        assert why_not_implemented(XPU_KERNEL, float32_bias, XPU) == ""
 
 
 def test_forced_xpu_is_chosen_and_int4_keys_are_rejected_elsewhere_with_a_reason():
     assert choose_kernel(key(), XPU, forced="xpu").kernel is XPU_KERNEL
     assert choose_kernel(key(device_type="cpu"), CPU, preference=("torch",)).rejected == {
-        "torch": "torch computes int8 / uint8 x int8, fp8 x fp8 on cpu, not int8 x int4"}
+        "torch": "torch computes int8 / uint8 x int8, fp8 x fp8, bf16 / fp16 / fp32 x int8 (weight-only) on cpu, not int8 x int4"}
     assert choose_kernel(key(device_type="cuda"), H100, preference=("triton",)).rejected == {
         "triton": "triton computes int8 x int8, fp8 x fp8 on cuda, not int8 x int4"}
 

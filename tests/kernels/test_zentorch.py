@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import qfuse
-from qfuse.kernels import GemmKey, choose_kernel, get_kernel, implements, prepared, reference_math
+from qfuse.kernels import GemmKey, choose_kernel, get_kernel, prepared, reference_math, why_not_implemented
 from qfuse.kernels.zentorch import split_for_exact_requant
 from qfuse.ops.verify import tolerance_for, verify_results
 from qfuse.platform import Platform, current_platform
@@ -93,8 +93,8 @@ else:  # a stand-in until weight-only schemes land
      "zentorch_dynamic_qlinear takes per-channel / per-tensor weight scales, not block"),
     (key(out_dtype=torch.float64), "zentorch_dynamic_qlinear writes fp32 / bf16 / fp16, not torch.float64"),
 ])
-def test_can_implement(gemm_key, reason):
-    assert implements(KERNEL, gemm_key, ZEN4) == reason
+def test_capability_rows(gemm_key, reason):
+    assert why_not_implemented(KERNEL, gemm_key, ZEN4) == reason
 
 
 def test_registered_and_chosen_when_forced_on_zen():

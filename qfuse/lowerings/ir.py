@@ -1,0 +1,48 @@
+"""Small helpers every qfuse lowering uses to build Inductor IR, so each lowering reads as its math.
+
+    lower(op, *args)        Inductor's own lowering of an ATen op (IR in, IR out)
+    convert(value, dtype)   a dtype cast in IR
+    numel / known_equal     sizes, compared only when Inductor can prove the answer
+    record_lowering(how)    how the op entered the generated code, into its LinearRecord
+    extern_call(call)       the op itself as an extern call (the fallback that is always correct)
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+from torch._inductor import lowering as inductor_lowering
+from torch._inductor.virtualized import V
+
+from qfuse.ops import RECORD_KEY
+
+prims = torch.ops.prims
+
+
+def lower(op, *args, **kwargs):
+    return inductor_lowering.lowerings[op](*args, **kwargs)
+
+
+def convert(value, dtype: torch.dtype):
+    return lower(prims.convert_element_type.default, value, dtype)
+
+
+def numel(node) -> sympy.Expr:
+    return sympy.Mul(*node.get_size()) if node.get_size() else sympy.Integer(1)
+
+
+def known_equal(left, right) -> bool:
+    return V.graph.sizevars.statically_known_equals(left, right)
+
+
+def record_lowering(how: str) -> None:
+    """Write how this op entered the generated code into its LinearRecord (debug mode shows it)."""
+    node = V.graph.current_node
+    record = node.meta.get(RECORD_KEY) if node is not None else None
+    if record is not None:
+        record.lowered = how
+
+
+def extern_call(call):
+    """`call` (an op's named arguments, `qfuse.ops.arguments`) as an extern call of the op."""
+    return inductor_lowering.fallback_handler(call.op, add_to_fallback_set=False)(*call.as_args())
