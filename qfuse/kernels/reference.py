@@ -29,4 +29,4 @@ class ReferenceKernel(Kernel):
         return reference_math.scaled_mm(a, weight.data, scale_a, weight.scale, bias, azp_a, weight.zero_point, out_dtype)
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
-        return reference_math.weight_only_scaled_mm(x, weight.data, weight.scale, bias, out_dtype)
+        return reference_math.weight_only_scaled_mm(x, weight.data, weight.scale, bias, weight.zero_point, out_dtype)

@@ -112,7 +112,7 @@ def scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
     return out.to(out_dtype)
 
 
-def weight_only_scaled_mm(x, b, scale_b, bias, out_dtype):
-    """Weight-only (W8A16): x @ (b * scale_b) + bias in float64, cast to out_dtype; x is a float
-    activation [M, K] that is not quantized (no scale, no zero point)."""
-    return scaled_mm(x, b, None, scale_b, bias, None, None, out_dtype)
+def weight_only_scaled_mm(x, b, scale_b, bias, azp_b, out_dtype):
+    """Weight-only (W8A16): x @ ((b - azp_b) * scale_b) + bias in float64, cast to out_dtype; x is a
+    float activation [M, K] that is not quantized (no scale, no zero point)."""
+    return scaled_mm(x, b, None, scale_b, bias, None, azp_b, out_dtype)

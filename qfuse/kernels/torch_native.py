@@ -12,8 +12,14 @@
 
 What it takes is the capability table `TorchKernel.capabilities`: per-tensor / per-token x
 per-tensor / per-channel scales, zero points on both sides (int8), any sizes on CPU and the sizes
-cuBLAS takes on CUDA (int8: K and N multiples of 8; fp8: multiples of 16, capability >= 8.9). Not
-here (the registry moves on to another kernel): block / per-group scales, int4, weight-only. On
+cuBLAS takes on CUDA (int8: K and N multiples of 8; fp8: multiples of 16, capability >= 8.9); and
+on CPU the int8 weight-only linear (W8A16, a float activation):
+
+    weight-only  out = aten._weight_int8pack_mm(x, b^T [N, K] int8, scale_b [N] in x's dtype) + bias
+                 (a weight zero point: in float32, minus rowsum(x) * azp_b * scale_b; bf16 with K
+                 not a multiple of 16 also in float32: torch 2.13's bf16 kernel crashes there)
+
+Not here (the registry moves on to another kernel): block / per-group scales, int4. On
 ROCm the int8 path is the same torch._int_mm (hipBLASLt); it was not run on ROCm hardware. ROCm
 fp8 (e4m3fnuz) is the aiter kernel's.
 """
@@ -23,12 +29,13 @@ from __future__ import annotations
 import torch
 
 from qfuse.kernels.base import OK, Kernel, Verdict
-from qfuse.kernels.capabilities import Capability
+from qfuse.kernels.capabilities import FLOAT_DTYPES, Capability
 from qfuse.platform import Platform
 from qfuse.schemes import FP8_DTYPE
 
 # cuBLASLt's int8 GEMM behind torch._int_mm needs more than 16 rows on CUDA.
 _CUDA_INT_MM_MIN_ROWS = 17
+_BF16_INT8PACK_K_MULTIPLE = 16
 _INT8_ACTIVATIONS = (torch.int8, torch.uint8)  # uint8 arrives shifted to int8 (the passes do it)
 _INT8_ROW = dict(activation_dtypes=_INT8_ACTIVATIONS, weight_dtypes=(torch.int8,), activation_zero_point=True,
                  weight_zero_point=True)
@@ -43,12 +50,23 @@ class TorchKernel(Kernel):
         Capability("fp8 upcast + torch.mm", ("cpu",), **_FP8_ROW),
         Capability("fp8 torch._scaled_mm (cuBLASLt)", ("cuda",), **_FP8_ROW, k_multiple=16, n_multiple=16,
                    min_capability=89, rocm=False),
+        Capability("int8 weight-only torch._weight_int8pack_mm", ("cpu",), FLOAT_DTYPES, (torch.int8,),
+                   weight_zero_point=True),
     )
 
     def is_supported(self, platform: Platform) -> Verdict:
         if platform.device_type in ("cpu", "cuda"):
             return OK
         return False, f"torch kernel runs on CPU and CUDA / ROCm GPUs only, not on {platform.describe()}"
+
+    def weight_only_apply(self, x, weight, bias, out_dtype):
+        """x @ ((b - azp_b) * scale_b) + bias for a float x and an int8 [K, N] weight (see
+        `weight_only_int8_mm`)."""
+        b, scale, n = weight.data, weight.scale, weight.n
+        if b.dtype != torch.int8 or (scale is not None and scale.numel() not in (1, n)):
+            raise ValueError(f"the torch kernel's weight-only GEMM takes an int8 weight with one scale or one per "
+                             f"output channel, got {b.dtype} with scale shape {None if scale is None else tuple(scale.shape)}")
+        return weight_only_int8_mm(x, b, scale, weight.zero_point, bias, out_dtype)
 
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
         b, scale_b, azp_b = weight.data, weight.scale, weight.zero_point
@@ -59,6 +77,35 @@ class TorchKernel(Kernel):
         if a.dtype.is_floating_point:
             return _fp8_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
         return int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype)
+
+
+def weight_only_int8_compute_dtype(x_dtype: torch.dtype, k, zero_point: bool) -> torch.dtype:
+    """The dtype _weight_int8pack_mm runs in: x's own, except float32 with a weight zero point (see
+    below) and for bf16 when K is not a multiple of 16 (torch 2.13's CPU kernel crashes there:
+    segmentation fault, K = 1 ... 65, measured on AVX-512 BF16)."""
+    if zero_point or (x_dtype == torch.bfloat16 and k % _BF16_INT8PACK_K_MULTIPLE != 0):
+        return torch.float32
+    return x_dtype
+
+
+def weight_only_int8_mm(x, b, scale_b, azp_b, bias, out_dtype):
+    """aten._weight_int8pack_mm(x, b^T, scale_b): the [N, K] weight contiguous (a `w.t()` view of a stored
+    weight is: no copy), the scales one per column in the GEMM's dtype, the result in that dtype.
+
+    A weight zero point is exact by x @ ((b - z) s) = (x @ b) s - rowsum(x) (z s), in float32: in bf16
+    the two terms could cancel into a result with few correct bits."""
+    k, n = b.shape
+    compute = weight_only_int8_compute_dtype(x.dtype, k, azp_b is not None)
+    scale = (torch.ones((), dtype=compute) if scale_b is None else scale_b.to(compute)).reshape(-1).expand(n)
+    out = torch.ops.aten._weight_int8pack_mm(x.to(compute).contiguous(), b.t().contiguous(), scale.contiguous())
+    if azp_b is None and bias is None:
+        return out.to(out_dtype)
+    out = out.to(torch.float32)
+    if azp_b is not None:
+        out = out - x.sum(dim=-1, keepdim=True, dtype=torch.float32) * (azp_b.to(torch.float32).reshape(1, -1) * scale)
+    if bias is not None:
+        out = out + bias.to(torch.float32)
+    return out.to(out_dtype)
 
 
 def _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype):

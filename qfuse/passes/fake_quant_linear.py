@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch.fx import Graph, Node
 
-from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
+from qfuse.passes.fused_linear import FusedLinear, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import aten, converted_dtype, dtype_of, same_size, shape_of
 from qfuse.passes.pt2e_linear import ANCHORS, Dequantized, analyze_dequantized_linear
 from qfuse.passes.quant_forms import constant_number, strip_round_and_clamps
@@ -128,16 +128,13 @@ def _rounds(node, depth: int = 6) -> bool:
 
 
 def analyze(anchor: Node) -> FusedLinear | None:
-    try:
-        return analyze_dequantized_linear(anchor, match_fake_dequantize, FAMILY)
-    except NotFusable as reason:
-        activation = anchor.args[1] if anchor.target == aten.addmm.default else anchor.args[0]
-        if "the activation is not" in str(reason) and _rounds(activation):
-            raise NotFusable(
-                "the activation is rounded like a fake quant, but not provably into int8 / uint8 (no clamp to "
-                "integer bounds within their range) or its scale is not one value / one per token"
-            ) from None
-        raise
+    linear = analyze_dequantized_linear(anchor, match_fake_dequantize, FAMILY)
+    activation = anchor.args[1] if anchor.target == aten.addmm.default else anchor.args[0]
+    if linear is not None and linear.scheme.is_weight_only and _rounds(activation):
+        linear.note = ("the activation is rounded like a fake quant, but not provably into int8 / uint8 (no clamp "
+                       "to integer bounds within their range) or its scale is not one value / one per token: "
+                       "the linear runs weight-only, on the float activation")
+    return linear
 
 
 def run(graph: Graph, context: PassContext) -> None:

@@ -20,6 +20,7 @@ from qfuse.kernels import GemmKey, choose_kernel
 from qfuse.ops import RECORD_KEY
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.ops.verify import CheckCloseArgs, tolerance_for
+from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 from qfuse.passes.graph_utils import (
     PendingCall,
     aten,
@@ -102,13 +103,21 @@ def _as_tensor_node(graph: Graph, operand: Scale, dtype: torch.dtype, device: to
     return materialize(graph, operand)
 
 
-def _scaled_mm_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch.device) -> ScaledMmArgs:
-    """The fused op's arguments, every operand inserted as a node (at the current insertion point)."""
+def _fused_op_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch.device):
+    """The fused op's arguments, every operand inserted as a node (at the current insertion point):
+    `qfuse::weight_only_scaled_mm` for a weight-only scheme (a float activation), else `qfuse::scaled_mm`."""
+    scale_b = _as_tensor_node(graph, linear.scale_b, torch.float32, device)
+    if linear.scheme.is_weight_only:
+        return WeightOnlyScaledMmArgs(
+            x=materialize(graph, linear.a), b=materialize(graph, linear.b), scale_b=scale_b,
+            bias=materialize(graph, linear.bias), azp_b=_as_tensor_node(graph, linear.azp_b, torch.int32, device),
+            out_dtype=linear.out_dtype, kernel=kernel,
+        )
     return ScaledMmArgs(
         a=materialize(graph, linear.a),
         b=materialize(graph, linear.b),
         scale_a=_as_tensor_node(graph, linear.scale_a, torch.float32, device),
-        scale_b=_as_tensor_node(graph, linear.scale_b, torch.float32, device),
+        scale_b=scale_b,
         bias=materialize(graph, linear.bias),
         azp_a=_as_tensor_node(graph, linear.azp_a, torch.int32, device),
         azp_b=_as_tensor_node(graph, linear.azp_b, torch.int32, device),
@@ -118,7 +127,7 @@ def _scaled_mm_args(graph: Graph, linear: FusedLinear, kernel: str, device: torc
 
 
 def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node | None:
-    """Replace `linear.replaces` with a `qfuse::scaled_mm` call, if a kernel can run it."""
+    """Replace `linear.replaces` with a call of the fused op (`_fused_op_args`), if a kernel can run it."""
     config = context.config
     device = fake_value(linear.a).device
     choice = choose_kernel(
@@ -135,7 +144,7 @@ def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node
         return None
     record.kernel = choice.kernel.name
     with graph.inserting_before(linear.replaces):
-        call = _scaled_mm_args(graph, linear, choice.kernel.name, device)
+        call = _fused_op_args(graph, linear, choice.kernel.name, device)
         fused = insert_call(graph, call.op, call.as_args())
         fused.meta[RECORD_KEY] = record  # later passes (activation_quant) add to the record
         if linear.output_shape is not None:

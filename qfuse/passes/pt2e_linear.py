@@ -16,8 +16,13 @@ GEMM. This pass feeds the integer tensors straight into a real int8 GEMM instead
 Only the dequantize side matters for the math: q and w_q are integer tensors and
 dequantize(q) = (q - zero_point) * scale, whoever produced q (the activation quantize op stays in
 the graph, where Inductor generates code for it). uint8 activations are shifted to int8 (q - 128,
-computed as q ^ 0x80 read as int8, which Inductor's CPU code vectorizes; zero_point - 128). Zero points go to the fused op (`azp_a`, `azp_b`), so asymmetric activations
-and weights are exact.
+computed as q ^ 0x80 read as int8, which Inductor's CPU code vectorizes; zero_point - 128). Zero
+points go to the fused op (`azp_a`, `azp_b`), so asymmetric activations and weights are exact.
+
+Weight-only: when the activation is a plain float tensor (bf16 / fp16 / fp32, not dequantized) and
+the weight is a symmetric int8 / fp8 dequantize, per tensor or per output channel, the linear is
+weight-only (W8A16) and becomes `qfuse::weight_only_scaled_mm(x, b, scale_b, bias, azp_b)`, for the
+kernels whose capability table has a weight-only row.
 
 `can_fuse_*` checks: int8 / uint8 activation, int8 weight, per-channel axis on the output
 channels, addmm without beta / alpha, a float result. They only read the graph; the casts, shifts,
@@ -27,6 +32,7 @@ the linear is fused, so a near miss leaves the graph untouched.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,7 +52,7 @@ from qfuse.passes.graph_utils import (
     strip_zero_padding,
 )
 from qfuse.passes.quant_forms import is_dynamic_scale, uint8_as_int8
-from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, WEIGHT_ONLY_DTYPES, Granularity, QuantScheme
 
 
 def _decomposed():
@@ -79,9 +85,10 @@ class Dequantized:
     def dtype(self) -> torch.dtype:
         return self.cast_to or dtype_of(self.q)
 
-    @property
+    @functools.cached_property
     def quantized(self) -> Node | PendingCall:
-        """q as an integer / fp8 tensor (a float of integers is cast: exact, they are in range)."""
+        """q as an integer / fp8 tensor (a float of integers is cast: exact, they are in range); one
+        pending cast however often it is read."""
         if self.cast_to is None:
             return self.q
         return PendingCall(prims.convert_element_type.default, (self.q, self.cast_to))
@@ -148,6 +155,11 @@ def can_fuse_weight(dq: Dequantized, transposed: bool, activation_dtype: torch.d
         raise NotFusable(f"the weight is dequantized from {dq.dtype}; with a {activation_dtype} activation "
                          f"qfuse fuses {expected} weights")
     _check_zero_point(dq, "weight")
+    return weight_granularity(dq, transposed)
+
+
+def weight_granularity(dq: Dequantized, transposed: bool) -> Granularity:
+    """Per tensor, or per channel along the weight's output channels (NotFusable otherwise)."""
     if dq.granularity == Granularity.PER_TOKEN:
         raise NotFusable("the weight is dequantized per token; expected per-channel or per-tensor")
     if dq.granularity == Granularity.PER_CHANNEL:
@@ -210,21 +222,12 @@ def analyze_dequantized_linear(
     activation_dq, weight_dq = match(activation_dq_node), match(weight_dq_node)
     if activation_dq is None and weight_dq is None:
         return None
-    if activation_dq is None:
-        raise NotFusable("the weight is dequantized but the activation is not (weight-only quantization)")
     if weight_dq is None:
         raise NotFusable("the activation is dequantized but the weight is a float tensor")
-    if any(anchor.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")):
-        raise NotFusable("addmm with beta or alpha other than 1")
-    if anchor.target == aten.bmm.default and (
-        len(shape_of(weight)) != 2 or not same_shape(shape_of(activation), shape_of(anchor.args[0]))
-    ):
-        raise NotFusable("bmm of a batched weight or a broadcast activation: not a linear")
-    out_dtype = dtype_of(anchor)
-    if out_dtype not in OUT_DTYPES:
-        raise NotFusable(f"the linear returns {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
-    if bias is not None and len(shape_of(bias)) != 1:
-        raise NotFusable(f"addmm bias of shape {list(shape_of(bias))}; expected [N]")
+    out_dtype = _check_linear(anchor, bias, activation, weight)
+    padding = (activation_padding[0] if activation_padding else 0, weight_padding[1] if weight_padding else 0)
+    if activation_dq is None:
+        return _weight_only_linear(anchor, family, activation, weight_dq, transposed, bias, out_dtype, padding)
     activation_granularity = can_fuse_activation(activation_dq)
     weight_granularity = can_fuse_weight(weight_dq, transposed, activation_dq.dtype)
     a, activation_zero_point = activation_operand(activation_dq, view_shape)
@@ -241,11 +244,53 @@ def analyze_dequantized_linear(
         anchor=anchor, family=family,
         pattern=f"{activation_dq.kind} x {weight_dq.kind} + {anchor.target.__name__.split('.')[0]}",
         a=a, b=b, scheme=scheme, out_dtype=out_dtype, replaces=anchor,
-        output_padding=(activation_padding[0] if activation_padding else 0, weight_padding[1] if weight_padding else 0),
-        scale_a=activation_dq.scale, scale_b=scale_b, bias=bias,
+        output_padding=padding, scale_a=activation_dq.scale, scale_b=scale_b, bias=bias,
         azp_a=None if _is_zero(activation_zero_point) else activation_zero_point,
         azp_b=None if _is_zero(weight_dq.zero_point) else weight_dq.zero_point,
         per_call_weight=weight_dq.computed_per_call,
+    )
+
+
+def _check_linear(anchor: Node, bias: Node | None, activation: Node, weight: Node) -> torch.dtype:
+    """The linear's output dtype, once the anchor is known to be a plain linear (NotFusable if not)."""
+    if any(anchor.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")):
+        raise NotFusable("addmm with beta or alpha other than 1")
+    if anchor.target == aten.bmm.default and (
+        len(shape_of(weight)) != 2 or not same_shape(shape_of(activation), shape_of(anchor.args[0]))
+    ):
+        raise NotFusable("bmm of a batched weight or a broadcast activation: not a linear")
+    out_dtype = dtype_of(anchor)
+    if out_dtype not in OUT_DTYPES:
+        raise NotFusable(f"the linear returns {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
+    if bias is not None and len(shape_of(bias)) != 1:
+        raise NotFusable(f"addmm bias of shape {list(shape_of(bias))}; expected [N]")
+    return out_dtype
+
+
+def can_fuse_weight_only(activation: Node, weight_dq: Dequantized, transposed: bool) -> Granularity:
+    """The weight's granularity, if a float activation times this dequantized weight is a weight-only
+    linear qfuse's op computes: an int8 weight (an integer zero point allowed) or an fp8 one, per
+    tensor or per output channel."""
+    x_dtype = dtype_of(activation)
+    if x_dtype not in FLOAT_ACTIVATION_DTYPES:
+        raise NotFusable(f"the activation is a {x_dtype} tensor, neither dequantized nor a float activation")
+    if weight_dq.dtype not in WEIGHT_ONLY_DTYPES:
+        raise NotFusable(f"the weight is dequantized from {weight_dq.dtype}; weight-only linears take "
+                         f"{' / '.join(str(dtype).removeprefix('torch.') for dtype in WEIGHT_ONLY_DTYPES)} weights")
+    _check_zero_point(weight_dq, "weight")
+    return weight_granularity(weight_dq, transposed)
+
+
+def _weight_only_linear(anchor: Node, family: str, activation: Node, weight_dq: Dequantized, transposed: bool,
+                        bias: Node | None, out_dtype: torch.dtype, padding: tuple[int, int]) -> FusedLinear:
+    """A float activation times a dequantized weight: the weight-only linear (W8A16)."""
+    granularity = can_fuse_weight_only(activation, weight_dq, transposed)
+    b, scale_b = weight_operand(weight_dq, transposed)
+    return FusedLinear(
+        anchor=anchor, family=family, pattern=f"float x {weight_dq.kind} + {anchor.target.__name__.split('.')[0]}",
+        a=activation, b=b, scheme=QuantScheme.weight_only(weight_dq.dtype, granularity, dtype_of(activation)),
+        out_dtype=out_dtype, replaces=anchor, output_padding=padding, scale_b=scale_b, bias=bias,
+        azp_b=None if _is_zero(weight_dq.zero_point) else weight_dq.zero_point, per_call_weight=weight_dq.computed_per_call,
     )
 
 

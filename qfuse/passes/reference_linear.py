@@ -63,7 +63,7 @@ from qfuse.passes.quant_forms import (
     uint8_as_int8,
 )
 from qfuse.passes.scale_algebra import Factor, NotAScale, Role, ScaleProduct, base_of, factors_of, split_sides
-from qfuse.schemes import FP8_DTYPE, Granularity, QuantScheme, dtype_name
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, WEIGHT_ONLY_DTYPES, Granularity, QuantScheme, dtype_name
 
 FAMILY = "reference_linear"
 QUANTIZED = (torch.int8, FP8_DTYPE)
@@ -201,11 +201,10 @@ def parse_matmul(node: Node) -> tuple[GraphValue, GraphValue, Epilogue, str] | N
         weight, transposed = _strip_weight(upcast_b)
         if dtype_of(weight) not in QUANTIZED:
             return None
-        if not _is_exact_upcast(upcast_a):
-            raise NotFusable(f"a float activation times an upcast {dtype_name(dtype_of(weight))} weight is weight-only "
-                             "quantization, which qfuse does not fuse yet")
         if transposed:
             weight = PendingCall(aten.permute.default, (weight, [1, 0]))
+        if not _is_exact_upcast(upcast_a):  # a float activation: weight-only, if the weight is int8 / fp8
+            return upcast_a, weight, Epilogue(last=node), "float mm of an upcast weight"
         return upcast_a.args[0], weight, Epilogue(last=node), "float mm of upcast"
     return None
 
@@ -286,6 +285,8 @@ def analyze(anchor: Node) -> FusedLinear | None:
         return None
     a, b, epilogue, pattern = parsed
     a_dtype, b_dtype = dtype_of(a), dtype_of(b)
+    if a_dtype in FLOAT_ACTIVATION_DTYPES:
+        return _weight_only_linear(anchor, a, b, epilogue, pattern)
     if a_dtype not in QUANTIZED or b_dtype != a_dtype:
         raise NotFusable(f"{pattern} of {a_dtype} x {b_dtype}; qfuse fuses int8 x int8 and fp8 x fp8")
     walk_epilogue(epilogue)
@@ -312,6 +313,34 @@ def analyze(anchor: Node) -> FusedLinear | None:
         anchor=anchor, family=FAMILY, pattern=f"{pattern} + dequant epilogue", a=a, b=b, scheme=scheme,
         out_dtype=out_dtype, replaces=epilogue.last, output_shape=epilogue.output_shape,
         scale_a=scale_a, scale_b=scale_b, bias=_bias_as_vector(epilogue.bias), azp_a=epilogue.azp_a,
+    )
+
+
+def _weight_only_linear(anchor: Node, x: Node, b: GraphValue, epilogue: Epilogue, pattern: str) -> FusedLinear:
+    """A float activation times an upcast int8 / fp8 weight, then the weight's scale: weight-only (W8A16).
+    Every factor must belong to the weight (one value or one per column): the op scales no activation."""
+    b_dtype = dtype_of(b)
+    if b_dtype not in WEIGHT_ONLY_DTYPES:
+        raise NotFusable(f"{pattern} of {dtype_name(b_dtype)}; weight-only linears take int8 / fp8 weights")
+    walk_epilogue(epilogue)
+    found = f"{pattern} ({dtype_name(b_dtype)}) found, but"
+    if epilogue.stopped_because:
+        raise NotFusable(f"{found} {epilogue.stopped_because}")
+    if not epilogue.factors:
+        raise NotFusable(f"{found} no dequantize scale is applied to its output")
+    if any(factor.role == Role.ROW for factor in epilogue.factors) or epilogue.row_slice is not None:
+        raise NotFusable(f"{found} a factor scales the rows of the float activation; a weight-only linear takes "
+                         "the weight's scale only")
+    out_dtype = dtype_of(epilogue.last)
+    if out_dtype not in OUT_DTYPES:
+        raise NotFusable(f"{found} the epilogue ends in {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
+    scale_b = ScaleProduct(tuple(epilogue.factors))
+    granularity = Granularity.PER_CHANNEL if scale_b.role == Role.COLUMN else Granularity.PER_TENSOR
+    return FusedLinear(
+        anchor=anchor, family=FAMILY, pattern=f"{pattern} + dequant epilogue", a=x, b=b,
+        scheme=QuantScheme.weight_only(b_dtype, granularity, dtype_of(x)), out_dtype=out_dtype,
+        replaces=epilogue.last, output_shape=epilogue.output_shape, scale_b=scale_b,
+        bias=_bias_as_vector(epilogue.bias),
     )
 
 

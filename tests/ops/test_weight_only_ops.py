@@ -46,7 +46,7 @@ def expected_weight_only(x, b, scale_b, bias):
 @pytest.mark.parametrize("out_dtype", [BF16, FP32, FP16])
 def test_reference_matches_float64(m, k, n, with_bias, out_dtype):
     x, b, scale_b, bias = w8a16_operands(m, k, n, with_bias)
-    out = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, out_dtype, "reference")
+    out = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, None, out_dtype, "reference")
     expected = expected_weight_only(x, b, scale_b, bias)
     rel, magnitude = ONE_ROUNDING[out_dtype], expected.abs().max().item()
     assert out.dtype == out_dtype and out.shape == expected.shape
@@ -59,7 +59,7 @@ def test_reference_takes_int8_weights_and_per_channel_scales():
     x = torch.randn(2, 3, 40, generator=generator, dtype=FP16)
     b = torch.randint(-128, 128, (40, 24), dtype=torch.int8, generator=generator)
     scale_b = torch.rand(24, generator=generator)
-    out = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, None, FP32, "reference")
+    out = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, None, None, FP32, "reference")
     expected = x.to(torch.float64) @ (b.to(torch.float64) * scale_b.to(torch.float64))
     torch.testing.assert_close(out, expected.to(FP32))
 
@@ -67,25 +67,28 @@ def test_reference_takes_int8_weights_and_per_channel_scales():
 @pytest.mark.parametrize("kernel", ["onednn", "reference"])
 def test_opcheck(kernel):
     x, b, scale_b, bias = w8a16_operands(3, 200, 130, True)
-    for args in ((x, b, scale_b, bias, BF16, kernel), (x.reshape(1, 3, 200), b, scale_b, None, FP32, kernel)):
+    for args in ((x, b, scale_b, bias, None, BF16, kernel), (x.reshape(1, 3, 200), b, scale_b, None, None, FP32, kernel)):
         torch.library.opcheck(torch.ops.qfuse.weight_only_scaled_mm.default, args, test_utils=FP8_OPCHECK_UTILS)
 
 
-def test_opcheck_with_schema_check_on_an_int8_weight():
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+def test_opcheck_with_schema_check_on_an_int8_weight(kernel):
     x, _, _, bias = w8a16_operands(3, 200, 130, True)
     b = torch.randint(-128, 128, (130, 200), dtype=torch.int8).t()
-    torch.library.opcheck(torch.ops.qfuse.weight_only_scaled_mm.default, (x, b, torch.rand(130), bias, FP32, "reference"))
+    zero_point = torch.randint(-3, 4, (130,), dtype=torch.int32)
+    for azp_b in (None, zero_point):
+        torch.library.opcheck(torch.ops.qfuse.weight_only_scaled_mm.default, (x, b, torch.rand(130), bias, azp_b, FP32, kernel))
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda x, b, s, bias: (x.to(torch.int8), b, s, bias, BF16), "activation must be one of"),
-        (lambda x, b, s, bias: (x, b.to(torch.uint8), s, bias, BF16), "weight must be one of"),
-        (lambda x, b, s, bias: (x, b, s, bias, torch.int32), "out_dtype must be one of"),
-        (lambda x, b, s, bias: (x, b, s, bias[:-1], BF16), r"bias must have shape \[130\]"),
-        (lambda x, b, s, bias: (x, b, s[:1], bias, BF16), "scale_b of shape"),
-        (lambda x, b, s, bias: (x[:, :-1], b, s, bias, BF16), "activation has K=199"),
+        (lambda x, b, s, bias: (x.to(torch.int8), b, s, bias, None, BF16), "activation must be one of"),
+        (lambda x, b, s, bias: (x, b.to(torch.uint8), s, bias, None, BF16), "weight must be one of"),
+        (lambda x, b, s, bias: (x, b, s, bias, None, torch.int32), "out_dtype must be one of"),
+        (lambda x, b, s, bias: (x, b, s, bias[:-1], None, BF16), r"bias must have shape \[130\]"),
+        (lambda x, b, s, bias: (x, b, s[:1], bias, None, BF16), "scale_b of shape"),
+        (lambda x, b, s, bias: (x[:, :-1], b, s, bias, None, BF16), "activation has K=199"),
     ],
 )
 def test_errors_name_the_problem(change, message):
@@ -95,19 +98,38 @@ def test_errors_name_the_problem(change, message):
 
 def test_a_kernel_without_weight_only_raises_not_implemented():
     x, b, scale_b, bias = w8a16_operands(3, 200, 130, True)
-    with pytest.raises(NotImplementedError, match="kernel 'torch' has no weight-only GEMM"):
-        torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, BF16, "torch")
-    torch_kernel = get_kernel("torch")
+    with pytest.raises(NotImplementedError, match="kernel 'triton' has no weight-only GEMM"):
+        torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, None, BF16, "triton")
+    triton = get_kernel("triton")
     with pytest.raises(NotImplementedError, match="its capability table has no row with a float activation dtype"):
-        torch_kernel.weight_only_apply(x, torch_kernel.prepare_weight(b, scale_b, None), None, FP32)
+        triton.weight_only_apply(x, triton.prepare_weight(b, scale_b, None), None, FP32)
 
 
 def test_under_torch_compile_with_dynamic_shapes():
     def linear_gelu(x, b, scale_b, bias):
-        return torch.nn.functional.gelu(torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, BF16, "onednn"))
+        return torch.nn.functional.gelu(torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, None, BF16, "onednn"))
 
     compiled = torch.compile(linear_gelu, dynamic=True, fullgraph=True)
     for m, k, n in ((3, 300, 200), (17, 260, 150)):  # M, K and N symbolic (the weight is an input)
         x, b, scale_b, bias = w8a16_operands(m, k, n, True)
         x = x.reshape(1, m, k)
         torch.testing.assert_close(compiled(x, b, scale_b, bias), linear_gelu(x, b, scale_b, bias))
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (1, 64), (17, 64), (5, 1), (2, 3, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [FP32, BF16, FP16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("zero_point", [False, True], ids=["symmetric", "zero_point"])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "per_tensor"])
+def test_the_torch_kernel_int8_weight_only_matches_the_reference(shape, dtype, zero_point, per_channel):
+    """aten._weight_int8pack_mm on CPU, with the zero point's row-sum correction in float32."""
+    generator = torch.Generator().manual_seed(1)
+    k, n = shape[-1], 48
+    x = torch.randn(shape, generator=generator).to(dtype)
+    b = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=generator).t()
+    scale_b = torch.rand(n if per_channel else 1, generator=generator) * 0.02 + 0.001
+    azp_b = torch.randint(-20, 21, (n,), dtype=torch.int32, generator=generator) if zero_point else None
+    bias = torch.randn(n, generator=generator).to(dtype)
+    out = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, azp_b, dtype, "torch")
+    expected = torch.ops.qfuse.weight_only_scaled_mm(x, b, scale_b, bias, azp_b, dtype, "reference")
+    assert out.shape == expected.shape == (*shape[:-1], n) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected.float(), rtol=4 * ONE_ROUNDING[dtype], atol=4 * ONE_ROUNDING[dtype])

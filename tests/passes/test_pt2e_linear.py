@@ -124,6 +124,21 @@ class WeightOnly(QDQLinear):
         return torch.nn.functional.linear(x, self.dequantized_weight(), self.bias)
 
 
+@pytest.mark.parametrize("weight_zero_point", [0, 5])
+@pytest.mark.parametrize("shape", [(5, 64), (1, 64), (2, 9, 64)], ids=str)
+def test_a_weight_only_qdq_linear_runs_weight_only(weight_zero_point, shape):
+    """A float activation times a PT2E-dequantized int8 weight (its zero point a tensor, zero or not)."""
+    model, x = WeightOnly(weight_zero_point=weight_zero_point), torch.randn(shape)
+    with torch.no_grad():
+        out, report = compile_and_run(model, x)
+        expected = model(x)
+    (record,) = report.records
+    assert record.fused and record.scheme == "fp32 x int8 per-channel (weight-only)", report.table()
+    assert record.kernel == "torch" and "_weight_int8pack_mm" in record.lowered
+    assert report.ops_after[SCALED_MM] == 0 and report.ops_after["qfuse.weight_only_scaled_mm.default"] == 1
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
 class WrongAxis(QDQLinear):
     def dequantized_weight(self):
         scale = torch.ones(self.w_q.shape[1]) * 0.002
@@ -132,7 +147,6 @@ class WrongAxis(QDQLinear):
 
 
 @pytest.mark.parametrize("model_class, reason", [
-    (WeightOnly, "the weight is dequantized but the activation is not"),
     (WrongAxis, "per channel along axis 1, not along its output channels"),
 ])
 def test_near_miss_is_left_alone(model_class, reason):

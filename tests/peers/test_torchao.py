@@ -58,17 +58,19 @@ def test_freezing_lets_inductor_take_pt2e_linears_and_the_report_says_so():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_int8_weight_only_is_reported_not_silently_skipped(dtype):
-    """Weight-only linears are not fused yet; the report says what happened to each."""
+def test_int8_weight_only_runs_weight_only(dtype):
+    """torchao's int8 weight-only linear (x @ w.to(float) * scale): Inductor's own weight-only pattern takes
+    the bf16 form before qfuse runs; qfuse fuses the fp32 one, into aten._weight_int8pack_mm on CPU."""
     model, x = torchao_models.torchao_int8_weight_only_mlp(dtype=dtype)
     with torch.no_grad():
         expected = model(x)
         explanation = qfuse.explain(model, x)
         out = torch.compile(model, backend="qfuse")(x)
     report = explanation.reports[-1]
-    reasons = [record.reason for record in report.records]
-    assert len(reasons) + len(report.inductor_quantized) == 2, report.table()
-    assert all("weight-only quantization" in reason for reason in reasons)
+    assert len(report.records) + len(report.inductor_quantized) == 2, report.table()
+    for record in report.records:
+        assert record.fused and record.scheme.endswith("x int8 per-channel (weight-only)"), report.table()
+        assert "_weight_int8pack_mm" in record.lowered
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 

@@ -1,0 +1,115 @@
+"""Weight-only int8 linears (W8A16, a float activation) as model code writes them -> qfuse::weight_only_scaled_mm.
+
+Two spellings, both common (docs/forms.md, "Weight-only forms"): the weight dequantized before the
+linear (`F.linear(x, w.to(x.dtype) * s[:, None])`, recognised by `fake_quant_linear`) and the scale
+applied after it (`(x @ w.t().to(x.dtype)) * s`, torchao's int8 weight-only fallback, recognised by
+`reference_linear`). On CPU the torch kernel runs them on aten._weight_int8pack_mm, inside Inductor's
+code. Checked against eager on odd shapes (M = 0, 1, 17, K = 1, 3D), with dynamic M, and with forms
+that must not be rewritten.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers import compile_and_run
+
+N = 48
+WEIGHT_ONLY_OP = "qfuse.weight_only_scaled_mm.default"
+
+
+def operands(shape, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    k = shape[-1]
+    x = torch.randn(shape, generator=generator).to(dtype)
+    w = torch.randint(-128, 128, (N, k), dtype=torch.int8, generator=generator)
+    scale = (torch.rand(N, generator=generator) * 0.02 + 0.001).to(dtype)
+    bias = torch.randn(N, generator=generator).to(dtype)
+    return x, w, scale, bias
+
+
+def dequantized_weight(x, w, scale, bias):
+    return F.linear(x, w.to(x.dtype) * scale[:, None], bias)
+
+
+def scale_after_the_matmul(x, w, scale, bias):
+    return (x @ w.t().to(x.dtype)) * scale + bias
+
+
+def per_tensor_scale(x, w, scale, bias):
+    return F.linear(x, w.to(x.dtype) * 0.01, bias)
+
+
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("form, family", [
+    (dequantized_weight, "fake_quant_linear"),
+    (scale_after_the_matmul, "reference_linear"),
+    (per_tensor_scale, "fake_quant_linear"),
+], ids=lambda value: getattr(value, "__name__", value))
+@pytest.mark.parametrize("shape", [(5, 64), (1, 64), (17, 64), (0, 64), (9, 1), (7, 40), (2, 3, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_weight_only_linears_fuse_and_match_eager(form, family, shape, dtype):
+    if form is scale_after_the_matmul and dtype == torch.bfloat16 and shape[-1] % 16:
+        pytest.skip("plain torch.compile crashes here (torch 2.13): Inductor's own weight-only pattern takes this "
+                    "form before qfuse runs and calls the bf16 _weight_int8pack_mm, which segfaults when K % 16 != 0")
+    args = operands(shape, dtype)
+    with torch.no_grad():
+        out, report = compile_and_run(form, *args)
+        expected = form(*args)
+    records = [record for record in report.records if record.fused]
+    if not records:  # Inductor's own weight-only pattern took it first (bf16, scale after the matmul)
+        assert report.inductor_quantized, report.table()
+    else:
+        (record,) = records
+        assert record.family == family and record.scheme.endswith("x int8 " + (
+            "per-tensor" if form is per_tensor_scale else "per-channel") + " (weight-only)"), report.table()
+        assert record.kernel == "torch" and "_weight_int8pack_mm" in record.lowered, report.table()
+        assert report.ops_after[WEIGHT_ONLY_OP] == 1
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    tolerance = TOLERANCE[dtype] * max(1.0, expected.float().abs().max().item() if expected.numel() else 1.0)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=TOLERANCE[dtype], atol=tolerance)
+
+
+def test_dynamic_m():
+    args = operands((5, 64), torch.float32)
+    compiled = torch.compile(dequantized_weight, backend="qfuse", dynamic=True)
+    with torch.no_grad():
+        for rows in (5, 1, 33, 2):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(compiled(x, *args[1:]), dequantized_weight(x, *args[1:]), rtol=1e-4, atol=1e-4)
+
+
+def scale_per_row_of_the_activation(x, w, scale, bias):
+    return (x @ w.t().to(x.dtype)) * x.abs().amax(dim=-1, keepdim=True)
+
+
+def no_scale(x, w, scale, bias):
+    return x @ w.t().to(x.dtype)
+
+
+@pytest.mark.parametrize("form, reason", [
+    (scale_per_row_of_the_activation, "a factor scales the rows of the float activation"),
+    (no_scale, "no dequantize scale is applied to its output"),
+], ids=lambda value: getattr(value, "__name__", "reason"))
+def test_forms_that_are_not_a_weight_only_linear_are_left_alone(form, reason):
+    args = operands((5, 64), torch.float32)
+    with torch.no_grad():
+        out, report = compile_and_run(form, *args)
+        expected = form(*args)
+    assert report.ops_after[WEIGHT_ONLY_OP] == 0
+    (record,) = [record for record in report.records if record.family == "reference_linear"]
+    assert not record.fused and reason in record.reason, report.table()
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_no_kernel_takes_it_yet_and_the_graph_is_untouched():
+    args = [tensor.cuda() for tensor in operands((5, 64), torch.bfloat16)]
+    with torch.no_grad():
+        out, report = compile_and_run(dequantized_weight, *args)
+        expected = dequantized_weight(*args)
+    (record,) = report.records
+    assert not record.fused and record.reason.startswith("no kernel can run it"), report.table()
+    torch.testing.assert_close(out, expected)
