@@ -100,6 +100,7 @@ CPU_RUNS = {  # each CPU script at its smallest settings: seconds, not a measure
     "cpu_w8a16": ["--m", "1", "--k", "256", "--n", "256", "--runs", "1", "--w8a8"],
     "cpu_mlp": ["--quick"],
     "cpu_peers": ["--quick", "--only", "linear", "--runs", "2"],
+    "cpu_weight_only": ["--quick", "--max-busy", "-1"],
 }
 PLOTS = {"cpu_kernel_choice", "cpu_gemm_backends", "cpu_w8a16", "cpu_mlp"}
 

@@ -16,8 +16,10 @@ cuBLAS takes on CUDA (int8: K and N multiples of 8; fp8: multiples of 16, capabi
 on CPU the int8 weight-only linear (W8A16, a float activation):
 
     weight-only  out = aten._weight_int8pack_mm(x, b^T [N, K] int8, scale_b [N] in x's dtype) + bias
-                 (a weight zero point: in float32, minus rowsum(x) * azp_b * scale_b; bf16 with K
-                 not a multiple of 16 also in float32: torch 2.13's bf16 kernel crashes there)
+                 bf16 only (fp32 is slower than Inductor's code at M = 16), K a multiple of 16 (torch
+                 2.13's bf16 kernel crashes on others); an all-zero weight zero point is dropped, any
+                 other runs in float32, minus rowsum(x) * azp_b * scale_b; above M = 64 rows the
+                 weight is dequantized and a bf16 mm runs (faster there, measured)
 
 Not here (the registry moves on to another kernel): block / per-group scales, int4. On
 ROCm the int8 path is the same torch._int_mm (hipBLASLt); it was not run on ROCm hardware. ROCm
@@ -29,13 +31,17 @@ from __future__ import annotations
 import torch
 
 from qfuse.kernels.base import OK, Kernel, Verdict
-from qfuse.kernels.capabilities import FLOAT_DTYPES, Capability
+from qfuse.kernels.capabilities import Capability
 from qfuse.platform import Platform
 from qfuse.schemes import FP8_DTYPE
 
 # cuBLASLt's int8 GEMM behind torch._int_mm needs more than 16 rows on CUDA.
 _CUDA_INT_MM_MIN_ROWS = 17
 _BF16_INT8PACK_K_MULTIPLE = 16
+#: Above this many rows the weight-only GEMM dequantizes the weight and runs a bf16 mm instead:
+#: _weight_int8pack_mm measured 2.09x / 1.20x / 0.82x / 0.56x Inductor's own code at M = 32 / 64 /
+#: 128 / 256 (bf16, K = N = 4096, Zen 4; benchmarks/cpu_weight_only.py).
+INT8PACK_MAX_ROWS = 64
 _INT8_ACTIVATIONS = (torch.int8, torch.uint8)  # uint8 arrives shifted to int8 (the passes do it)
 _INT8_ROW = dict(activation_dtypes=_INT8_ACTIVATIONS, weight_dtypes=(torch.int8,), activation_zero_point=True,
                  weight_zero_point=True)
@@ -50,8 +56,10 @@ class TorchKernel(Kernel):
         Capability("fp8 upcast + torch.mm", ("cpu",), **_FP8_ROW),
         Capability("fp8 torch._scaled_mm (cuBLASLt)", ("cuda",), **_FP8_ROW, k_multiple=16, n_multiple=16,
                    min_capability=89, rocm=False),
-        Capability("int8 weight-only torch._weight_int8pack_mm", ("cpu",), FLOAT_DTYPES, (torch.int8,),
-                   weight_zero_point=True),
+        # bf16 only: fp32 runs 4x slower than Inductor's own code at M = 16 (benchmarks/cpu_weight_only.py);
+        # K a multiple of 16: torch 2.13's bf16 kernel crashes on other K.
+        Capability("int8 weight-only torch._weight_int8pack_mm", ("cpu",), (torch.bfloat16,), (torch.int8,),
+                   weight_zero_point=True, k_multiple=_BF16_INT8PACK_K_MULTIPLE),
     )
 
     def is_supported(self, platform: Platform) -> Verdict:
@@ -79,23 +87,25 @@ class TorchKernel(Kernel):
         return int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype)
 
 
-def weight_only_int8_compute_dtype(x_dtype: torch.dtype, k, zero_point: bool) -> torch.dtype:
-    """The dtype _weight_int8pack_mm runs in: x's own, except float32 with a weight zero point (see
-    below) and for bf16 when K is not a multiple of 16 (torch 2.13's CPU kernel crashes there:
-    segmentation fault, K = 1 ... 65, measured on AVX-512 BF16)."""
-    if zero_point or (x_dtype == torch.bfloat16 and k % _BF16_INT8PACK_K_MULTIPLE != 0):
-        return torch.float32
-    return x_dtype
-
-
 def weight_only_int8_mm(x, b, scale_b, azp_b, bias, out_dtype):
     """aten._weight_int8pack_mm(x, b^T, scale_b): the [N, K] weight contiguous (a `w.t()` view of a stored
-    weight is: no copy), the scales one per column in the GEMM's dtype, the result in that dtype.
+    weight is: no copy), the scales one per column in x's dtype, the result in x's dtype.
 
-    A weight zero point is exact by x @ ((b - z) s) = (x @ b) s - rowsum(x) (z s), in float32: in bf16
-    the two terms could cancel into a result with few correct bits."""
+    A weight zero point of all zeros (what PT2E stores for a symmetric weight) is dropped; any other
+    is exact by x @ ((b - z) s) = (x @ b) s - rowsum(x) (z s), in float32 (in bf16 the two terms could
+    cancel into a result with few correct bits)."""
     k, n = b.shape
-    compute = weight_only_int8_compute_dtype(x.dtype, k, azp_b is not None)
+    if x.dtype == torch.bfloat16 and k % _BF16_INT8PACK_K_MULTIPLE:
+        raise ValueError(f"the torch kernel's weight-only GEMM takes a bf16 activation only with K a multiple of "
+                         f"{_BF16_INT8PACK_K_MULTIPLE} (torch 2.13's _weight_int8pack_mm crashes otherwise), got K={k}")
+    if azp_b is not None and not bool(azp_b.any()):
+        azp_b = None
+    if x.shape[0] > INT8PACK_MAX_ROWS:  # prefill: a bf16 GEMM of the weight dequantized here is faster
+        weight = b.to(torch.float32) if azp_b is None else b.to(torch.float32) - azp_b.to(torch.float32).reshape(1, -1)
+        weight = weight if scale_b is None else weight * scale_b.to(torch.float32).reshape(1, -1)
+        out = torch.mm(x, weight.to(x.dtype))
+        return out.to(out_dtype) if bias is None else (out.to(torch.float32) + bias.to(torch.float32)).to(out_dtype)
+    compute = x.dtype if azp_b is None else torch.float32
     scale = (torch.ones((), dtype=compute) if scale_b is None else scale_b.to(compute)).reshape(-1).expand(n)
     out = torch.ops.aten._weight_int8pack_mm(x.to(compute).contiguous(), b.t().contiguous(), scale.contiguous())
     if azp_b is None and bias is None:

@@ -5,10 +5,12 @@ The kernel computes a weight-only int8 linear with `aten._weight_int8pack_mm` (s
 lowering of that op (an extern ATen call, or under max-autotune also its C++ GEMM template), and the
 bias and output cast become pointwise IR that fuses with what follows: no Python op per call.
 
-    out = (float32(aten._weight_int8pack_mm(x2d, b^T, scale_b [N] in x's dtype)) + bias).to(out_dtype)
+    out = (float32(aten._weight_int8pack_mm(x2d bf16, b^T, scale_b [N] as bf16)) + bias).to(out_dtype)
 
-with a weight zero point the GEMM runs in float32 and subtracts rowsum(x) * azp_b * scale_b, as the
-eager kernel (`torch_native.weight_only_int8_mm`) does.
+Above M = 64 rows (`INT8PACK_MAX_ROWS`, measured) it lowers to Inductor's own dequantize + bf16 mm
+instead, the faster there; with a dynamic M the op stays an extern call and picks by M at run time.
+A call with a weight zero point stays an extern call too: the eager kernel drops an all-zero one (PT2E's
+symmetric weights) at run time, which generated code cannot decide at compile time.
 
 Other kernels (onednn's fp8 W8A16) and other weights stay an extern call of the op.
 """
@@ -22,7 +24,7 @@ import torch
 from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
 
-from qfuse.kernels.torch_native import weight_only_int8_compute_dtype
+from qfuse.kernels.torch_native import INT8PACK_MAX_ROWS
 from qfuse.lowerings.ir import convert, extern_call, known_equal, lower, numel, record_lowering
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
@@ -34,11 +36,16 @@ def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
     """'' if this call lowers to `aten._weight_int8pack_mm`, else why it stays an extern call."""
     if call.kernel != "torch":
         return f"kernel {call.kernel!r} runs as an extern call"
-    if call.x.get_device().type != "cpu" or call.b.get_dtype() != torch.int8:
-        return "only the CPU int8 weight-only GEMM is lowered"
+    if call.x.get_device().type != "cpu" or call.b.get_dtype() != torch.int8 or call.x.get_dtype() != torch.bfloat16:
+        return "only the CPU int8 weight-only GEMM of a bf16 activation is lowered"
+    if call.azp_b is not None:
+        return "a weight zero point: the op drops an all-zero one at run time, which the generated code cannot see"
     k, n = call.b.get_size()
-    if not sympy.sympify(k).is_number:
-        return "K is symbolic"
+    if not known_equal(sympy.Mod(k, 16), 0):
+        return "K is not a multiple of 16"
+    rows = sympy.Mul(*call.x.get_size()[:-1])
+    if not sympy.sympify(rows).is_number:
+        return "M is dynamic: the op picks _weight_int8pack_mm or a dequantized bf16 mm by M at run time"
     if call.scale_b is not None and not (known_equal(numel(call.scale_b), 1) or known_equal(numel(call.scale_b), n)):
         return "the weight scale is neither one value nor one per output channel"
     return ""
@@ -53,23 +60,29 @@ def lower_weight_only_scaled_mm(*args, **kwargs):
         return extern_call(call)
     *lead, k = call.x.get_size()
     n = call.b.get_size()[1]
-    compute = weight_only_int8_compute_dtype(call.x.get_dtype(), int(k), call.azp_b is not None)  # as the eager kernel
     x2d = lower(aten.reshape.default, call.x, [-1, k])
+    if int(sympy.Mul(*lead)) > INT8PACK_MAX_ROWS:  # prefill: Inductor's dequantize + bf16 mm is faster
+        weight = convert(call.b, torch.float32)
+        if call.scale_b is not None:
+            weight = lower(aten.mul.Tensor, weight, lower(aten.reshape.default, convert(call.scale_b, torch.float32), [1, -1]))
+        out = lower(aten.mm.default, x2d, convert(weight, torch.bfloat16))
+        return _bias_and_cast(call, out, lead, n, "Inductor's own dequantize + bf16 mm (M > 64, where it is faster)")
     weight = lower(aten.permute.default, call.b, [1, 0])  # [N, K]: the stored weight of a w.t() view
     if call.scale_b is None:
-        scale = lower(aten.full.default, [n], 1.0, dtype=compute, device=call.x.get_device())
+        scale = lower(aten.full.default, [n], 1.0, dtype=torch.bfloat16, device=call.x.get_device())
     else:
-        scale = lower(aten.expand.default, lower(aten.reshape.default, convert(call.scale_b, compute), [-1]), [n])
+        scale = lower(aten.expand.default, lower(aten.reshape.default, convert(call.scale_b, torch.bfloat16), [-1]), [n])
     scale = ir.ExternKernel.require_contiguous(scale)  # the ATen call reads a realized [N] buffer
-    x2d = ir.ExternKernel.require_contiguous(convert(x2d, compute))  # K = 1 views can have another stride
+    x2d = ir.ExternKernel.require_contiguous(x2d)  # K = 1 views can have another stride
     out = lower(aten._weight_int8pack_mm.default, x2d, weight, scale)
-    if call.azp_b is not None:  # minus rowsum(x) * (azp_b * scale_b), in float32 (torch_native.weight_only_int8_mm)
-        row_sums = lower(aten.sum.dim_IntList, convert(x2d, torch.float32), [1], True)
-        zero_point = lower(aten.reshape.default, convert(call.azp_b, torch.float32), [1, -1])
-        out = lower(aten.sub.Tensor, out, lower(aten.mul.Tensor, row_sums, lower(aten.mul.Tensor, zero_point, scale)))
+    return _bias_and_cast(call, out, lead, n, "Inductor's lowering of aten._weight_int8pack_mm; bias and cast in "
+                          "its fused pointwise code")
+
+
+def _bias_and_cast(call: WeightOnlyScaledMmArgs, out, lead, n, how: str):
     if call.bias is not None:
         out = lower(aten.add.Tensor, convert(out, torch.float32), convert(call.bias, torch.float32))
-    record_lowering("Inductor's lowering of aten._weight_int8pack_mm; bias and cast in its fused pointwise code")
+    record_lowering(how)
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
 
 

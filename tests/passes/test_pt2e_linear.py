@@ -120,23 +120,28 @@ def test_dynamic_batch_sizes_compile_once():
 
 
 class WeightOnly(QDQLinear):
+    """A bf16 activation times a weight PT2E dequantizes to bf16."""
+
     def forward(self, x):
-        return torch.nn.functional.linear(x, self.dequantized_weight(), self.bias)
+        weight = qd.dequantize_per_channel(self.w_q, self.w_scale, self.w_zero_point, 0, -128, 127, torch.int8,
+                                           out_dtype=torch.bfloat16)
+        return torch.nn.functional.linear(x, weight, self.bias.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("weight_zero_point", [0, 5])
 @pytest.mark.parametrize("shape", [(5, 64), (1, 64), (2, 9, 64)], ids=str)
 def test_a_weight_only_qdq_linear_runs_weight_only(weight_zero_point, shape):
-    """A float activation times a PT2E-dequantized int8 weight (its zero point a tensor, zero or not)."""
-    model, x = WeightOnly(weight_zero_point=weight_zero_point), torch.randn(shape)
+    """A bf16 activation times a PT2E-dequantized int8 weight (its zero point a tensor, zero or not): the
+    op drops an all-zero one at run time, so it stays an extern call rather than Inductor's lowering."""
+    model, x = WeightOnly(weight_zero_point=weight_zero_point), torch.randn(shape).to(torch.bfloat16)
     with torch.no_grad():
         out, report = compile_and_run(model, x)
         expected = model(x)
     (record,) = report.records
-    assert record.fused and record.scheme == "fp32 x int8 per-channel (weight-only)", report.table()
-    assert record.kernel == "torch" and "_weight_int8pack_mm" in record.lowered
+    assert record.fused and record.scheme == "bf16 x int8 per-channel (weight-only)", report.table()
+    assert record.kernel == "torch" and "weight zero point" in record.lowered
     assert report.ops_after[SCALED_MM] == 0 and report.ops_after["qfuse.weight_only_scaled_mm.default"] == 1
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2 * expected.float().abs().max().item())
 
 
 class WrongAxis(QDQLinear):
