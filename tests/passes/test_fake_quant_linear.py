@@ -121,6 +121,19 @@ def scale_along_k(x, w_int, w_scale, bias):
 NOT_PROVABLY_INT8 = "the activation is rounded like a fake quant, but not provably into int8"
 
 
+def compile_unfused(form):
+    """(out, eager out, the fake_quant_linear record) of `form` compiled on a [9, K] input: no
+    qfuse::scaled_mm may come out of it."""
+    x = torch.randn(9, K)
+    w_int, w_scale, bias = stored_weight()
+    with torch.no_grad():
+        out, report = compile_and_run(form, x, w_int, w_scale, bias)
+        expected = form(x, w_int, w_scale, bias)
+    assert report.ops_after["qfuse.scaled_mm.default"] == 0
+    (record,) = [record for record in report.records if record.family == "fake_quant_linear"]
+    return out, expected, record
+
+
 @pytest.mark.parametrize("form, note", [
     (round_without_clamp, NOT_PROVABLY_INT8),  # the values may leave int8
     (fractional_bounds, NOT_PROVABLY_INT8),
@@ -129,13 +142,7 @@ NOT_PROVABLY_INT8 = "the activation is rounded like a fake quant, but not provab
 def test_a_float_activation_is_recognised_as_weight_only(form, note):
     """An int8 weight and an activation that is not provably int8: a weight-only linear (W8A16). On CPU
     no kernel takes an fp32 one (int8pack is slower than Inductor there), and the record says so."""
-    x = torch.randn(9, K)
-    w_int, w_scale, bias = stored_weight()
-    with torch.no_grad():
-        out, report = compile_and_run(form, x, w_int, w_scale, bias)
-        expected = form(x, w_int, w_scale, bias)
-    assert report.ops_after["qfuse.scaled_mm.default"] == 0
-    (record,) = [record for record in report.records if record.family == "fake_quant_linear"]
+    out, expected, record = compile_unfused(form)
     assert record.scheme == "fp32 x int8 per-channel (weight-only)", record
     assert not record.fused and record.reason.startswith("no kernel can run it"), record
     assert note in record.note
@@ -144,12 +151,6 @@ def test_a_float_activation_is_recognised_as_weight_only(form, note):
 
 def test_a_scale_along_k_is_left_alone():
     """A scale per K cannot leave the GEMM."""
-    x = torch.randn(9, K)
-    w_int, w_scale, bias = stored_weight()
-    with torch.no_grad():
-        out, report = compile_and_run(scale_along_k, x, w_int, w_scale, bias)
-        expected = scale_along_k(x, w_int, w_scale, bias)
-    assert report.ops_after["qfuse.scaled_mm.default"] == 0
-    (record,) = [record for record in report.records if record.family == "fake_quant_linear"]
+    out, expected, record = compile_unfused(scale_along_k)
     assert not record.fused and "dequantized per channel along axis 1, not per token" in record.reason
     torch.testing.assert_close(out, expected)
