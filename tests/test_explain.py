@@ -10,7 +10,7 @@ import torch
 import qfuse
 from qfuse.kernels import KERNELS
 from qfuse.kernels.torch_native import TorchKernel
-from tests.passes.test_pt2e_linear import QDQLinear, WeightOnly, WrongAxis
+from tests.passes.test_pt2e_linear import QDQLinear, WrongAxis
 from tests.passes.test_reference_linear import (
     accumulator_has_another_user,
     dynamic_int8,
@@ -46,7 +46,6 @@ REFERENCE_NEAR_MISSES = {
     integer_output: "_int_mm (int8) found, but the epilogue ends in torch.int32",
 }
 PT2E_NEAR_MISSES = {
-    WeightOnly: "the weight is dequantized but the activation is not (weight-only quantization)",
     WrongAxis: "the weight is dequantized per channel along axis 1, not along its output channels",
     AddmmWithBeta: "addmm with beta or alpha other than 1",
 }
