@@ -26,7 +26,6 @@ from qfuse.platform import Platform
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, Granularity, dtype_name
 
 G = Granularity
-FLOAT_DTYPES = FLOAT_ACTIVATION_DTYPES  # fp32, bf16, fp16: weight-only activations, outputs, biases
 #: `Capability.bias_dtypes` value: the bias must have the output's dtype.
 SAME_AS_OUTPUT = "output"
 DYNAMIC, STATIC = "dynamic", "static"
@@ -53,8 +52,8 @@ class Capability:
     weight_group_multiple: int = 1  # per-group weight scales: the group size is a multiple of this
     k_multiple: int = 1  # > 1: K must be static and a multiple of this
     n_multiple: int = 1
-    out_dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
-    bias_dtypes: tuple[torch.dtype, ...] | str = FLOAT_DTYPES  # or SAME_AS_OUTPUT
+    out_dtypes: tuple[torch.dtype, ...] = FLOAT_ACTIVATION_DTYPES
+    bias_dtypes: tuple[torch.dtype, ...] | str = FLOAT_ACTIVATION_DTYPES  # or SAME_AS_OUTPUT
     min_capability: int = 0  # NVIDIA compute capability as one number (89 = sm_89); ROCm is not held to it
     rocm: bool = True  # for "cuda" rows: also runs on ROCm GPUs
     requires: tuple[str, ...] = ()  # packages that must be importable (`Platform.libraries`)
@@ -62,7 +61,7 @@ class Capability:
 
     @property
     def is_weight_only(self) -> bool:
-        return all(dtype in FLOAT_DTYPES for dtype in self.activation_dtypes)
+        return all(dtype in FLOAT_ACTIVATION_DTYPES for dtype in self.activation_dtypes)
 
     def dtypes(self) -> str:
         """'int8 x int8', 'bf16 x fp8 (weight-only)'."""

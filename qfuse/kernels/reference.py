@@ -9,17 +9,24 @@ from __future__ import annotations
 
 from qfuse.kernels import reference_math
 from qfuse.kernels.base import OK, Kernel, Verdict
-from qfuse.kernels.capabilities import FLOAT_DTYPES, Capability
+from qfuse.kernels.capabilities import Capability
 from qfuse.platform import Platform
-from qfuse.schemes import ACTIVATION_GRANULARITIES, QUANT_DTYPES, WEIGHT_DTYPES, WEIGHT_GRANULARITIES
+from qfuse.schemes import (
+    ACTIVATION_GRANULARITIES,
+    FLOAT_ACTIVATION_DTYPES,
+    QUANT_DTYPES,
+    WEIGHT_DTYPES,
+    WEIGHT_GRANULARITIES,
+)
 
 
 class ReferenceKernel(Kernel):
     name = "reference"
     fuses_activation_quant = True  # when forced, every step runs as qfuse's own emulated op
     capabilities = (
-        Capability("emulation in float64", ("cpu", "cuda", "xpu"), QUANT_DTYPES + FLOAT_DTYPES, WEIGHT_DTYPES,
-                   ACTIVATION_GRANULARITIES, WEIGHT_GRANULARITIES, activation_zero_point=True, weight_zero_point=True),
+        Capability("emulation in float64", ("cpu", "cuda", "xpu"), QUANT_DTYPES + FLOAT_ACTIVATION_DTYPES,
+                   WEIGHT_DTYPES, ACTIVATION_GRANULARITIES, WEIGHT_GRANULARITIES, activation_zero_point=True,
+                   weight_zero_point=True),
     )
 
     def is_supported(self, platform: Platform) -> Verdict:

@@ -37,7 +37,8 @@ from qfuse.schemes import FP8_DTYPE
 
 # cuBLASLt's int8 GEMM behind torch._int_mm needs more than 16 rows on CUDA.
 _CUDA_INT_MM_MIN_ROWS = 17
-_BF16_INT8PACK_K_MULTIPLE = 16
+#: torch 2.13's CPU _weight_int8pack_mm crashes (segmentation fault) with bf16 and K not a multiple of this.
+BF16_INT8PACK_K_MULTIPLE = 16
 #: Above this many rows the weight-only GEMM dequantizes the weight and runs a bf16 mm instead:
 #: _weight_int8pack_mm measured 2.09x / 1.20x / 0.82x / 0.56x Inductor's own code at M = 32 / 64 /
 #: 128 / 256 (bf16, K = N = 4096, Zen 4; benchmarks/cpu_weight_only.py).
@@ -59,7 +60,7 @@ class TorchKernel(Kernel):
         # bf16 only: fp32 runs 4x slower than Inductor's own code at M = 16 (benchmarks/cpu_weight_only.py);
         # K a multiple of 16: torch 2.13's bf16 kernel crashes on other K.
         Capability("int8 weight-only torch._weight_int8pack_mm", ("cpu",), (torch.bfloat16,), (torch.int8,),
-                   weight_zero_point=True, k_multiple=_BF16_INT8PACK_K_MULTIPLE),
+                   weight_zero_point=True, k_multiple=BF16_INT8PACK_K_MULTIPLE),
     )
 
     def is_supported(self, platform: Platform) -> Verdict:
@@ -95,9 +96,9 @@ def weight_only_int8_mm(x, b, scale_b, azp_b, bias, out_dtype):
     is exact by x @ ((b - z) s) = (x @ b) s - rowsum(x) (z s), in float32 (in bf16 the two terms could
     cancel into a result with few correct bits)."""
     k, n = b.shape
-    if x.dtype == torch.bfloat16 and k % _BF16_INT8PACK_K_MULTIPLE:
+    if x.dtype == torch.bfloat16 and k % BF16_INT8PACK_K_MULTIPLE:
         raise ValueError(f"the torch kernel's weight-only GEMM takes a bf16 activation only with K a multiple of "
-                         f"{_BF16_INT8PACK_K_MULTIPLE} (torch 2.13's _weight_int8pack_mm crashes otherwise), got K={k}")
+                         f"{BF16_INT8PACK_K_MULTIPLE} (torch 2.13's _weight_int8pack_mm crashes otherwise), got K={k}")
     if azp_b is not None and not bool(azp_b.any()):
         azp_b = None
     if x.shape[0] > INT8PACK_MAX_ROWS:  # prefill: a bf16 GEMM of the weight dequantized here is faster

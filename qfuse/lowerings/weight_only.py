@@ -24,7 +24,7 @@ import torch
 from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
 
-from qfuse.kernels.torch_native import INT8PACK_MAX_ROWS
+from qfuse.kernels.torch_native import BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS
 from qfuse.lowerings.ir import convert, extern_call, known_equal, lower, numel, record_lowering
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
@@ -41,8 +41,8 @@ def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
     if call.azp_b is not None:
         return "a weight zero point: the op drops an all-zero one at run time, which the generated code cannot see"
     k, n = call.b.get_size()
-    if not known_equal(sympy.Mod(k, 16), 0):
-        return "K is not a multiple of 16"
+    if not known_equal(sympy.Mod(k, BF16_INT8PACK_K_MULTIPLE), 0):
+        return f"K is not a multiple of {BF16_INT8PACK_K_MULTIPLE}"
     rows = sympy.Mul(*call.x.get_size()[:-1])
     if not sympy.sympify(rows).is_number:
         return "M is dynamic: the op picks _weight_int8pack_mm or a dequantized bf16 mm by M at run time"

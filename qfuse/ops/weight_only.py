@@ -7,9 +7,9 @@ Operands: `x` float [..., K] (bf16, fp16 or fp32; the output is [..., N]); `b` t
 as a [K, N] matrix, any strides (usually `w.t()` of a stored [N, K]); `scale_b` one value, [N] /
 [1, N], or one per 128x128 block [ceil(K/128), ceil(N/128)] (the fp8 block-quantized checkpoints);
 `bias` [N]; `azp_b` an integer zero point of an int8 weight, one value or one per output channel
-(PT2E's weight-only dequantize carries one, usually all zeros). `kernel` names the registry kernel chosen for a weight-only `GemmKey`
-(`QuantScheme.weight_only`); it runs `Kernel.weight_only_apply` on its prepared form of the weight,
-made once per weight (`qfuse.kernels.prepared`).
+(PT2E's weight-only dequantize carries one, usually all zeros). `kernel` names the registry kernel
+chosen for a weight-only `GemmKey` (`QuantScheme.weight_only`); it runs `Kernel.weight_only_apply`
+on its prepared form of the weight, made once per weight (`qfuse.kernels.prepared`).
 
 A separate op because `qfuse::scaled_mm` takes a quantized activation with its scale and zero point,
 and `qfuse::quant_scaled_mm` quantizes a float one: here nothing quantizes the activation.

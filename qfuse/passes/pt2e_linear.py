@@ -20,7 +20,8 @@ computed as q ^ 0x80 read as int8, which Inductor's CPU code vectorizes; zero_po
 points go to the fused op (`azp_a`, `azp_b`), so asymmetric activations and weights are exact.
 
 Weight-only: when the activation is a plain float tensor (bf16 / fp16 / fp32, not dequantized) and
-the weight is a symmetric int8 / fp8 dequantize, per tensor or per output channel, the linear is
+the weight an int8 (an integer zero point allowed) or fp8 dequantize, per tensor or per output
+channel, the linear is
 weight-only (W8A16) and becomes `qfuse::weight_only_scaled_mm(x, b, scale_b, bias, azp_b)`, for the
 kernels whose capability table has a weight-only row.
 
@@ -52,7 +53,7 @@ from qfuse.passes.graph_utils import (
     strip_zero_padding,
 )
 from qfuse.passes.quant_forms import is_dynamic_scale, uint8_as_int8
-from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, WEIGHT_ONLY_DTYPES, Granularity, QuantScheme
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, WEIGHT_ONLY_DTYPES, Granularity, QuantScheme, dtype_name
 
 
 def _decomposed():
@@ -276,7 +277,7 @@ def can_fuse_weight_only(activation: Node, weight_dq: Dequantized, transposed: b
         raise NotFusable(f"the activation is a {x_dtype} tensor, neither dequantized nor a float activation")
     if weight_dq.dtype not in WEIGHT_ONLY_DTYPES:
         raise NotFusable(f"the weight is dequantized from {weight_dq.dtype}; weight-only linears take "
-                         f"{' / '.join(str(dtype).removeprefix('torch.') for dtype in WEIGHT_ONLY_DTYPES)} weights")
+                         f"{' / '.join(dtype_name(dtype) for dtype in WEIGHT_ONLY_DTYPES)} weights")
     _check_zero_point(weight_dq, "weight")
     return weight_granularity(weight_dq, transposed)
 

@@ -278,6 +278,21 @@ def can_fuse_bias(bias, output: Node) -> bool:
     )
 
 
+def walk_dequantize(epilogue: Epilogue, found: str) -> torch.dtype:
+    """Walk the dequantize epilogue (`walk_epilogue`) and return its output dtype; NotFusable, its
+    message starting with `found`, when part of it cannot move (fusing the rest would mislead), it
+    applies no scale, or it ends in a dtype a fused linear does not return."""
+    walk_epilogue(epilogue)
+    if epilogue.stopped_because:
+        raise NotFusable(f"{found} {epilogue.stopped_because}")
+    if not epilogue.factors:
+        raise NotFusable(f"{found} no dequantize scale is applied to its output")
+    out_dtype = dtype_of(epilogue.last)
+    if out_dtype not in OUT_DTYPES:
+        raise NotFusable(f"{found} the epilogue ends in {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
+    return out_dtype
+
+
 def analyze(anchor: Node) -> FusedLinear | None:
     """Recognise the linear at `anchor`; None if it is no quantized matmul; NotFusable if it nearly is."""
     parsed = parse_matmul(anchor)
@@ -289,15 +304,7 @@ def analyze(anchor: Node) -> FusedLinear | None:
         return _weight_only_linear(anchor, a, b, epilogue, pattern)
     if a_dtype not in QUANTIZED or b_dtype != a_dtype:
         raise NotFusable(f"{pattern} of {a_dtype} x {b_dtype}; qfuse fuses int8 x int8 and fp8 x fp8")
-    walk_epilogue(epilogue)
-    found = f"{pattern} ({dtype_name(a_dtype)}) found, but"
-    if epilogue.stopped_because:  # part of the dequantize cannot move: fusing the rest would mislead
-        raise NotFusable(f"{found} {epilogue.stopped_because}")
-    if not epilogue.factors:
-        raise NotFusable(f"{found} no dequantize scale is applied to its output")
-    out_dtype = dtype_of(epilogue.last)
-    if out_dtype not in OUT_DTYPES:
-        raise NotFusable(f"{found} the epilogue ends in {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
+    out_dtype = walk_dequantize(epilogue, f"{pattern} ({dtype_name(a_dtype)}) found, but")
     quantizer = match_quantize(a)
     scale_a, scale_b = split_sides(epilogue.factors, quantizer.scale if quantizer else None)
     if epilogue.row_slice is not None:
@@ -322,18 +329,11 @@ def _weight_only_linear(anchor: Node, x: Node, b: GraphValue, epilogue: Epilogue
     b_dtype = dtype_of(b)
     if b_dtype not in WEIGHT_ONLY_DTYPES:
         raise NotFusable(f"{pattern} of {dtype_name(b_dtype)}; weight-only linears take int8 / fp8 weights")
-    walk_epilogue(epilogue)
     found = f"{pattern} ({dtype_name(b_dtype)}) found, but"
-    if epilogue.stopped_because:
-        raise NotFusable(f"{found} {epilogue.stopped_because}")
-    if not epilogue.factors:
-        raise NotFusable(f"{found} no dequantize scale is applied to its output")
+    out_dtype = walk_dequantize(epilogue, found)
     if any(factor.role == Role.ROW for factor in epilogue.factors) or epilogue.row_slice is not None:
         raise NotFusable(f"{found} a factor scales the rows of the float activation; a weight-only linear takes "
                          "the weight's scale only")
-    out_dtype = dtype_of(epilogue.last)
-    if out_dtype not in OUT_DTYPES:
-        raise NotFusable(f"{found} the epilogue ends in {out_dtype}; a fused linear returns one of {OUT_DTYPES}")
     scale_b = ScaleProduct(tuple(epilogue.factors))
     granularity = Granularity.PER_CHANNEL if scale_b.role == Role.COLUMN else Granularity.PER_TENSOR
     return FusedLinear(
