@@ -2,7 +2,8 @@
 weight its builder drew, compiles with plain Inductor to the same numbers, and its post-grad graph
 holds the ATen ops that characterise it (so a change of form upstream fails here).
 
-No qfuse pass is involved: qfuse does not fuse these yet. The graph is the one a qfuse pass would
+The form tests involve no qfuse pass (qfuse fuses only the bf16 int8 forms so far: the last test
+checks those with backend="qfuse"). The graph is the one a qfuse pass would
 see (`post_grad_custom_post_pass` runs after Inductor's own post-grad patterns), so where Inductor
 already rewrites a form (its int8 weight-only pattern, `woq_int8` -> `_weight_int8pack_mm`), the
 graph shows the rewrite, and where Inductor's rewrite fails the compile, a test says so.
@@ -303,3 +304,40 @@ def test_transformers_gemma_quantized_linear_keeps_its_srq_guards_around_the_lin
     casts = {f"int8->{short(dtype)}"} | ({"uint8->int8"} if num_bits == 4 else set())
     check_form(model, wo.example_input(64, dtype, three_d), casts=casts,
                ops=SRQ_GUARD | unpack | {"aten.mul", "aten.permute", "aten.addmm"}, absent={INDUCTOR_WOQ_INT8})
+
+
+# --- qfuse on the int8 forms it fuses (bf16 activations on CPU) -------------------------------------------
+
+QFUSE_INT8_FORMS = {
+    "hand_written_scale_in_the_weight": lambda: wo.hand_written_int8(BF16, scale_after_matmul=False),
+    "hand_written_scale_after_the_matmul": lambda: wo.hand_written_int8(BF16, scale_after_matmul=True),
+    "torchao_int8_per_row": lambda: wo.torchao_int8_weight_only(BF16, "per_row"),
+    "transformers_gemma_int8": lambda: wo.transformers_gemma_quantized_linear(BF16, num_bits=8),
+}
+
+
+@pytest.mark.parametrize("three_d", [False, True], ids=["2D", "3D"])
+@pytest.mark.parametrize("form", list(QFUSE_INT8_FORMS))
+def test_qfuse_fuses_the_int8_forms_or_inductor_took_them_first(form, three_d):
+    """Every linear of these peer forms is fused by qfuse (weight-only, the torch kernel) or, where
+    Inductor's own int8 weight-only pattern matched first, taken by it; the output matches eager and
+    the float64 reference weight."""
+    import qfuse
+
+    model = build(QFUSE_INT8_FORMS[form])
+    x = wo.example_input(model.reference_weight.shape[1], BF16, three_d)
+    bias = getattr(model, "bias", None)
+    with torch.no_grad():
+        eager = model(x)
+        reference = F.linear(x.double(), model.reference_weight, None if bias is None else bias.double())
+        torch._dynamo.reset()
+        explanation = qfuse.explain(model, x)
+        out = torch.compile(model, backend="qfuse")(x)
+    (report,) = explanation.reports
+    fused = [record for record in report.records if record.fused]
+    assert len(fused) + len(report.inductor_quantized) == 1 and len(report.records) == len(fused), report.table()
+    for record in fused:
+        assert record.scheme == "bf16 x int8 per-channel (weight-only)" and record.kernel == "torch", report.table()
+        assert "_weight_int8pack_mm" in record.lowered, report.table()
+    assert_close_relative(out, eager, TOLERANCE[BF16])
+    assert_close_relative(out, reference, TOLERANCE[BF16])
