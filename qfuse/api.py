@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qfuse import debug
-from qfuse.config import QfuseConfig, split_options
+from qfuse.config import QfuseConfig, pass_skipping_caches_off, split_options
 from qfuse.ops.verify import verify_results
 from qfuse.passes.manager import QfusePass, graphs_compiled, prepare_pass, reports_since
 from qfuse.passes.report import LinearRecord, PassReport, RecordSelection
@@ -85,7 +85,7 @@ def explain(model, *example_inputs, options: dict[str, Any] | None = None, **com
     compiled = torch.compile(model, backend=backend, **compile_kwargs)
     if config.debug:
         debug.stop_depyf()  # a dump started by an earlier debug compile would swallow this one
-    with torch._inductor.config.patch(force_disable_caches=True):
+    with pass_skipping_caches_off():
         with debug.DepyfDump(config) if config.debug else contextlib.nullcontext():
             compiled(*example_inputs)
     explanation = Explanation(reports_since(marker))

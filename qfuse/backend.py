@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from qfuse import debug
-from qfuse.config import split_options
+from qfuse.config import PASS_SKIPPING_CACHES_OFF, split_options
 from qfuse.passes.manager import prepare_pass
 
 
@@ -31,5 +31,5 @@ def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[
     qfuse_pass, inductor_patches["post_grad_custom_post_pass"] = prepare_pass(existing, **qfuse_options)
     if qfuse_pass.config.debug:
         debug.start_depyf_for_process(qfuse_pass.config)
-        inductor_patches.setdefault("force_disable_caches", True)  # a cache hit would skip the passes and dumps
+        inductor_patches = {**PASS_SKIPPING_CACHES_OFF, **inductor_patches}  # a cache hit would skip the dumps
     return compile_fx(gm, example_inputs, config_patches=inductor_patches)

@@ -18,11 +18,14 @@ key (those go to Inductor); anything else is an error that names the valid keys.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from qfuse.kernels import KERNELS
 from qfuse.passes.families import PATTERN_FAMILIES
@@ -113,3 +116,17 @@ def split_options(options: Mapping[str, Any] | None) -> tuple[dict[str, Any], di
                 "and any Inductor config key (torch._inductor.list_options()) is passed to Inductor"
             )
     return ours, inductor
+
+
+#: Inductor settings that turn off the compile caches whose hit skips the post-grad passes (qfuse's
+#: pass, its report and its dumps with them).
+PASS_SKIPPING_CACHES_OFF = {"fx_graph_cache": False, "fx_graph_remote_cache": False}
+
+
+@contextlib.contextmanager
+def pass_skipping_caches_off():
+    """Compiles in this block run qfuse's pass (debug mode, `explain()`, tests that read reports).
+    Unlike Inductor's `force_disable_caches` it leaves the other caches on and warns about nothing."""
+    with torch._inductor.config.patch(PASS_SKIPPING_CACHES_OFF), \
+            torch._functorch.config.patch(enable_autograd_cache=False, enable_remote_autograd_cache=False):
+        yield

@@ -14,12 +14,12 @@ leaves no report to print.
 from __future__ import annotations
 
 import argparse
-import warnings
 from collections.abc import Callable
 
 import torch
 
 from qfuse.bench import Timing, format_table, time_in_turns
+from qfuse.config import pass_skipping_caches_off
 from qfuse.demo_model import DTYPES, TinyTransformer, dequantize_linears, quantize_linears
 from qfuse.passes.manager import graphs_compiled, reports_since
 from qfuse.passes.report import LinearRecord
@@ -29,8 +29,7 @@ def compile_and_report(model: torch.nn.Module, x: torch.Tensor, backend: str) ->
     """Compile `model`, run it once on `x` (that compiles it), and collect the records qfuse made meanwhile."""
     marker = graphs_compiled()
     compiled = torch.compile(model, backend=backend)
-    with torch._inductor.config.patch(force_disable_caches=True), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
+    with pass_skipping_caches_off():
         out = compiled(x)
     records = [record for report in reports_since(marker) for record in report.records]
     return compiled, out, records

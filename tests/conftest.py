@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+from qfuse.config import pass_skipping_caches_off
+
 if not torch.cuda.is_available():
     # Triton kernels run in Triton's interpreter on CPU tensors (set before any kernel is defined).
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -15,7 +17,7 @@ if not torch.cuda.is_available():
 @pytest.fixture(autouse=True)
 def fresh_compile_state():
     torch._dynamo.reset()
-    with torch._inductor.config.patch(force_disable_caches=True):
+    with pass_skipping_caches_off():
         yield
     torch._dynamo.reset()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from qfuse.errors import QfuseUserError
 from qfuse.kernels.aiter import AiterKernel
 from qfuse.kernels.base import GemmKey, Kernel
 from qfuse.kernels.capabilities import table_verdict
@@ -44,7 +45,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
 }
 
 
-class KernelUnavailableError(RuntimeError):
+class KernelUnavailableError(QfuseUserError):
     """A kernel that was asked for by name cannot run this linear."""
 
 

@@ -5,15 +5,19 @@
     numel / known_equal     sizes, compared only when Inductor can prove the answer
     record_lowering(how)    how the op entered the generated code, into its LinearRecord
     extern_call(call)       the op itself as an extern call (the fallback that is always correct)
+    falls_back_to_extern_call(Args)   a lowering whose failure becomes that extern call (qfuse.errors)
 """
 
 from __future__ import annotations
+
+import functools
 
 import sympy
 import torch
 from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
+from qfuse.errors import contain_internal_error
 from qfuse.ops import RECORD_KEY
 
 prims = torch.ops.prims
@@ -46,3 +50,19 @@ def record_lowering(how: str) -> None:
 def extern_call(call):
     """`call` (an op's named arguments, `qfuse.ops.arguments`) as an extern call of the op."""
     return inductor_lowering.fallback_handler(call.op, add_to_fallback_set=False)(*call.as_args())
+
+
+def falls_back_to_extern_call(arguments_type):
+    """Decorate the lowering of the op whose named arguments are `arguments_type`: if it raises,
+    the op enters the generated code as an extern call instead, and qfuse warns once."""
+    def decorate(lowering):
+        @functools.wraps(lowering)
+        def guarded(*args, **kwargs):
+            try:
+                return lowering(*args, **kwargs)
+            except Exception as error:  # a bug in qfuse's lowering must not fail the user's compile
+                reason = contain_internal_error(f"lowering {arguments_type.op}", error, "the op runs as an extern call")
+                record_lowering(f"extern call ({reason})")
+                return extern_call(arguments_type(*args, **kwargs))
+        return guarded
+    return decorate

@@ -41,7 +41,15 @@ from torch._inductor.virtualized import V
 
 from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
 from qfuse.lowerings import triton_template
-from qfuse.lowerings.ir import convert, extern_call, known_equal, lower, numel, record_lowering
+from qfuse.lowerings.ir import (
+    convert,
+    extern_call,
+    falls_back_to_extern_call,
+    known_equal,
+    lower,
+    numel,
+    record_lowering,
+)
 from qfuse.lowerings.triton_template import why_not_template
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.platform import current_platform
@@ -206,6 +214,7 @@ def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
     return convert(out, out_dtype)
 
 
+@falls_back_to_extern_call(ScaledMmArgs)
 def lower_scaled_mm(*args, **kwargs):
     call = ScaledMmArgs(*args, **kwargs)
     *lead, k = call.a.get_size()

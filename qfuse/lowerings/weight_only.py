@@ -25,7 +25,15 @@ from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
 
 from qfuse.kernels.torch_native import BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS
-from qfuse.lowerings.ir import convert, extern_call, known_equal, lower, numel, record_lowering
+from qfuse.lowerings.ir import (
+    convert,
+    extern_call,
+    falls_back_to_extern_call,
+    known_equal,
+    lower,
+    numel,
+    record_lowering,
+)
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
 aten = torch.ops.aten
@@ -51,6 +59,7 @@ def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
     return ""
 
 
+@falls_back_to_extern_call(WeightOnlyScaledMmArgs)
 def lower_weight_only_scaled_mm(*args, **kwargs):
     call = WeightOnlyScaledMmArgs(*args, **kwargs)
     reason = why_not_lowered(call)

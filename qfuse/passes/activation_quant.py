@@ -20,12 +20,14 @@ from dataclasses import dataclass
 
 from torch.fx import Graph, Node
 
+from qfuse.errors import contain_internal_error
 from qfuse.kernels import get_kernel
 from qfuse.ops import RECORD_KEY
 from qfuse.ops.scaled_mm import QuantScaledMmArgs, ScaledMmArgs
 from qfuse.passes.fused_linear import NotFusable, PassContext
 from qfuse.passes.graph_utils import aten, dtype_of, insert_call, shape_of, strip_views
 from qfuse.passes.quant_forms import fold_verdict, match_quantize, match_token_scale
+from qfuse.passes.transaction import UndoFailed, new_nodes_removed_on_error
 
 FAMILY = "activation_quant"
 FOLDED_PATTERN = "activation quant folded into quant_scaled_mm"
@@ -79,6 +81,11 @@ def fold_replacement(graph: Graph, fused: Node, call: ScaledMmArgs, fold: Foldab
         return insert_call(graph, folded.op, folded.as_args())
 
 
+def _add_note(record, note: str) -> None:
+    if record is not None:
+        record.note = "; ".join(filter(None, [record.note, note]))
+
+
 def run(graph: Graph, context: PassContext) -> None:
     for fused in list(graph.find_nodes(op="call_function", target=ScaledMmArgs.op)):
         call = ScaledMmArgs.of(fused)
@@ -87,11 +94,17 @@ def run(graph: Graph, context: PassContext) -> None:
         record = fused.meta.get(RECORD_KEY)
         try:
             fold = can_fold_quant(call)
+            with new_nodes_removed_on_error(graph):
+                replacement = fold_replacement(graph, fused, call, fold)
         except NotFusable as reason:
-            if record is not None:
-                record.note = "; ".join(filter(None, [record.note, f"activation quant not folded: {reason}"]))
+            _add_note(record, f"activation quant not folded: {reason}")
             continue
-        replacement = fold_replacement(graph, fused, call, fold)
+        except UndoFailed:
+            raise  # the pass manager restores the graph as it was before this family
+        except Exception as error:
+            _add_note(record, contain_internal_error(f"folding the activation quant of {fused.name}", error,
+                                                  "the activation quant is left to Inductor"))
+            continue
         fused.replace_all_uses_with(replacement)
         context.report.matches[FOLDED_PATTERN] += 1
         if record is not None:

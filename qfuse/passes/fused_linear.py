@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.fx import Graph, Node
 
+from qfuse.errors import contain_internal_error
 from qfuse.kernels import GemmKey, choose_kernel
 from qfuse.ops import RECORD_KEY
 from qfuse.ops.scaled_mm import ScaledMmArgs
@@ -33,6 +34,7 @@ from qfuse.passes.graph_utils import (
 )
 from qfuse.passes.report import LinearRecord, PassReport
 from qfuse.passes.scale_algebra import ScaleProduct
+from qfuse.passes.transaction import UndoFailed, new_nodes_removed_on_error
 from qfuse.platform import current_platform
 from qfuse.schemes import QuantScheme
 
@@ -127,7 +129,22 @@ def _fused_op_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch
 
 
 def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node | None:
-    """Replace `linear.replaces` with a call of the fused op (`_fused_op_args`), if a kernel can run it."""
+    """Replace `linear.replaces` with a call of the fused op (`_fused_op_args`), if a kernel can run it.
+
+    All or nothing: if choosing the kernel or emitting the op raises (a bug in qfuse), the nodes
+    already inserted are removed, the linear stays as it was, and the report says why."""
+    try:
+        with new_nodes_removed_on_error(graph):
+            return _fuse_linear(graph, linear, context)
+    except UndoFailed:
+        raise  # the pass manager restores the graph as it was before this pattern family
+    except Exception as error:
+        reason = contain_internal_error(f"fusing {linear.anchor.name} [{linear.family}]", error, "the linear is left as it was")
+        record_near_miss(context, linear.anchor, linear.family, reason)
+        return None
+
+
+def _fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node | None:
     config = context.config
     device = fake_value(linear.a).device
     choice = choose_kernel(
@@ -178,7 +195,8 @@ def fuse_anchored_linears(
 
     `analyze` only reads the graph: it returns None for a matmul that is no candidate at all, a
     FusedLinear (the nodes it needs as pending calls) for a linear, and raises NotFusable for a
-    near miss, which is recorded with its reason.
+    near miss, which is recorded with its reason. Any other exception is a bug in qfuse: the
+    matmul is recorded as not fused, with the error, and qfuse warns once.
     """
     for target in anchors:
         for anchor in list(graph.find_nodes(op="call_function", target=target)):
@@ -186,6 +204,10 @@ def fuse_anchored_linears(
                 linear = analyze(anchor)
             except NotFusable as near_miss:
                 record_near_miss(context, anchor, family, str(near_miss))
+                continue
+            except Exception as error:
+                reason = contain_internal_error(f"recognising {anchor.name} [{family}]", error, "the matmul is left as it was")
+                record_near_miss(context, anchor, family, reason)
                 continue
             if linear is not None:
                 fuse_linear(graph, linear, context)

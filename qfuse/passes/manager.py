@@ -27,10 +27,12 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 from qfuse import debug
 from qfuse.config import QfuseConfig
+from qfuse.errors import contain_internal_error
 from qfuse.passes.families import PATTERN_FAMILIES, family_module
 from qfuse.passes.fused_linear import PassContext
 from qfuse.passes.graph_utils import module_path
 from qfuse.passes.report import PassReport, count_ops, inductor_quantized_nodes, matmul_nodes
+from qfuse.passes.transaction import GraphSnapshot
 
 log = logging.getLogger("qfuse")
 
@@ -71,6 +73,18 @@ def _source_hash() -> bytes:
     return get_hash_for_files(tuple(sorted(str(path) for path in package.rglob("*.py"))))
 
 
+def _run_family_or_restore(family: str, graph: torch.fx.Graph, context: PassContext) -> None:
+    """Run one pattern family; if it raises (a bug in qfuse), put the graph and the report back as
+    they were before it, record the error in the report and warn once (qfuse.errors)."""
+    snapshot, rollback_report = GraphSnapshot(graph), context.report.checkpoint()
+    try:
+        PASS_MODULES[family].run(graph, context)
+    except Exception as error:
+        snapshot.restore()
+        rollback_report()
+        context.report.errors.append(contain_internal_error(f"pattern family {family}", error, "the graph is left as it was before it"))
+
+
 class QfusePass(CustomGraphPass):
     def __init__(self, config: QfuseConfig | None = None) -> None:
         self.config = config if config is not None else QfuseConfig.from_env()
@@ -88,7 +102,7 @@ class QfusePass(CustomGraphPass):
             debug.write_patterns(self.config, report.graph_name, {family: describe(family) for family in families})
             debug.dump_graph(self.config, report.graph_name, "0_before", graph)
         for step, family in enumerate(families, start=1):
-            PASS_MODULES[family].run(graph, context)
+            _run_family_or_restore(family, graph, context)
             if self.config.debug:
                 graph.eliminate_dead_code()
                 debug.dump_graph(self.config, report.graph_name, f"{step}_after_{family}", graph)

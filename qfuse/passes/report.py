@@ -11,9 +11,11 @@ the machine-readable one (docs/debugging.md describes its fields).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: What Inductor's own quantization passes turn a linear into before qfuse's pass runs (PT2E
@@ -75,11 +77,25 @@ class PassReport(RecordSelection):
     matches: Counter = field(default_factory=Counter)  # pattern name -> times applied
     ops_before: Counter = field(default_factory=Counter)  # op name -> count in the graph
     ops_after: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)  # qfuse's own failures that undid a whole family (qfuse.errors)
 
     def add(self, record: LinearRecord) -> None:
         self.records.append(record)
         if record.fused:
             self.matches[record.pattern] += 1
+
+    def checkpoint(self) -> Callable[[], None]:
+        """A function that puts the report back as it is now: its records, their fields (a later
+        pass may have added to a record) and the match counts."""
+        records, matches = list(self.records), self.matches.copy()
+        saved = [{name: copy.copy(value) for name, value in vars(record).items()} for record in records]
+
+        def rollback() -> None:
+            self.records[:] = records
+            for record, fields in zip(records, saved, strict=True):
+                vars(record).update(fields)
+            self.matches = matches
+        return rollback
 
     def record_for(self, node_name: str) -> LinearRecord | None:
         return next((record for record in self.records if record.node == node_name), None)
@@ -96,6 +112,8 @@ class PassReport(RecordSelection):
             line += f"; {len(self.float_matmuls)} float matmul{'s' if len(self.float_matmuls) > 1 else ''} left alone"
         if self.inductor_quantized:
             line += f"; {len(self.inductor_quantized)} taken by Inductor's own quantization passes"
+        if self.errors:
+            line += f"; {len(self.errors)} internal error{'s' if len(self.errors) > 1 else ''} (left to Inductor)"
         return line
 
     def summary(self) -> str:
@@ -124,6 +142,9 @@ class PassReport(RecordSelection):
         if self.inductor_quantized:
             lines += ["", "taken by Inductor's own quantization passes before qfuse ran (freezing=True lowers PT2E "
                       "linears to oneDNN; weight-only int8 / int4 patterns): " + ", ".join(self.inductor_quantized)]
+        if self.errors:
+            lines += ["", "internal errors (the graph was left as it was before the failing family):"]
+            lines += [f"  {error}" for error in self.errors]
         if self.matches:
             lines += ["", "matches per pattern:"] + [f"  {name}: {count}" for name, count in sorted(self.matches.items())]
         return "\n".join(lines)
@@ -136,6 +157,7 @@ class PassReport(RecordSelection):
             "float_matmuls": self.float_matmuls,
             "inductor_quantized": self.inductor_quantized,
             "matches": dict(self.matches),
+            "errors": self.errors,
             "ops_before": dict(self.ops_before),
             "ops_after": dict(self.ops_after),
         }, indent=2)
