@@ -72,7 +72,7 @@ import torch
 from qfuse.kernels.base import OK, Kernel, Verdict
 from qfuse.kernels.capabilities import STATIC, Capability
 from qfuse.kernels.prepared import PreparedWeight
-from qfuse.kernels.torch_native import int8_scaled_mm
+from qfuse.kernels.torch_native import int8_scaled_mm, nan_where_not_finite
 from qfuse.platform import Platform, current_platform
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE, Granularity
 
@@ -169,12 +169,13 @@ class OneDnnKernel(Kernel):
             zero_point = zero_point + azp_a.reshape(()).to(torch.int32)
         per_row = (scale_a is not None and scale_a.numel() > 1) or (azp_a is not None and azp_a.numel() > 1)
         if not per_row:
-            return _qlinear(shifted, scale_a, zero_point, weight, bias, out_dtype)
+            out = _qlinear(shifted, scale_a, zero_point, weight, bias, out_dtype)
+            return out if scale_a is None else out + nan_where_not_finite(scale_a.reshape(())).to(out_dtype)
         out = _qlinear(shifted, None, zero_point, weight, None, torch.float32)
         if azp_a is not None and azp_a.numel() > 1:
             out = out - azp_a.to(torch.float32) * weight.scaled_column_sums
         if scale_a is not None:
-            out = out * scale_a.to(torch.float32)
+            out = out * scale_a.to(torch.float32) + nan_where_not_finite(scale_a.to(torch.float32))
         if bias is not None:
             out = out + bias.to(torch.float32)
         return out.to(out_dtype)

@@ -119,11 +119,21 @@ def weight_only_int8_mm(x, b, scale_b, azp_b, bias, out_dtype):
     return out.to(out_dtype)
 
 
+def nan_where_not_finite(scale_a: torch.Tensor) -> torch.Tensor:
+    """0 where the activation scale is finite, nan where it is inf or nan. Added to the output it
+    makes those rows nan, as eager's are: a row with an inf has scale inf, eager casts the nan of
+    inf / inf to int8 0 and the rest rounds to 0, so its accumulator is 0 and 0 x inf is nan
+    (Inductor's code casts nan to -128, which would give +-inf)."""
+    return scale_a - scale_a
+
+
 def _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype):
     out = acc.to(torch.float32)
     for factor in (scale_a, scale_b):
         if factor is not None:
             out = out * factor.to(torch.float32)
+    if scale_a is not None:
+        out = out + nan_where_not_finite(scale_a.to(torch.float32))
     if bias is not None:
         out = out + bias.to(torch.float32)
     return out.to(out_dtype)

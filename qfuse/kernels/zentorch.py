@@ -88,6 +88,7 @@ import torch
 from qfuse.kernels.base import OK, Kernel, Verdict
 from qfuse.kernels.capabilities import DYNAMIC, Capability
 from qfuse.kernels.prepared import PreparedWeight
+from qfuse.kernels.torch_native import nan_where_not_finite
 from qfuse.platform import Platform
 from qfuse.schemes import Granularity
 
@@ -194,7 +195,10 @@ class ZentorchKernel(Kernel):
             raise ValueError("zentorch quantizes the activation dynamically per token; it takes no static scale_a")
         if quant_dtype != QUANT_DTYPE:
             raise ValueError(f"zentorch quantizes the activation to int8, not {quant_dtype}")
-        return self._dynamic_qlinear(x.to(compute_dtype(x.dtype, out_dtype)), weight, bias).to(out_dtype)
+        out = self._dynamic_qlinear(x.to(compute_dtype(x.dtype, out_dtype)), weight, bias)
+        # A row with an inf or nan has a nan per-token scale in eager, so a nan output row; zentorch's
+        # quantizer returns finite numbers there. Adding 0 x the row's absmax carries eager's nan over.
+        return (out + x.abs().amax(dim=-1, keepdim=True).mul(0)).to(out_dtype)
 
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
         if a.dtype != QUANT_DTYPE or azp_a is not None:
@@ -204,7 +208,7 @@ class ZentorchKernel(Kernel):
         if lo is not None:
             out = out + self._dynamic_qlinear(lo.to(torch.float32), weight, None)
         if scale_a is not None:
-            out = out * scale_a.to(torch.float32)
+            out = out * scale_a.to(torch.float32) + nan_where_not_finite(scale_a.to(torch.float32))
         if bias is not None:
             out = out + bias.to(torch.float32)
         return out.to(out_dtype)

@@ -105,6 +105,10 @@ def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
 
 def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
     if a2d.get_device().type == "cpu" and known_equal(k, 1):  # _int_mm is wrong there (torch_native.int8_matmul)
+        # The activation gets a buffer of its own: inlined into this pointwise product, the chain that
+        # quantized it (clamp, casts to uint8, then int8 and int32) loses its clamp in Inductor's CPU
+        # code (torch 2.13), and saturated values wrap around.
+        a2d.realize()
         acc = lower(aten.mul.Tensor, convert(a2d, torch.int32), convert(b, torch.int32))
     else:
         acc = lower(aten._int_mm.default, a2d, b)
@@ -166,11 +170,15 @@ def _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows):
 
 
 def _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype):
-    """(float32(out) * scale_a * scale_b + bias).to(out_dtype) on [rows, N], in pointwise IR."""
+    """(float32(out) * scale_a * scale_b + (scale_a - scale_a) + bias).to(out_dtype) on [rows, N], in
+    pointwise IR (the scale_a - scale_a term: `torch_native.nan_where_not_finite`)."""
     for scale, shape in ((scale_a, _scale_shape(scale_a, rows, [rows, 1])), (scale_b, [1, -1])):
         if scale is not None:
             shape = shape if not known_equal(numel(scale), 1) else [1, 1]
-            out = lower(aten.mul.Tensor, out, lower(aten.reshape.default, convert(scale, torch.float32), shape))
+            factor = lower(aten.reshape.default, convert(scale, torch.float32), shape)
+            out = lower(aten.mul.Tensor, out, factor)
+            if scale is scale_a:
+                out = lower(aten.add.Tensor, out, lower(aten.sub.Tensor, factor, factor))
     if bias is not None:
         out = lower(aten.add.Tensor, out, convert(bias, torch.float32))
     return convert(out, out_dtype)
