@@ -7,11 +7,12 @@ import os
 import pytest
 import torch
 
-from qfuse.config import pass_skipping_caches_off
-
 if not torch.cuda.is_available():
-    # Triton kernels run in Triton's interpreter on CPU tensors (set before any kernel is defined).
+    # Triton kernels run in Triton's interpreter on CPU tensors (set before any kernel is defined,
+    # so before qfuse is imported).
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from qfuse.config import pass_skipping_caches_off  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -189,3 +189,17 @@ def test_persistent_kernel_runs_only_where_it_can_and_was_measured_faster():
     assert not case(weight_kn=True)  # a [K, N] weight with N contiguous: the TMA wants K contiguous
     assert not case(block=True)  # block scales apply per K step in `scaled_mm.py`
     assert not case(dtype=torch.int8)  # int8 was no faster on it than on `scaled_mm.py`
+
+
+@pytest.mark.parametrize("kind", ["tensor", "token_channel"])
+def test_a_non_finite_activation_scale_makes_its_rows_nan(kind):
+    """As in eager (tests/ops/test_non_finite.py): inf x an accumulator eager would have had 0 is nan."""
+    m, k, n = 5, 64, 16
+    a, weight = quantized((m, k), torch.int8, 2), quantized((n, k), torch.int8, 3)
+    scale_a, scale_b = scales(kind, m, k, n)
+    scale_a = scale_a.clone()
+    scale_a.view(-1)[-1] = float("inf")
+    out = ops.scaled_mm(a, weight.t(), scale_a, scale_b, None, None, None, torch.float32, "triton")
+    nan_rows = out.isnan().all(dim=1)
+    assert nan_rows.tolist() == ([True] * m if kind == "tensor" else [False] * (m - 1) + [True])
+    assert out[~nan_rows].isfinite().all()

@@ -65,11 +65,14 @@ DECODE_TILES: dict[int, dict[str, tuple[int, int, int]]] = {
 def scale_and_bias(out, offs_m, offs_n, mask_m, mask_n, scale_a_ptr, scale_b_ptr, bias_ptr, stride_sam, stride_sbn,
                    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr):
     """out (float32) * scale_a * scale_b + bias for one-value and per-row / per-column scales (block
-    scales were applied in the main loop). Loads [BLOCK_M] / [BLOCK_N] vectors, not broadcast tiles."""
+    scales were applied in the main loop). Loads [BLOCK_M] / [BLOCK_N] vectors, not broadcast tiles.
+    `+ (sa - sa)`: a row whose scale_a is inf or nan is nan, as in eager (torch_native.nan_where_not_finite)."""
     if SCALE_A == _TENSOR:
-        out *= tl.load(scale_a_ptr)
+        sa = tl.load(scale_a_ptr)
+        out = out * sa + (sa - sa)
     elif SCALE_A == _VECTOR:
-        out *= tl.load(scale_a_ptr + offs_m * stride_sam, mask=mask_m, other=0.0)[:, None]
+        sa = tl.load(scale_a_ptr + offs_m * stride_sam, mask=mask_m, other=0.0)[:, None]
+        out = out * sa + (sa - sa)
     if SCALE_B == _TENSOR:
         out *= tl.load(scale_b_ptr)
     elif SCALE_B == _VECTOR:
