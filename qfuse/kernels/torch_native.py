@@ -139,12 +139,26 @@ def _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype):
     return out.to(out_dtype)
 
 
+def dense_unit_strides(x: torch.Tensor) -> torch.Tensor:
+    """The same 2D view with each size-1 dim given the stride a dense tensor has there. Its stride
+    is insignificant, and Inductor often makes it 0, but CPU `_int_mm` (torch 2.13) reads a [1, K]
+    activation whose row stride is not K, or a [K, 1] weight whose column stride is not K, wrongly."""
+    rows, columns = x.shape
+    if rows == 1 and x.stride(0) != columns * x.stride(1):
+        return x.as_strided(x.shape, (columns * x.stride(1), x.stride(1)))
+    if columns == 1 and x.stride(1) != rows * x.stride(0):
+        return x.as_strided(x.shape, (x.stride(0), rows * x.stride(0)))
+    return x
+
+
 def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """torch._int_mm, except where it is wrong: on CPU with K == 1 it returns garbage (torch 2.13),
-    so there the int32 outer product, which is exact, stands in."""
-    if a.shape[1] == 1 and not a.is_cuda:
+    """torch._int_mm, except where it is wrong (torch 2.13, CPU): with K == 1 it returns garbage, so
+    there the int32 outer product, which is exact, stands in; a size-1 dim gets its dense stride."""
+    if a.is_cuda:
+        return torch._int_mm(a, b)
+    if a.shape[1] == 1:
         return a.to(torch.int32) * b.to(torch.int32)
-    return torch._int_mm(a, b)
+    return torch._int_mm(dense_unit_strides(a), dense_unit_strides(b))
 
 
 def int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):

@@ -110,6 +110,12 @@ def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
         # code (torch 2.13), and saturated values wrap around.
         a2d.realize()
         acc = lower(aten.mul.Tensor, convert(a2d, torch.int32), convert(b, torch.int32))
+    elif a2d.get_device().type == "cpu":  # size-1 dims with their dense strides (torch_native.dense_unit_strides)
+        if known_equal(rows, 1):
+            a2d = ir.ExternKernel.require_exact_strides(a2d, [k, 1])
+        if known_equal(b.get_size()[1], 1):
+            b = ir.ExternKernel.require_exact_strides(b, [1, k])
+        acc = lower(aten._int_mm.default, a2d, b)
     else:
         acc = lower(aten._int_mm.default, a2d, b)
     if azp_a is not None:

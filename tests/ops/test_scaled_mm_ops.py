@@ -265,3 +265,14 @@ def test_opcheck_scaled_mm(args):
 )
 def test_opcheck_quant_scaled_mm(args):
     torch.library.opcheck(ops.quant_scaled_mm.default, args, test_utils=opcheck_utils(args))
+
+
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+def test_size_one_dims_with_any_stride(kernel):
+    """Inductor gives a size-1 dim stride 0; CPU _int_mm (torch 2.13) misreads such a [1, K] row or
+    [K, 1] column, so the torch kernel gives those dims their dense stride (torch_native.dense_unit_strides)."""
+    a, w = quantized((1, 24), torch.int8, 0), quantized((1, 24), torch.int8, 1)
+    row = a.as_strided((1, 24), (0, 1))
+    column = w.as_strided((24, 1), (1, 0))
+    out = ops.scaled_mm(row, column, None, None, None, None, None, torch.float32, kernel)
+    torch.testing.assert_close(out, (a.double() @ w.double().t()).float())
