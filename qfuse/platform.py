@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+#: torch._int_mm on CUDA refuses M <= 16 ("self.size(0) needs to be greater than 16")
+CUDA_INT_MM_MIN_ROWS = 17
+
 
 @dataclass(frozen=True)
 class Platform:

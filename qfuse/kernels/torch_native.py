@@ -32,11 +32,10 @@ import torch
 
 from qfuse.kernels.base import OK, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
-from qfuse.platform import Platform
+from qfuse.platform import CUDA_INT_MM_MIN_ROWS, Platform
 from qfuse.schemes import FP8_DTYPE
 
 # cuBLASLt's int8 GEMM behind torch._int_mm needs more than 16 rows on CUDA.
-_CUDA_INT_MM_MIN_ROWS = 17
 #: torch 2.13's CPU _weight_int8pack_mm crashes (segmentation fault) with bf16 and K not a multiple of this.
 BF16_INT8PACK_K_MULTIPLE = 16
 #: Above this many rows the weight-only GEMM dequantizes the weight and runs a bf16 mm instead:
@@ -164,8 +163,8 @@ def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
     rows = a.shape[0]
     padded = a
-    if a.is_cuda and rows < _CUDA_INT_MM_MIN_ROWS:
-        padded = torch.nn.functional.pad(a, (0, 0, 0, _CUDA_INT_MM_MIN_ROWS - rows))
+    if a.is_cuda and rows < CUDA_INT_MM_MIN_ROWS:
+        padded = torch.nn.functional.pad(a, (0, 0, 0, CUDA_INT_MM_MIN_ROWS - rows))
     acc = int8_matmul(padded, b)[:rows]
     if azp_a is not None:
         acc = acc - azp_a.to(torch.int32) * b.sum(dim=0, keepdim=True, dtype=torch.int32)

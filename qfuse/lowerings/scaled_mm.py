@@ -52,12 +52,11 @@ from qfuse.lowerings.ir import (
 )
 from qfuse.lowerings.triton_template import why_not_template
 from qfuse.ops.scaled_mm import ScaledMmArgs
-from qfuse.platform import current_platform
+from qfuse.platform import CUDA_INT_MM_MIN_ROWS, current_platform
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE
 
 aten, prims = torch.ops.aten, torch.ops.prims
 log = logging.getLogger("qfuse")
-_CUDA_INT_MM_MIN_ROWS = 17
 
 
 def _scale_shape(scale, count, shape) -> list | None:
@@ -96,8 +95,8 @@ def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
     if _scale_shape(scale_a, rows, [rows, 1]) is None or _scale_shape(scale_b, b.get_size()[1], [1, -1]) is None:
         return "per-group or block scales"
     on_cuda = a.get_device().type == "cuda"
-    if on_cuda and a.get_dtype() == torch.int8 and not V.graph.sizevars.statically_known_geq(rows, _CUDA_INT_MM_MIN_ROWS):
-        return f"CUDA int8 GEMM needs at least {_CUDA_INT_MM_MIN_ROWS} rows and M is not known to be that large"
+    if on_cuda and a.get_dtype() == torch.int8 and not V.graph.sizevars.statically_known_geq(rows, CUDA_INT_MM_MIN_ROWS):
+        return f"CUDA int8 GEMM needs at least {CUDA_INT_MM_MIN_ROWS} rows and M is not known to be that large"
     if on_cuda and a.get_dtype() == FP8_DTYPE and not known_equal(b.get_stride()[0], 1):
         return "the fp8 weight is not column-major"
     return ""

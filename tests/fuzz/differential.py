@@ -1,0 +1,117 @@
+"""Run one generated case three ways (eager, plain Inductor, backend="qfuse") and judge qfuse.
+
+The rules, in order:
+1. qfuse's compile never fails where plain Inductor's does not; where eager raises, qfuse raises
+   the same exception type (or, where plain Inductor returns instead, returns what Inductor returns).
+2. Wherever plain Inductor agrees with eager, qfuse agrees with eager: the same nan and inf
+   positions (signs included) and finite values within the output dtype's rounding (integer GEMMs
+   are exact; the float epilogue may sum and round in another order). A form whose compiled code
+   plain Inductor already gets different from eager (a rounding tie, nan cast to int8) is judged on
+   rule 1 and 3 only.
+3. A near form is not fused as W8A8 (a weight-only linear of its float activation is fine); a form
+   that must fuse (`Case.why_it_may_stay_unfused` is '') is fused, every linear of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+import qfuse
+from qfuse.config import pass_skipping_caches_off
+from tests.fuzz.cases import DEVICE, Case, build
+
+#: max |out - eager| allowed, relative to max |eager| over finite values, by output dtype
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+
+@dataclass
+class Outcome:
+    case: Case
+    fused: int = 0  # linears qfuse fused
+    fused_schemes: list[str] = field(default_factory=list)
+    near_misses: list[str] = field(default_factory=list)
+    inductor_agrees: bool = True
+    problems: list[str] = field(default_factory=list)
+
+    def failure(self) -> str:
+        return "\n".join([f"{self.case!r}", *self.problems, f"repro: {self.case.repro()}"])
+
+
+def difference(out, reference) -> str:
+    """'' when `out` agrees with `reference` (rule 2), else what differs."""
+    outs = out if isinstance(out, tuple) else (out,)
+    references = reference if isinstance(reference, tuple) else (reference,)
+    for index, (value, expected) in enumerate(zip(outs, references, strict=True)):
+        where = f"output {index}: " if len(outs) > 1 else ""
+        if value.shape != expected.shape or value.dtype != expected.dtype:
+            return f"{where}{value.dtype}{list(value.shape)} instead of {expected.dtype}{list(expected.shape)}"
+        if not value.is_floating_point():
+            if not torch.equal(value, expected):
+                return f"{where}{(value != expected).sum()} integer elements differ"
+            continue
+        value, expected = value.float(), expected.float()
+        if not torch.equal(value.isnan(), expected.isnan()):
+            return f"{where}nan at {int(value.isnan().sum())} places instead of {int(expected.isnan().sum())}"
+        infinite = expected.isinf()
+        if not torch.equal(value.isinf(), infinite) or not torch.equal(value[infinite], expected[infinite]):
+            return f"{where}inf at {int(value.isinf().sum())} places instead of {int(infinite.sum())}"
+        finite = expected.isfinite()
+        if finite.any():
+            error = (value[finite] - expected[finite]).abs().max().item()
+            size = max(expected[finite].abs().max().item(), 1e-6)
+            if error > TOLERANCE[outs[0].dtype] * size:
+                return f"{where}max error {error:.3g} against max |eager| {size:.3g}"
+    return ""
+
+
+def _run(function, inputs):
+    try:
+        return function(*inputs), None
+    except Exception as error:  # noqa: BLE001 - compared with eager's below
+        return None, error
+
+
+def run_case(case: Case) -> Outcome:
+    """Judge qfuse on `case`; `outcome.problems` is empty when it passes."""
+    outcome = Outcome(case)
+    model, inputs = build(case)
+    with torch.no_grad():
+        eager, eager_error = _run(model, inputs)
+        torch._dynamo.reset()
+        inductor, inductor_error = _run(torch.compile(model, dynamic=case.dynamic), inputs)
+        torch._dynamo.reset()
+        marker = qfuse.graphs_compiled()
+        compiled = torch.compile(model, backend="qfuse", dynamic=case.dynamic)
+        with pass_skipping_caches_off():
+            out, error = _run(compiled, inputs)
+        torch._dynamo.reset()
+    reports = qfuse.reports_since(marker)
+    outcome.fused_schemes = [record.scheme for report in reports for record in report.fused]
+    outcome.fused = len(outcome.fused_schemes)
+    outcome.near_misses = [record.reason for report in reports for record in report.near_misses]
+    outcome.problems += [f"qfuse internal error: {e}" for report in reports for e in report.errors]
+    if eager_error is not None:
+        if inductor_error is None:  # compiled code may lift eager's limits (CUDA _int_mm's M > 16): as Inductor
+            if error is not None or (problem := difference(out, inductor)):
+                outcome.problems.append(f"eager raises {eager_error!r}, Inductor returns, qfuse "
+                                        f"{repr(error) if error is not None else 'differs from it: ' + problem}")
+        elif error is None or not (isinstance(error, type(eager_error)) or type(error) is type(inductor_error)):
+            # Dynamo wraps an error raised while tracing in a subclass of the error's type
+            outcome.problems.append(f"eager raises {eager_error!r}, qfuse {'returns' if error is None else repr(error)}")
+        return outcome
+    if error is not None:
+        if inductor_error is None:
+            outcome.problems.append(f"qfuse's compile fails where Inductor's does not: {error!r}")
+        return outcome
+    if inductor_error is None:
+        outcome.inductor_agrees = not difference(inductor, eager)
+        if outcome.inductor_agrees and (problem := difference(out, eager)):
+            outcome.problems.append(f"qfuse differs from eager where Inductor agrees: {problem}")
+    if case.near and any("weight-only" not in scheme for scheme in outcome.fused_schemes):
+        outcome.problems.append(f"a near form ({case.form}) was fused as {outcome.fused_schemes}")
+    linears = 2 if case.form == "mlp" else 1
+    if DEVICE == "cpu" and not case.why_it_may_stay_unfused() and outcome.fused < linears:
+        outcome.problems.append(f"fused {outcome.fused} of {linears} linears: {outcome.near_misses or 'no candidate'}")
+    return outcome

@@ -1,0 +1,75 @@
+"""The generated differential suite: quantized linears in every recognised form and in near forms,
+run eagerly, under plain Inductor and under backend="qfuse" (rules: tests/fuzz/differential.py).
+
+Hypothesis draws the cases (tests/fuzz/strategies.py), derandomized: every run checks the same
+cases, and a failure prints the shrunk, minimal `Case` and the command that replays it
+(`python -m tests.fuzz.repro "Case(...)"`). `QFUSE_FUZZ_EXAMPLES` sets how many cases are drawn
+(CI: 300; the release profile in docs/testing.md: thousands). The explicit examples are cases an
+earlier run found wrong (`FOUND_BEFORE`), kept so they are checked on every run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+
+from tests.fuzz.cases import NEAR_FORMS, Case
+from tests.fuzz.differential import run_case
+from tests.fuzz.strategies import cases
+
+EXAMPLES = int(os.environ.get("QFUSE_FUZZ_EXAMPLES", "300"))
+
+FOUND_BEFORE = [
+    # uint8 PT2E activation saturated, K == 1: the quantize chain inlined into the int32 outer product
+    # lost its clamp in Inductor's CPU code, values wrapped around
+    Case("pt2e", quant="uint8", activation="static_tensor", scale_spelling="[N, 1].t()", leading=(16,), k=1, n=5,
+         saturate=True, seed=8745),
+    # a nan in a row quantized by zentorch's own per-token quantizer gave finite numbers, eager nan
+    Case("fake_quant", leading=(16,), k=40, n=48, dynamic=True, special="nan", seed=2671),
+    # an inf in a row: eager's int8 cast of nan is 0 (a nan row), Inductor's is -128 (a +-inf row)
+    Case("hand_written", leading=(16,), k=40, n=48, special="inf"),
+    Case("pt2e", leading=(16,), k=40, n=48, special="inf"),
+    # M == 1 (3D): Inductor gave the [1, K] activation row stride 0, which CPU _int_mm misreads
+    Case("pt2e", activation="static_tensor", leading=(1, 1), k=3, n=5, bias=False),
+    # the issue's list: K == 1 on _int_mm, a static quantizer clamped at -127, fp16 integer sums that overflow
+    Case("pt2e", activation="static_tensor", leading=(5,), k=1),
+    Case("hand_written", activation="static_tensor", clamp_low=-127, saturate=True, leading=(9,)),
+    Case("hand_written", dtype="float16", gemm="float_mm", leading=(5,)),
+    Case("pt2e", quant="uint8", activation="static_tensor", saturate=True, leading=(2, 7)),
+]
+
+
+#: the share of the drawn cases each group of forms gets
+GROUPS = {
+    "hand_written": (("hand_written", "mlp"), 0.35),
+    "pt2e": (("pt2e",), 0.2),
+    "fake_quant": (("fake_quant",), 0.15),
+    "weight_only": (("weight_only",), 0.1),
+    "near_forms": (NEAR_FORMS, 0.2),
+}
+
+
+@pytest.mark.parametrize("case", FOUND_BEFORE, ids=repr)
+def test_cases_found_before(case: Case):
+    outcome = run_case(case)
+    assert not outcome.problems, outcome.failure()
+
+
+def differential_test(forms: tuple[str, ...], share: float):
+    """A test drawing `share` of QFUSE_FUZZ_EXAMPLES cases of `forms`."""
+    @settings(max_examples=max(1, round(EXAMPLES * share)), derandomize=True, deadline=None, database=None,
+              print_blob=False, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(case=cases(forms=forms))
+    def test(case: Case):
+        outcome = run_case(case)
+        event("fused" if outcome.fused else "not fused")
+        if not outcome.inductor_agrees:
+            event("plain Inductor differs from eager (numerics not judged)")
+        assert not outcome.problems, outcome.failure()
+    return test
+
+
+for _group, (_forms, _share) in GROUPS.items():
+    globals()[f"test_{_group}_agrees_with_eager_wherever_inductor_does"] = differential_test(_forms, _share)
