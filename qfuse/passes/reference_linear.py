@@ -50,11 +50,9 @@ from qfuse.passes.graph_utils import (
     aten,
     converted_dtype,
     dtype_of,
-    fake_value,
     same_size,
     shape_of,
     single_user,
-    static_int,
 )
 from qfuse.passes.quant_forms import (
     Quantizer,
@@ -65,7 +63,6 @@ from qfuse.passes.quant_forms import (
     uint8_as_int8,
 )
 from qfuse.passes.scale_algebra import Factor, NotAScale, Role, ScaleProduct, base_of, factors_of, split_sides
-from qfuse.platform import CUDA_INT_MM_MIN_ROWS
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, WEIGHT_ONLY_DTYPES, Granularity, QuantScheme, dtype_name
 
 FAMILY = "reference_linear"
@@ -296,17 +293,6 @@ def walk_dequantize(epilogue: Epilogue, found: str) -> torch.dtype:
     return out_dtype
 
 
-def _check_eager_accepts(anchor: Node) -> None:
-    """The model's own call must be one eager runs: CUDA `_int_mm` refuses M <= 16, and where the
-    model would raise, the compiled model raises the same error (a symbolic M is left to run time)."""
-    if anchor.target != aten._int_mm.default or fake_value(anchor).device.type != "cuda":
-        return
-    rows = static_int(shape_of(anchor.args[0])[0])
-    if rows is not None and rows < CUDA_INT_MM_MIN_ROWS:
-        raise NotFusable(f"_int_mm of {rows} rows on CUDA, which eager refuses (M must be at least "
-                         f"{CUDA_INT_MM_MIN_ROWS}): the compiled model raises eager's error")
-
-
 def analyze(anchor: Node) -> FusedLinear | None:
     """Recognise the linear at `anchor`; None if it is no quantized matmul; NotFusable if it nearly is."""
     parsed = parse_matmul(anchor)
@@ -318,7 +304,6 @@ def analyze(anchor: Node) -> FusedLinear | None:
         return _weight_only_linear(anchor, a, b, epilogue, pattern)
     if a_dtype not in QUANTIZED or b_dtype != a_dtype:
         raise NotFusable(f"{pattern} of {a_dtype} x {b_dtype}; qfuse fuses int8 x int8 and fp8 x fp8")
-    _check_eager_accepts(anchor)
     out_dtype = walk_dequantize(epilogue, f"{pattern} ({dtype_name(a_dtype)}) found, but")
     quantizer = match_quantize(a)
     scale_a, scale_b = split_sides(epilogue.factors, quantizer.scale if quantizer else None)

@@ -264,7 +264,7 @@ class GeneratedModel(torch.nn.Module):
         return (y, *extras) if extras else y
 
 
-def build(case: Case) -> tuple[torch.nn.Module, list[torch.Tensor]]:
-    """(model, inputs) of the case on DEVICE: model(x) returns the output, or a tuple of it and the
+def build(case: Case, device: str = DEVICE) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """(model, inputs) of the case on `device`: model(x) returns the output, or a tuple of it and the
     intermediates the case returns as well."""
-    return GeneratedModel(case).to(DEVICE), [activation(case).to(DEVICE)]
+    return GeneratedModel(case).to(device), [activation(case).to(device)]
