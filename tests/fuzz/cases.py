@@ -79,8 +79,10 @@ class Case:
             return "the accumulator has another user, so the epilogue cannot move into a fused op"
         float_matmul = self.form in ("pt2e", "fake_quant", "weight_only") or self.gemm == "float_mm"
         rows = math.prod(self.leading)
-        if float_matmul and ((rows == 1 and 1 in (self.k, self.n)) or (self.k == 1 and rows > 1 and self.n > 1 and rows + self.n <= 32)):
-            return "Inductor's CPU decompositions turn this tiny float matmul into pointwise code before qfuse runs"
+        # Inductor's CPU decompositions (torch 2.13): decompose_mem_bound_mm takes M == 1 with K, N <= 2048,
+        # the mm decomposition K == 1 with M + N <= 32
+        if float_matmul and (rows == 1 or (self.k == 1 and rows > 1 and self.n > 1 and rows + self.n <= 32)):
+            return "Inductor turns this small float matmul into pointwise code and a sum before qfuse runs"
         if self.gemm == "float_mm" and self.dtype != "float32":
             return "a bf16 / fp16 matmul rounds (fp16: overflows) the integer sums an int8 GEMM keeps exact"
         weight_only_runs = self.dtype == "bfloat16" and self.quant == "int8" and self.k % 16 == 0
