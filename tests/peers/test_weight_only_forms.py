@@ -22,6 +22,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.nn import functional as F
 
+from qfuse.config import pass_skipping_caches_off
 from tests.peers import weight_only_models as wo
 
 FP32, BF16 = torch.float32, torch.bfloat16
@@ -71,7 +72,7 @@ def compile_with_inductor(model, x):
     graphs: list[PostGradGraph] = []
     torch._dynamo.reset()
     recorder = PostGradRecorder(graphs.append)
-    with torch._inductor.config.patch(force_disable_caches=True, post_grad_custom_post_pass=recorder):
+    with pass_skipping_caches_off(), torch._inductor.config.patch(post_grad_custom_post_pass=recorder):
         out = torch.compile(model)(x)
     return out, graphs
 
