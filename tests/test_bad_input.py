@@ -176,3 +176,22 @@ def test_inf_and_nan_in_the_weight_scale(form, special):
     x, w, w_scale, bias = operands(form)
     w_scale[3] = special
     assert_returns_like_eager(form, x, w, w_scale, bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=["fp64", "fp16"])
+@pytest.mark.parametrize("form", list(FORMS), ids=lambda form: form.__name__)
+def test_activation_of_another_dtype(form, dtype):
+    """Whatever eager does with it: raise (the same error type, or, as Dynamo wraps an error raised
+    while tracing, plain Inductor's, with eager's message) or compute (the same result). Where plain
+    Inductor alone refuses it (its PT2E quantize lowering takes float32 only), qfuse raises as it does."""
+    x, w, w_scale, bias = operands(form)
+    x = x.to(dtype)
+    expected, inductor, got, _ = run_all(form, x, w, w_scale, bias)
+    if isinstance(expected, Exception):
+        assert isinstance(got, type(expected)) or type(got) is type(inductor), f"eager raises {expected!r}, qfuse {got!r}"
+        assert str(expected) in str(got)
+    elif isinstance(inductor, Exception):
+        assert type(got) is type(inductor), f"Inductor raises {inductor!r}, qfuse {got!r}"
+    else:
+        assert not isinstance(got, Exception), got
+        assert close(got, expected) or (not close(inductor, expected) and close(got, inductor)), (got, expected)
