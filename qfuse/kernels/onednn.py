@@ -72,7 +72,7 @@ import torch
 from qfuse.kernels.base import OK, Kernel, Verdict
 from qfuse.kernels.capabilities import STATIC, Capability
 from qfuse.kernels.prepared import PreparedWeight
-from qfuse.kernels.torch_native import int8_scaled_mm, nan_where_not_finite
+from qfuse.kernels.torch_native import int8_scaled_mm, nan_where_not_finite, times_activation_scale
 from qfuse.platform import Platform, current_platform
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE, Granularity
 
@@ -175,7 +175,7 @@ class OneDnnKernel(Kernel):
         if azp_a is not None and azp_a.numel() > 1:
             out = out - azp_a.to(torch.float32) * weight.scaled_column_sums
         if scale_a is not None:
-            out = out * scale_a.to(torch.float32) + nan_where_not_finite(scale_a.to(torch.float32))
+            out = times_activation_scale(out, scale_a)
         if bias is not None:
             out = out + bias.to(torch.float32)
         return out.to(out_dtype)

@@ -35,7 +35,6 @@ from qfuse.kernels.capabilities import Capability
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS, Platform
 from qfuse.schemes import FP8_DTYPE
 
-# cuBLASLt's int8 GEMM behind torch._int_mm needs more than 16 rows on CUDA.
 #: torch 2.13's CPU _weight_int8pack_mm crashes (segmentation fault) with bf16 and K not a multiple of this.
 BF16_INT8PACK_K_MULTIPLE = 16
 #: Above this many rows the weight-only GEMM dequantizes the weight and runs a bf16 mm instead:
@@ -126,13 +125,18 @@ def nan_where_not_finite(scale_a: torch.Tensor) -> torch.Tensor:
     return scale_a - scale_a
 
 
+def times_activation_scale(out: torch.Tensor, scale_a: torch.Tensor) -> torch.Tensor:
+    """float32 `out` x `scale_a` (one value or one per row), the rows of a non-finite scale nan."""
+    scale = scale_a.to(torch.float32)
+    return out * scale + nan_where_not_finite(scale)
+
+
 def _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype):
     out = acc.to(torch.float32)
-    for factor in (scale_a, scale_b):
-        if factor is not None:
-            out = out * factor.to(torch.float32)
     if scale_a is not None:
-        out = out + nan_where_not_finite(scale_a.to(torch.float32))
+        out = times_activation_scale(out, scale_a)
+    if scale_b is not None:
+        out = out * scale_b.to(torch.float32)
     if bias is not None:
         out = out + bias.to(torch.float32)
     return out.to(out_dtype)

@@ -88,7 +88,7 @@ import torch
 from qfuse.kernels.base import OK, Kernel, Verdict
 from qfuse.kernels.capabilities import DYNAMIC, Capability
 from qfuse.kernels.prepared import PreparedWeight
-from qfuse.kernels.torch_native import nan_where_not_finite
+from qfuse.kernels.torch_native import times_activation_scale
 from qfuse.platform import Platform
 from qfuse.schemes import Granularity
 
@@ -208,7 +208,7 @@ class ZentorchKernel(Kernel):
         if lo is not None:
             out = out + self._dynamic_qlinear(lo.to(torch.float32), weight, None)
         if scale_a is not None:
-            out = out * scale_a.to(torch.float32) + nan_where_not_finite(scale_a.to(torch.float32))
+            out = times_activation_scale(out, scale_a)
         if bias is not None:
             out = out + bias.to(torch.float32)
         return out.to(out_dtype)

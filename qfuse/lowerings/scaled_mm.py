@@ -41,15 +41,7 @@ from torch._inductor.virtualized import V
 
 from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
 from qfuse.lowerings import triton_template
-from qfuse.lowerings.ir import (
-    convert,
-    extern_call,
-    falls_back_to_extern_call,
-    known_equal,
-    lower,
-    numel,
-    record_lowering,
-)
+from qfuse.lowerings.ir import convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel, record_lowering
 from qfuse.lowerings.triton_template import why_not_template
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS, current_platform
@@ -103,19 +95,18 @@ def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
 
 
 def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
-    if a2d.get_device().type == "cpu" and known_equal(k, 1):  # _int_mm is wrong there (torch_native.int8_matmul)
+    on_cpu = a2d.get_device().type == "cpu"
+    if on_cpu and known_equal(k, 1):  # _int_mm is wrong there (torch_native.int8_matmul)
         # The activation gets a buffer of its own: inlined into this pointwise product, the chain that
         # quantized it (clamp, casts to uint8, then int8 and int32) loses its clamp in Inductor's CPU
         # code (torch 2.13), and saturated values wrap around.
         a2d.realize()
         acc = lower(aten.mul.Tensor, convert(a2d, torch.int32), convert(b, torch.int32))
-    elif a2d.get_device().type == "cpu":  # size-1 dims with their dense strides (torch_native.dense_unit_strides)
-        if known_equal(rows, 1):
-            a2d = ir.ExternKernel.require_exact_strides(a2d, [k, 1])
-        if known_equal(b.get_size()[1], 1):
-            b = ir.ExternKernel.require_exact_strides(b, [1, k])
-        acc = lower(aten._int_mm.default, a2d, b)
     else:
+        if on_cpu and known_equal(rows, 1):  # size-1 dims with their dense strides (torch_native.dense_unit_strides)
+            a2d = ir.ExternKernel.require_exact_strides(a2d, [k, 1])
+        if on_cpu and known_equal(b.get_size()[1], 1):
+            b = ir.ExternKernel.require_exact_strides(b, [1, k])
         acc = lower(aten._int_mm.default, a2d, b)
     if azp_a is not None:
         column_sums = lower(aten.sum.dim_IntList, convert(b, torch.int32), [0], True)
