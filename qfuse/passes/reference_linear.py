@@ -19,7 +19,9 @@ that keeps the math (out = acc * scale factors + bias):
     div(y, s)                    number), per-row [M, 1] or per-column [N] / [1, N] / [N, 1].t(),
                                  alone or multiplied together; `qfuse.passes.scale_algebra` sorts
                                  them into the activation's and the weight's scale
-    slice(y, 0, 0, M)            vLLM's narrow after padding the tokens: moved onto the activation
+    slice(y, 0, 0, M)            a narrow of the rows after padding the tokens (vLLM, for cuBLAS's
+                                 int8 minimum of 17 rows), also after the output cast: moved onto
+                                 the activation and its per-row scales, so the GEMM runs M rows
     add(y, bias)                 bias [N], once, after the scales
     view / reshape(y)            2D <-> 3D, keeping the last dim
     convert(y, dtype)            the output cast; ends the epilogue
@@ -229,14 +231,31 @@ def _is_row_slice(node: Node) -> bool:
     return node.target == aten.slice.Tensor and args[1] == 0 and args[4] == 1 and len(shape_of(node)) == 2
 
 
-def _rows_untouched(epilogue: Epilogue) -> bool:
-    """Whether a row slice here can move onto the activation: nothing so far depends on the rows."""
-    return (epilogue.output_shape is None and epilogue.row_slice is None and epilogue.bias is None
-            and all(factor.role == Role.TENSOR for factor in epilogue.factors))
+def _rows_can_move(epilogue: Epilogue) -> bool:
+    """Whether a row slice here can move onto the activation: every row of the output so far is
+    its own row of the activation, times its own row of the per-row factors (sliced with it), with
+    one-value and per-column factors, a bias [N] and the output cast; no reshape mixed the rows."""
+    azp_a = epilogue.azp_a
+    one_zero_point = azp_a is None or isinstance(azp_a, int) or all(same_size(size, 1) for size in shape_of(azp_a))
+    return epilogue.output_shape is None and epilogue.row_slice is None and one_zero_point
+
+
+def _take_row_slice(epilogue: Epilogue, user: Node) -> None:
+    args = list(user.args) + [0, None][len(user.args) - 2:]
+    epilogue.row_slice = (args[2], args[3])
+    epilogue.last = user
 
 
 def walk_epilogue(epilogue: Epilogue) -> None:
-    """Absorb the dequantize epilogue below the matmul into `epilogue`, as far as it goes."""
+    """Absorb the dequantize epilogue below the matmul into `epilogue`, as far as it goes; after
+    the output cast only a row slice, which commutes with it."""
+    _walk_to_output_cast(epilogue)
+    user = single_user(epilogue.last)
+    if epilogue.closed and user is not None and _is_row_slice(user) and _rows_can_move(epilogue):
+        _take_row_slice(epilogue, user)
+
+
+def _walk_to_output_cast(epilogue: Epilogue) -> None:
     while not epilogue.closed:
         current = epilogue.last
         user = single_user(current)
@@ -261,9 +280,9 @@ def walk_epilogue(epilogue: Epilogue) -> None:
             epilogue.bias = bias
         elif target in VIEW_OPS and same_size(shape_of(user)[-1], shape_of(current)[-1]):
             epilogue.output_shape = list(user.args[1])
-        elif _is_row_slice(user) and _rows_untouched(epilogue):
-            args = list(user.args) + [0, None][len(user.args) - 2:]
-            epilogue.row_slice = (args[2], args[3])
+        elif _is_row_slice(user) and _rows_can_move(epilogue):
+            _take_row_slice(epilogue, user)
+            continue
         else:
             return
         epilogue.last = user
@@ -307,8 +326,6 @@ def analyze(anchor: Node) -> FusedLinear | None:
     out_dtype = walk_dequantize(epilogue, f"{pattern} ({dtype_name(a_dtype)}) found, but")
     quantizer = match_quantize(a)
     scale_a, scale_b = split_sides(epilogue.factors, quantizer.scale if quantizer else None)
-    if epilogue.row_slice is not None:
-        a = PendingCall(aten.slice.Tensor, (a, 0, *epilogue.row_slice))
     scheme = QuantScheme(
         activation_dtype=a_dtype, weight_dtype=b_dtype,
         activation_granularity=Granularity.PER_TOKEN if _per_token(scale_a, quantizer) else Granularity.PER_TENSOR,
@@ -316,6 +333,9 @@ def analyze(anchor: Node) -> FusedLinear | None:
         dynamic=scale_a is not None and any(is_dynamic_scale(factor.value) for factor in scale_a.factors),
         symmetric=epilogue.azp_a is None,
     )
+    if epilogue.row_slice is not None:
+        a = PendingCall(aten.slice.Tensor, (a, 0, *epilogue.row_slice))
+        scale_a = scale_a and scale_a.rows_sliced(epilogue.row_slice)
     return FusedLinear(
         anchor=anchor, family=FAMILY, pattern=f"{pattern} + dequant epilogue", a=a, b=b, scheme=scheme,
         out_dtype=out_dtype, replaces=epilogue.last, output_shape=epilogue.output_shape,

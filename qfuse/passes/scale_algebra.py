@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.fx import Graph, Node
@@ -34,9 +34,11 @@ from qfuse.passes.graph_utils import (
     CONSTANT_OPS,
     CONVERT_OPS,
     VIEW_OPS,
+    PendingCall,
     aten,
     dtype_of,
     insert_call,
+    materialize,
     same_shape,
     same_size,
     scalar_tensor,
@@ -61,12 +63,13 @@ class NotAScale(Exception):
 
 @dataclass(frozen=True)
 class Factor:
-    value: Node | float
+    value: Node | PendingCall | float  # a pending call: a row slice of a node (`ScaleProduct.rows_sliced`)
     role: Role
     inverted: bool = False  # the epilogue divides by it
 
     def describe(self) -> str:
-        name = self.value.name if isinstance(self.value, Node) else f"{self.value:g}"
+        value = self.value.args[0] if isinstance(self.value, PendingCall) else self.value  # a row slice of it
+        name = value.name if isinstance(value, Node) else f"{value:g}"
         return ("1/" if self.inverted else "") + name
 
 
@@ -140,12 +143,19 @@ class ScaleProduct:
         roles = {factor.role for factor in self.factors}
         return next((role for role in (Role.ROW, Role.COLUMN) if role in roles), Role.TENSOR)
 
+    def rows_sliced(self, row_slice: tuple) -> ScaleProduct:
+        """The product for rows start:end of the output ((start, end) = `row_slice`): its per-row
+        factors sliced (pending calls, inserted by `emit`), the others as they are."""
+        return ScaleProduct(tuple(
+            replace(factor, value=PendingCall(aten.slice.Tensor, (factor.value, 0, *row_slice)))
+            if factor.role == Role.ROW else factor for factor in self.factors))
+
     def emit(self, graph: Graph, device: torch.device) -> Node | None:
         """One float32 tensor node holding the product (the factor itself when it is alone)."""
         number, nodes = 1.0, []
         for factor in self.factors:
-            if isinstance(factor.value, Node):
-                node = factor.value
+            if isinstance(factor.value, (Node, PendingCall)):
+                node = materialize(graph, factor.value)
                 if factor.inverted:
                     node = insert_call(graph, aten.reciprocal.default, (_as_float32(graph, node),))
                 nodes.append(node)

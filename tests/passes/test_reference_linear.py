@@ -137,6 +137,60 @@ def test_dynamic_batch_sizes_compile_once_and_all_fuse():
     assert compiled_graphs[0].fused and not compiled_graphs[0].near_misses
 
 
+TOKEN_PADDING = 17  # cuBLAS's int8 GEMM wants more than 16 rows
+
+
+def padded_rows(x):
+    rows = x.shape[0]
+    return torch.nn.functional.pad(x, (0, 0, 0, TOKEN_PADDING - rows)) if rows < TOKEN_PADDING else x
+
+
+def int8_padded_narrowed_after_cast(x, w, w_scale, bias):
+    """vLLM's int8 form on CUDA: tokens padded to 17 rows, cut back after the output cast."""
+    q, s = dynamic_int8(padded_rows(x))
+    y = torch._int_mm(q, w.t()).float() * s * w_scale + bias
+    return y.to(torch.bfloat16).narrow(0, 0, x.shape[0])
+
+
+def fp8_padded_narrowed_before_cast(x, w, w_scale, bias):
+    q, s = dynamic_fp8(padded_rows(x))
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    y = torch._scaled_mm(q, w.to(FP8).t(), one, one, out_dtype=torch.float32) * s
+    return torch.narrow(y * w_scale, 0, 0, x.shape[0]).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 20])
+@pytest.mark.parametrize("form", [int8_padded_narrowed_after_cast, fp8_padded_narrowed_before_cast],
+                         ids=lambda form: form.__name__)
+def test_padded_tokens_run_the_gemm_on_the_real_rows(form, rows):
+    """The row slice moves onto the activation and its per-row scale: the GEMM sees M rows, not 17
+    (at decode that is what picks the GPU's decode tile), and the result is eager's."""
+    x, w, w_scale, bias = operands((rows, 64))
+    if form is fp8_padded_narrowed_before_cast:
+        w = fp8_weight(w)
+    run = run_family(reference_linear, form, x, w, w_scale, bias)
+    (record,) = run.report.records
+    assert record.fused, record.reason
+    (fused,) = [node for node in run.graph.nodes if str(node.target) == SCALED_MM]
+    activation, scale_a = fused.args[0], fused.args[2]
+    assert activation.meta["val"].shape[0] == rows and scale_a.meta["val"].shape[0] == rows
+    assert not [node for node in run.graph.nodes if node.target == torch.ops.aten.slice.Tensor and node.users
+                and fused in node.all_input_nodes]  # no slice left on the fused op's output
+    out, _ = compile_and_run(form, x, w, w_scale, bias)
+    assert_close(out, form(x, w, w_scale, bias))
+
+
+def test_padded_tokens_with_a_dynamic_batch():
+    _, w, w_scale, bias = operands((4, 64))
+    compiled = torch.compile(int8_padded_narrowed_after_cast, backend="qfuse", dynamic=True)
+    marker = qfuse.graphs_compiled()
+    for rows in (2, 5, 9):
+        x = torch.randn(rows, 64)
+        assert_close(compiled(x, w, w_scale, bias), int8_padded_narrowed_after_cast(x, w, w_scale, bias))
+    reports = qfuse.reports_since(marker)
+    assert reports and all(report.fused and not report.near_misses for report in reports)
+
+
 def weight_scale_with_extra_dim(x, w, w_scale, bias):
     q, s = dynamic_int8(x)
     return torch._int_mm(q, w.t()).float() * w_scale.reshape(1, 1, -1) * s.unsqueeze(0)
