@@ -38,6 +38,10 @@ from qfuse.schemes import Granularity, QuantScheme
 Verdict = tuple[bool, str]
 OK: Verdict = (True, "")
 
+#: Up to this many rows (M) a linear is a decode step: it reads its weight once and does little
+#: else, so GPU kernels take other tiles (and sometimes another kernel) than at prefill.
+DECODE_ROWS = 16
+
 
 @dataclass(frozen=True)
 class GemmKey:
@@ -51,6 +55,7 @@ class GemmKey:
     device_type: str
     weight_zero_point: bool = False  # the weight carries a zero point (asymmetric PT2E weights)
     per_call_weight: bool = False  # the weight is quantized anew on every call (a fake-quantized float weight)
+    m: int | None = None  # rows of the activation (M, all leading dims), None when symbolic
 
 
 class Kernel(abc.ABC):
@@ -77,6 +82,15 @@ class Kernel(abc.ABC):
     def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
         """What the capability table cannot say; the registry asks only when the table accepts `key`."""
         return OK
+
+    def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
+        """Why a later kernel of the priority list is faster on `key` here, or '' (measured, per
+        kernel; the reason names the measurement). The registry then takes this kernel only if no
+        later one can run the linear. Here: a weight below `min_weight_elements`."""
+        if key.k is None or key.n is None or key.k * key.n >= self.min_weight_elements:
+            return ""
+        return (f"the weight ({key.k} x {key.n}) is below {self.min_weight_elements:,} elements, where its per-call "
+                "cost outweighs its faster GEMM: Inductor's own GEMM is faster (measured, docs/benchmarks.md)")
 
     def prepare_weight(
         self, b: torch.Tensor, scale_b: torch.Tensor | None, azp_b: torch.Tensor | None

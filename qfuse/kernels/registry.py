@@ -1,8 +1,9 @@
 """The kernel registry and the one function that chooses a kernel.
 
 Priority lists are per platform; the first kernel that is supported on the machine, can
-implement the key (its capability table, then its `can_implement`) and is worth its per-call cost
-at this weight size (`Kernel.min_weight_elements`) wins. `reference` is in no list: it is slow emulation, used only when forced.
+implement the key (its capability table, then its `can_implement`) and is not measured slower here
+than a later kernel (`Kernel.why_slower_here`: a weight too small for its per-call cost, a decode
+or prefill M where another GPU kernel is faster) wins. `reference` is in no list: it is slow emulation, used only when forced.
 Every kernel that was passed over is returned with its reason, so debug mode can show it.
 """
 
@@ -89,14 +90,6 @@ def _verdict(kernel: Kernel, key: GemmKey, platform: Platform) -> str:
     return reason if not ok else why_not_implemented(kernel, key, platform)
 
 
-def _too_small(kernel: Kernel, key: GemmKey) -> str:
-    """Why `kernel` would be slower than Inductor's own GEMM on this weight, or ''."""
-    if key.k is None or key.n is None or key.k * key.n >= kernel.min_weight_elements:
-        return ""
-    return (f"the weight ({key.k} x {key.n}) is below {kernel.min_weight_elements:,} elements, where its per-call "
-            "cost outweighs its faster GEMM: Inductor's own GEMM is faster (measured, docs/benchmarks.md)")
-
-
 def choose_kernel(
     key: GemmKey,
     platform: Platform,
@@ -117,17 +110,17 @@ def choose_kernel(
             raise KernelUnavailableError(f"forced kernel {forced!r} cannot run {key.scheme.describe()}: {reason}")
         return KernelChoice(kernel)
     rejected: dict[str, str] = {}
-    too_small: list[Kernel] = []  # able, but slower than a later kernel here: used only if none is left
+    slower: list[Kernel] = []  # able, but slower than a later kernel here: used only if none is left
     for name in preference or priority_list(platform):
         kernel = get_kernel(name)
         reason = "disabled by configuration" if name in disabled else _verdict(kernel, key, platform)
-        if not reason and (small := _too_small(kernel, key)):
-            too_small.append(kernel)
-            reason = small
+        if not reason and (why_slower := kernel.why_slower_here(key, platform)):
+            slower.append(kernel)
+            reason = why_slower
         if not reason:
             return KernelChoice(kernel, rejected)
         rejected[name] = reason
-    if too_small:
-        del rejected[too_small[0].name]
-        return KernelChoice(too_small[0], rejected)
+    if slower:
+        del rejected[slower[0].name]
+        return KernelChoice(slower[0], rejected)
     return KernelChoice(None, rejected)

@@ -9,6 +9,7 @@ kernel can run stays exactly as it was.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -82,8 +83,9 @@ class FusedLinear:
 
     def gemm_key(self) -> GemmKey:
         k, n = fake_value(self.b).shape
+        rows = math.prod(fake_value(self.a).shape[:-1])
         return GemmKey(
-            scheme=self.scheme, n=static_int(n), k=static_int(k), out_dtype=self.out_dtype,
+            scheme=self.scheme, m=static_int(rows), n=static_int(n), k=static_int(k), out_dtype=self.out_dtype,
             bias_dtype=None if self.bias is None else fake_value(self.bias).dtype, device_type=fake_value(self.a).device.type,
             weight_zero_point=self.azp_b is not None, per_call_weight=self.per_call_weight,
         )

@@ -40,8 +40,8 @@ BF16, FP32 = torch.bfloat16, torch.float32
 BLOCK_REASON = "fp8 upcast + torch.mm takes per-tensor / per-token activation scales, not per-group"
 
 
-def key(scheme=INT8_DYNAMIC, device_type="cpu", out_dtype=BF16, n=4096, k=4096):
-    return GemmKey(scheme, n=n, k=k, out_dtype=out_dtype, bias_dtype=out_dtype, device_type=device_type)
+def key(scheme=INT8_DYNAMIC, device_type="cpu", out_dtype=BF16, n=4096, k=4096, m=None):
+    return GemmKey(scheme, m=m, n=n, k=k, out_dtype=out_dtype, bias_dtype=out_dtype, device_type=device_type)
 
 
 def test_priority_lists_name_registered_kernels_and_never_reference():
@@ -175,3 +175,34 @@ def test_unknown_kernel_name_lists_known_kernels(call):
     known = "['aiter', 'cutlass', 'onednn', 'reference', 'torch', 'triton', 'xpu', 'zentorch']"
     with pytest.raises(KeyError, match=re.escape(f"unknown qfuse kernel 'cublaslt'; known kernels: {known}")):
         call()
+
+
+@pytest.mark.parametrize(
+    "m, scheme, out_dtype, platform, chosen, passed_over",
+    [
+        (None, FP8_DYNAMIC, BF16, H100, "cutlass", []),  # M unknown (dynamic): the priority list
+        (4096, FP8_DYNAMIC, BF16, H100, "cutlass", []),
+        (16, FP8_DYNAMIC, BF16, H100, "triton", ["cutlass"]),  # decode: the Triton decode template
+        (17, FP8_DYNAMIC, BF16, H100, "cutlass", []),
+        (4096, FP8_DYNAMIC, FP32, H100, "torch", ["cutlass", "triton"]),  # ATen's row-wise writes bf16 only
+        (128, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),
+        (None, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),
+        (4096, FP8_BLOCK, BF16, H100, "triton", ["cutlass"]),  # the torch kernel has no block scales
+        (4096, INT8_DYNAMIC, BF16, H100, "triton", ["cutlass"]),  # int8 templates stay at any M
+    ],
+)
+def test_gpu_choice_depends_on_a_static_m(m, scheme, out_dtype, platform, chosen, passed_over):
+    """A decode or prefill M known at compile time picks the GPU kernel measured faster there."""
+    choice = choose_kernel(key(scheme, "cuda", out_dtype, m=m), platform)
+    assert choice.kernel.name == chosen
+    assert list(choice.rejected) == passed_over
+    if m == 16:
+        assert "decode" in choice.rejected["cutlass"]
+    if chosen == "torch":
+        assert "cuBLAS" in choice.rejected["triton"]
+
+
+def test_a_kernel_slower_here_is_still_taken_when_no_later_one_can_run():
+    """Forcing the order cutlass-only at decode: the slower kernel is better than none."""
+    choice = choose_kernel(key(FP8_DYNAMIC, "cuda", BF16, m=1), H100, preference=("cutlass",))
+    assert choice.kernel.name == "cutlass" and not choice.rejected

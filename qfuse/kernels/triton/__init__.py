@@ -11,13 +11,17 @@ capability table `TritonKernel.capabilities`: int8 from capability 8.0 (also on 
 from 8.9 (not on ROCm, whose fp8 is e4m3fnuz), every scale granularity (per-tensor, per-token /
 per-channel, 1x128 / 128x128 blocks), no zero points (asymmetric activations run on the torch
 kernel), any M >= 1, N, K (masked; K padded to a multiple of 16 for aligned loads; int64 offsets).
+
+Inside Inductor's code the template's fp8 main loop (pointer loads, no TMA) is slower than cuBLAS
+on Hopper at a prefill M known at compile time; `why_slower_here` then leaves row-wise and
+per-tensor fp8 linears to the `torch` kernel's cuBLAS `_scaled_mm` (block scales stay here).
 """
 
 from __future__ import annotations
 
 import torch
 
-from qfuse.kernels.base import OK, Kernel, Verdict
+from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
 from qfuse.platform import Platform
@@ -27,6 +31,9 @@ from qfuse.schemes import FP8_DTYPE, Granularity
 #: K is padded to this multiple (weights once, activations per call): with K = 4100 the unaligned
 #: rows cost 40-60x on an H200 (benchmarks/gpu_kernels.py, docs/benchmarks.md).
 K_ALIGNMENT = 16
+#: Above this M (known at compile time) cuBLAS beats the fp8 template on Hopper: the eager kernel
+#: switches to its TMA loop there too (`persistent_mm.MIN_M`).
+FP8_TEMPLATE_MAX_ROWS = 128
 _ALL_ACTIVATION_SCALES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)
 _ALL_WEIGHT_SCALES = (Granularity.PER_TENSOR, Granularity.PER_CHANNEL, Granularity.BLOCK)
 
@@ -50,6 +57,16 @@ class TritonKernel(Kernel):
         if not platform.has("triton"):
             return False, "Triton is not installed (pip install triton)"
         return OK
+
+    def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
+        scheme = key.scheme
+        if (key.m is not None and key.m > FP8_TEMPLATE_MAX_ROWS and scheme.activation_dtype == FP8_DTYPE
+                and platform.capability >= 90 and not platform.is_rocm
+                and Granularity.BLOCK != scheme.weight_granularity and Granularity.PER_GROUP != scheme.activation_granularity):
+            return (f"at M = {key.m} on Hopper the template's fp8 main loop (no TMA) is slower than cuBLAS's "
+                    "_scaled_mm, which the torch kernel calls (Llama MLP block at M = 4096 on an H100: 535-666 "
+                    "against 377-415 µs a linear; docs/benchmarks.md, gpu_linear)")
+        return super().why_slower_here(key, platform)
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
         """K padded to a multiple of 16 (zeros), so rows are 16-byte aligned for vector loads.

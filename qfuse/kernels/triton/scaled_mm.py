@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from qfuse.kernels.base import DECODE_ROWS
+
 # How a scale applies (host side), and the same values as globals the kernel may read.
 NO_SCALE, TENSOR_SCALE, VECTOR_SCALE, BLOCK_SCALE = 0, 1, 2, 3
 SCALE_GROUP = 128
@@ -51,7 +53,7 @@ AUTOTUNE_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
 # H200 (CUDA-graph replays over weights 4x the L2): at N = 4096, 32-wide tiles (128 blocks) read
 # 44-66% of HBM bandwidth against 29-60% for 64-wide ones (64 blocks); at N = 14336, 128-wide
 # tiles (112 blocks) read 76-80%.
-DECODE_M = 16
+DECODE_M = DECODE_ROWS
 DECODE_GRID_FILL = 0.75
 DECODE_TILES: dict[int, dict[str, tuple[int, int, int]]] = {
     128: {"fp8": (256, 4, 4), "int8": (256, 4, 4)},
