@@ -36,7 +36,8 @@ from torch._inductor.virtualized import V
 from qfuse.kernels.triton import K_ALIGNMENT
 
 # The def_kernel line is filled in per set of inputs (`_template`): A, B, and each of SA, SB, BIAS
-# that the call has. `if SCALE_A` is "has a scale": the kernel's NO_SCALE kind is 0.
+# that the call has. `if SCALE_A` is "has a scale": the kernel's NO_SCALE kind is 0. INDEX_DTYPE is
+# Inductor's: int32 where every buffer fits (guarded for a dynamic M), else int64.
 _SOURCE = r"""
 from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_dot
 {{def_kernel(INPUTS)}}
@@ -44,8 +45,8 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_
     N = {{size("B", 1)}}
     K = {{size("A", 1)}}
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(INDEX_DTYPE)
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(INDEX_DTYPE)
     mask_m = offs_m < M
     mask_n = offs_n < N
     acc = scaled_dot(
