@@ -1,7 +1,7 @@
 """Small helpers every qfuse lowering uses to build Inductor IR, so each lowering reads as its math.
 
     lower(op, *args)        Inductor's own lowering of an ATen op (IR in, IR out)
-    convert(value, dtype)   a dtype cast in IR
+    convert(value, dtype)   a dtype cast in IR (none when the dtype already matches)
     numel / known_equal     sizes, compared only when Inductor can prove the answer
     record_lowering(how)    how the op entered the generated code, into its LinearRecord
     extern_call(call)       the op itself as an extern call (the fallback that is always correct)
@@ -28,6 +28,11 @@ def lower(op, *args, **kwargs):
 
 
 def convert(value, dtype: torch.dtype):
+    """`value` as `dtype`. Inductor's own lowering of the cast copies even when the dtype matches,
+    and a copy that reaches a template or extern input becomes a kernel launch on every call (a
+    float32 weight scale used to cost one per linear)."""
+    if value.get_dtype() == dtype:
+        return value
     return lower(prims.convert_element_type.default, value, dtype)
 
 
