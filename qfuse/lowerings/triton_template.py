@@ -12,7 +12,11 @@ the main loop with block scales; `scale_and_bias`, the per-row / per-column epil
 the generated module, so both share one statement of the math. The scales and the bias are applied
 inside the template from [BLOCK_M] / [BLOCK_N] vectors: as Inductor epilogue loads they would be
 broadcast [BLOCK_M, BLOCK_N] tiles, 169 registers a thread against 115, half the occupancy and
-1.45x the time (H100, int8, 4096 x 14336 x 4096; benchmarks/template_code.py). Tiles:
+1.45x the time (H100, int8, 4096 x 14336 x 4096; benchmarks/template_code.py). For the same reason
+the store runs in two [BLOCK_M, BLOCK_N / 2] halves (from `EPILOGUE_SPLIT_MIN_N` columns): a fused
+epilogue that loads another [M, N] tile (a residual add) then holds half of it at a time. On an
+H100 that took the int8 down projection of a Llama MLP block with its residual add from 563 to
+414 µs at M = 4096, and changed no single linear by more than 2% (docs/benchmarks.md). Tiles:
 
     default mode   one choice: `pick_config`'s tile for M (static M exact; a dynamic M by its size hint)
     max-autotune   every tile of `AUTOTUNE_TILES` and `pick_config`'s; Inductor benchmarks them
@@ -61,11 +65,26 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_
         {{"SA" if SCALE_A else "A"}}, {{"SB" if SCALE_B else "B"}}, {{"BIAS" if HAS_BIAS else "A"}},
         {{stride("SA", 0) if SCALE_A else 0}}, {{stride("SB", 1) if SCALE_B else 0}}, SCALE_A, SCALE_B, HAS_BIAS,
     )
+{% if BLOCK_N >= EPILOGUE_SPLIT_MIN_N %}
+    halves = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    for half in tl.static_range(2):
+        part = halves[half]
+        offs_n_part = pid_n * BLOCK_N + half * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2).to(INDEX_DTYPE)
+        idx_m = offs_m[:, None]
+        idx_n = offs_n_part[None, :]
+        mask = mask_m[:, None] & (offs_n_part < N)[None, :]
+        {{store_output(("idx_m", "idx_n"), "part", "mask", indent_width=8, val_shape=("BLOCK_M", "BLOCK_N // 2"))}}
+{% else %}
     idx_m = offs_m[:, None]
     idx_n = offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     {{store_output(("idx_m", "idx_n"), "acc", "mask", val_shape=("BLOCK_M", "BLOCK_N"))}}
+{% endif %}
 """
+
+
+#: Tiles at least this wide store in two halves (narrower decode tiles keep one store).
+EPILOGUE_SPLIT_MIN_N = 64
 
 
 @functools.cache
@@ -118,7 +137,7 @@ def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, prom
     extra = {name: ir.ExternKernel.realize_input(node) for name, node in named.items() if node is not None}
     template = _template(("A", "B", *extra))
     meta = dict(SCALE_A=kind_a, SCALE_B=kind_b, BLOCKED=blocked, HAS_BIAS=bias is not None, IS_INT8=is_int8,
-                PROMOTE_EVERY=1 if blocked else promote_every)
+                PROMOTE_EVERY=1 if blocked else promote_every, EPILOGUE_SPLIT_MIN_N=EPILOGUE_SPLIT_MIN_N)
     tiles = _tiles(m, int(n), not is_int8, blocked, a2d.get_device())
     choices = []
     for block_m, block_n, block_k, group_m, num_warps, num_stages in tiles:
