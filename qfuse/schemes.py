@@ -139,8 +139,8 @@ class QuantScheme:
             raise ValueError(f"weight_group_size must be a positive int, got {self.weight_group_size!r}")
 
     def _check_weight_only(self) -> None:
-        if self.weight_dtype not in WEIGHT_ONLY_DTYPES:
-            raise ValueError(f"weight-only schemes take {WEIGHT_ONLY_DTYPES} weights, not {self.weight_dtype}")
+        if self.weight_dtype not in (*WEIGHT_ONLY_DTYPES, INT4_DTYPE):
+            raise ValueError(f"weight-only schemes take {(*WEIGHT_ONLY_DTYPES, INT4_DTYPE)} weights, not {self.weight_dtype}")
         self._check_weight_groups()
         if (self.activation_granularity, self.dynamic, self.symmetric) != (Granularity.PER_TENSOR, False, True):
             raise ValueError(
@@ -151,10 +151,13 @@ class QuantScheme:
 
     @classmethod
     def weight_only(
-        cls, weight_dtype: torch.dtype, weight_granularity: Granularity, activation_dtype: torch.dtype = torch.bfloat16
+        cls, weight_dtype: torch.dtype, weight_granularity: Granularity, activation_dtype: torch.dtype = torch.bfloat16,
+        weight_group_size: int | None = None,
     ) -> QuantScheme:
-        """A scheme whose weight is quantized and whose activation stays in `activation_dtype` (W8A16)."""
-        return cls(activation_dtype, weight_dtype, Granularity.PER_TENSOR, weight_granularity, dynamic=False)
+        """A scheme whose weight is quantized and whose activation stays in `activation_dtype` (W8A16,
+        W4A16 with `weight_group_size` for per-group int4)."""
+        return cls(activation_dtype, weight_dtype, Granularity.PER_TENSOR, weight_granularity, dynamic=False,
+                   weight_group_size=weight_group_size)
 
     @property
     def is_weight_only(self) -> bool:

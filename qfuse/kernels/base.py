@@ -110,6 +110,15 @@ class Kernel(abc.ABC):
     ) -> torch.Tensor:
         """((a - azp_a) * scale_a) @ weight + bias as `out_dtype`, for a [M, K] activation."""
 
+    def prepare_int4_weight(
+        self, values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None
+    ) -> PreparedWeight:
+        """The int4 weight of `qfuse::int4_weight_only_mm` in this kernel's layout, made once per weight:
+        `values` int8 [K, N] in [-8, 7], `scale` [K / g, N], `zero_point` int8 [K / g, N] in [-8, 7] or
+        None. Kernels with an int4 weight-only row in their capability table implement it; the
+        prepared weight goes to `weight_only_apply`."""
+        raise NotImplementedError(f"kernel {self.name!r} has no int4 weight-only GEMM (no int4 row in its capability table)")
+
     def weight_only_apply(
         self, x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype
     ) -> torch.Tensor:

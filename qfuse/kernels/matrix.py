@@ -19,7 +19,7 @@ from qfuse.platform import OPTIONAL_LIBRARIES, Platform, current_platform
 from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme, dtype_name
 
 G = Granularity
-#: The schemes real models bring (vLLM / compressed-tensors W8A8, PT2E, DeepSeek blocks, W4A8, W8A16).
+#: The schemes real models bring (vLLM / compressed-tensors W8A8, PT2E, DeepSeek blocks, W4A8, W8A16, W4A16).
 SCHEMES: tuple[QuantScheme, ...] = (
     QuantScheme(torch.int8, torch.int8, G.PER_TOKEN, G.PER_CHANNEL, dynamic=True),
     QuantScheme(torch.int8, torch.int8, G.PER_TENSOR, G.PER_TENSOR, dynamic=False),
@@ -31,6 +31,7 @@ SCHEMES: tuple[QuantScheme, ...] = (
     QuantScheme(torch.int8, INT4_DTYPE, G.PER_TOKEN, G.PER_GROUP, dynamic=True, weight_group_size=128),
     QuantScheme.weight_only(FP8_DTYPE, G.BLOCK),
     QuantScheme.weight_only(torch.int8, G.PER_CHANNEL),
+    QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, weight_group_size=128),
 )
 #: Machines with every capability (every package importable), for the part of the matrix that
 #: depends on the tables alone: "cuda" is an NVIDIA sm_90, "rocm" an MI300 (its tensors are "cuda").

@@ -40,6 +40,7 @@ class PreparedWeight:
     zero_point: torch.Tensor | None
     k: int
     n: int
+    packing: str = ""  # how `data` is packed when it is no [K, N] matrix (e.g. "int4pack_cpu")
 
 
 def _tensor_key(tensor: torch.Tensor | None):
@@ -66,16 +67,34 @@ def prepare_once(kernel, b: torch.Tensor, scale: torch.Tensor | None, zero_point
     if prepared is _AS_GIVEN:
         return kernel.prepare_weight(b, scale, zero_point)
     if prepared is None:
-        _evict_expired()
         prepared = kernel.prepare_weight(b, scale, zero_point)
         opaque = prepared.data.layout != torch.strided  # e.g. a packed MKLDNN tensor: never the input
         as_given = not opaque and StorageWeakRef(prepared.data.untyped_storage()) == key[1][0]
-        _CACHE[key] = _AS_GIVEN if as_given else prepared
+        _remember(key, _AS_GIVEN if as_given else prepared)
     return prepared
 
 
+def built_once(label: tuple, tensors: tuple[torch.Tensor | None, ...], build) -> PreparedWeight:
+    """`build()`, computed once per `label` and `tensors` (keyed as the module docstring says), for a
+    prepared weight made from several stored tensors (a packed int4 weight, its shifts, scales and
+    zero points). Its result must not be one of `tensors` itself."""
+    if not _cacheable(*tensors):
+        return build()
+    key = (label, *(_tensor_key(tensor) for tensor in tensors))
+    prepared = _CACHE.get(key)
+    if prepared is None:
+        prepared = build()
+        _remember(key, prepared)
+    return prepared
+
+
+def _remember(key: tuple, entry) -> None:
+    _evict_expired()
+    _CACHE[key] = entry
+
+
 def _evict_expired() -> None:
-    for key in [key for key in _CACHE if any(part and part[0].expired() for part in key[1:])]:
+    for key in [key for key in _CACHE if any(part and part[0].expired() for part in key[1:])]:  # key[0]: the label
         del _CACHE[key]
 
 

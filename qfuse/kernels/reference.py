@@ -10,6 +10,7 @@ from __future__ import annotations
 from qfuse.kernels import reference_math
 from qfuse.kernels.base import OK, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
+from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
 from qfuse.schemes import (
     ACTIVATION_GRANULARITIES,
@@ -34,6 +35,12 @@ class ReferenceKernel(Kernel):
 
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
         return reference_math.scaled_mm(a, weight.data, scale_a, weight.scale, bias, azp_a, weight.zero_point, out_dtype)
+
+    def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
+        """The int4 weight with its group scale and zero point expanded to [K, N] (one per value)."""
+        group_size = values.shape[0] // scale.shape[0]
+        expanded = (None if zero_point is None else zero_point.repeat_interleave(group_size, 0))
+        return PreparedWeight(values, scale.repeat_interleave(group_size, 0), expanded, *values.shape)
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
         return reference_math.weight_only_scaled_mm(x, weight.data, weight.scale, bias, weight.zero_point, out_dtype)

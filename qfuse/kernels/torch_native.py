@@ -20,8 +20,11 @@ on CPU the int8 weight-only linear (W8A16, a float activation):
                  2.13's bf16 kernel crashes on others); an all-zero weight zero point is dropped, any
                  other runs in float32, minus rowsum(x) * azp_b * scale_b; above M = 64 rows the
                  weight is dequantized and a bf16 mm runs (faster there, measured)
+    int4 weight-only  aten._weight_int4pack_mm_for_cpu on the weight repacked once, group sizes 32 /
+                 64 / 128 / 256, N a multiple of 16; zero points with float32 activations only
+                 (`qfuse.kernels.int4_cpu`, which says why)
 
-Not here (the registry moves on to another kernel): block / per-group scales, int4. On
+Not here (the registry moves on to another kernel): block scales, int4 on GPUs. On
 ROCm the int8 path is the same torch._int_mm (hipBLASLt); it was not run on ROCm hardware. ROCm
 fp8 (e4m3fnuz) is the aiter kernel's.
 """
@@ -30,10 +33,12 @@ from __future__ import annotations
 
 import torch
 
-from qfuse.kernels.base import OK, Kernel, Verdict
+from qfuse.kernels import int4_cpu
+from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
+from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS, Platform
-from qfuse.schemes import FP8_DTYPE
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, Granularity, dtype_name
 
 #: torch 2.13's CPU _weight_int8pack_mm crashes (segmentation fault) with bf16 and K not a multiple of this.
 BF16_INT8PACK_K_MULTIPLE = 16
@@ -59,6 +64,9 @@ class TorchKernel(Kernel):
         # K a multiple of 16: torch 2.13's bf16 kernel crashes on other K.
         Capability("int8 weight-only torch._weight_int8pack_mm", ("cpu",), (torch.bfloat16,), (torch.int8,),
                    weight_zero_point=True, k_multiple=BF16_INT8PACK_K_MULTIPLE),
+        Capability("int4 weight-only torch._weight_int4pack_mm_for_cpu", ("cpu",), FLOAT_ACTIVATION_DTYPES, (INT4_DTYPE,),
+                   weight_scales=(Granularity.PER_GROUP,), weight_zero_point=True,
+                   weight_group_multiple=min(int4_cpu.GROUP_SIZES), n_multiple=int4_cpu.N_MULTIPLE),
     )
 
     def is_supported(self, platform: Platform) -> Verdict:
@@ -66,9 +74,26 @@ class TorchKernel(Kernel):
             return OK
         return False, f"torch kernel runs on CPU and CUDA / ROCm GPUs only, not on {platform.describe()}"
 
+    def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
+        scheme = key.scheme
+        if scheme.weight_dtype != INT4_DTYPE:
+            return OK
+        if scheme.weight_group_size not in int4_cpu.GROUP_SIZES:
+            return False, (f"_weight_int4pack_mm_for_cpu takes groups of {int4_cpu.GROUP_SIZES}, "
+                           f"not {scheme.weight_group_size}")
+        if key.weight_zero_point and scheme.activation_dtype != torch.float32:
+            return False, ("_weight_int4pack_mm_for_cpu holds a zero point as a float in the activation's dtype, "
+                           f"where {dtype_name(scheme.activation_dtype)} would round it (kernels/int4_cpu.py)")
+        return OK
+
+    def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
+        return int4_cpu.pack(values, scale, zero_point, *values.shape)
+
     def weight_only_apply(self, x, weight, bias, out_dtype):
         """x @ ((b - azp_b) * scale_b) + bias for a float x and an int8 [K, N] weight (see
-        `weight_only_int8_mm`)."""
+        `weight_only_int8_mm`), or an int4 weight packed by `prepare_weight` (`int4_cpu.int4pack_mm`)."""
+        if weight.packing == int4_cpu.PACKING:
+            return int4_cpu.int4pack_mm(x, weight, bias, out_dtype)
         b, scale, n = weight.data, weight.scale, weight.n
         if b.dtype != torch.int8 or (scale is not None and scale.numel() not in (1, n)):
             raise ValueError(f"the torch kernel's weight-only GEMM takes an int8 weight with one scale or one per "

@@ -1,6 +1,7 @@
 """The pattern families qfuse knows, in the order the pass manager runs them: the one list.
 
     reference_linear   hand-written W8A8: integer / fp8 matmul followed by a dequantize epilogue
+    int4_weight_only   a float linear whose weight is unpacked from int4 words in the graph (GPTQ)
     pt2e_linear        PT2E Q/DQ form (torch.ops.quantized_decomposed) around a float linear
     fake_quant_linear  the same in plain torch ops: a float linear of fake-quantized operands
     activation_quant   hand-written activation quantization folded into the fused linear, for
@@ -12,7 +13,9 @@ says what it matches. The pass manager imports the modules by these names (`fami
 neither Inductor).
 """
 
-PATTERN_FAMILIES: tuple[str, ...] = ("reference_linear", "pt2e_linear", "fake_quant_linear", "activation_quant")
+PATTERN_FAMILIES: tuple[str, ...] = (
+    "reference_linear", "int4_weight_only", "pt2e_linear", "fake_quant_linear", "activation_quant",
+)
 
 
 def family_module(family: str) -> str:

@@ -20,6 +20,7 @@ from torch.fx import Graph, Node
 from qfuse.errors import contain_internal_error
 from qfuse.kernels import GemmKey, choose_kernel
 from qfuse.ops import RECORD_KEY
+from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.ops.verify import CheckCloseArgs, tolerance_for
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
@@ -59,6 +60,19 @@ class PassContext:
     report: PassReport = field(default_factory=PassReport)
 
 
+@dataclass(frozen=True)
+class Int4Weight:
+    """The stored tensors of an int4 weight packed along K (`qfuse::int4_weight_only_mm`'s operands)."""
+
+    packed: Node  # int32 [N, K / 8]
+    shifts: Node  # int32 [8]
+    scales: Node  # [N, K / group_size]
+    packed_zeros: Node | None  # int32 [N / 8, K / group_size], None: the uint4 offset 8
+    group_size: int
+    k: int
+    n: int
+
+
 @dataclass
 class FusedLinear:
     """A recognised quantized linear: out = ((a - azp_a) sa) @ ((b - azp_b) sb) + bias."""
@@ -80,14 +94,16 @@ class FusedLinear:
     azp_b: Operand = None
     note: str = ""  # e.g. why the epilogue stopped where it did
     per_call_weight: bool = False  # the quantized weight is computed on every call (fake-quantized float weight)
+    int4: Int4Weight | None = None  # an int4 weight packed along K (then `b` is its packed tensor)
 
     def gemm_key(self) -> GemmKey:
-        k, n = fake_value(self.b).shape
+        k, n = (self.int4.k, self.int4.n) if self.int4 else fake_value(self.b).shape
         rows = math.prod(fake_value(self.a).shape[:-1])
         return GemmKey(
             scheme=self.scheme, m=static_int(rows), n=static_int(n), k=static_int(k), out_dtype=self.out_dtype,
             bias_dtype=None if self.bias is None else fake_value(self.bias).dtype, device_type=fake_value(self.a).device.type,
-            weight_zero_point=self.azp_b is not None, per_call_weight=self.per_call_weight,
+            weight_zero_point=self.azp_b is not None or (self.int4 is not None and self.int4.packed_zeros is not None),
+            per_call_weight=self.per_call_weight,
         )
 
 
@@ -109,7 +125,15 @@ def _as_tensor_node(graph: Graph, operand: Scale, dtype: torch.dtype, device: to
 
 def _fused_op_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch.device):
     """The fused op's arguments, every operand inserted as a node (at the current insertion point):
-    `qfuse::weight_only_scaled_mm` for a weight-only scheme (a float activation), else `qfuse::scaled_mm`."""
+    `qfuse::int4_weight_only_mm` for a packed int4 weight, `qfuse::weight_only_scaled_mm` for another
+    weight-only scheme (a float activation), else `qfuse::scaled_mm`."""
+    if linear.int4 is not None:
+        int4 = linear.int4
+        return Int4WeightOnlyMmArgs(
+            x=materialize(graph, linear.a), packed=int4.packed, shifts=int4.shifts, scales=int4.scales,
+            packed_zeros=int4.packed_zeros, bias=materialize(graph, linear.bias), group_size=int4.group_size,
+            out_dtype=linear.out_dtype, kernel=kernel,
+        )
     scale_b = _as_tensor_node(graph, linear.scale_b, torch.float32, device)
     if linear.scheme.is_weight_only:
         return WeightOnlyScaledMmArgs(

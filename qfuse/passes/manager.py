@@ -103,10 +103,9 @@ class QfusePass(CustomGraphPass):
             debug.dump_graph(self.config, report.graph_name, "0_before", graph)
         for step, family in enumerate(families, start=1):
             _run_family_or_restore(family, graph, context)
+            graph.eliminate_dead_code()  # what a family replaced is gone before the next family looks
             if self.config.debug:
-                graph.eliminate_dead_code()
                 debug.dump_graph(self.config, report.graph_name, f"{step}_after_{family}", graph)
-        graph.eliminate_dead_code()
         graph.lint()
         report.ops_after = count_ops(graph)
         report.float_matmuls = [

@@ -80,9 +80,16 @@ class PassReport(RecordSelection):
     errors: list[str] = field(default_factory=list)  # qfuse's own failures that undid a whole family (qfuse.errors)
 
     def add(self, record: LinearRecord) -> None:
-        self.records.append(record)
+        """Add a record. A linear that an earlier family passed over as a near miss and a later one
+        fused is one linear: the near miss goes into the fused record's note."""
         if record.fused:
+            passed_over = [earlier for earlier in self.records if earlier.node == record.node and not earlier.fused]
+            if passed_over:
+                self.records[:] = [earlier for earlier in self.records if all(earlier is not old for old in passed_over)]
+                notes = [record.note] if record.note else []
+                record.note = "; ".join(notes + [f"passed over by {old.family}: {old.reason}" for old in passed_over])
             self.matches[record.pattern] += 1
+        self.records.append(record)
 
     def checkpoint(self) -> Callable[[], None]:
         """A function that puts the report back as it is now: its records, their fields (a later

@@ -206,3 +206,20 @@ def test_a_kernel_slower_here_is_still_taken_when_no_later_one_can_run():
     """Forcing the order cutlass-only at decode: the slower kernel is better than none."""
     choice = choose_kernel(key(FP8_DYNAMIC, "cuda", BF16, m=1), H100, preference=("cutlass",))
     assert choice.kernel.name == "cutlass" and not choice.rejected
+
+
+@pytest.mark.parametrize("group, activation, zero_point, reason", [
+    (128, BF16, False, ""),
+    (128, FP32, True, ""),
+    (512, BF16, False, "takes groups of (32, 64, 128, 256), not 512"),
+    (128, BF16, True, "where bf16 would round it"),
+])
+def test_int4_weight_only_on_cpu_is_the_torch_kernels(group, activation, zero_point, reason):
+    scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, activation, weight_group_size=group)
+    key = GemmKey(scheme, n=4096, k=4096, out_dtype=activation, bias_dtype=None, device_type="cpu",
+                  weight_zero_point=zero_point)
+    choice = choose_kernel(key, ZEN4)
+    if not reason:
+        assert choice.kernel.name == "torch"
+    else:
+        assert choice.kernel is None and reason in choice.rejected["torch"]

@@ -1,0 +1,47 @@
+"""int4 weight-only GEMM on CPU with ATen's `_weight_int4pack_mm_for_cpu` (the `torch` kernel's W4A16).
+
+    w[k, n] = (v[k, n] - z[k // g, n]) * s[k // g, n]      qfuse's int4 convention: v, z in [-8, 7]
+            = (u[k, n] - 8) * s + f                         ATen's: u = v + 8 in [0, 15], a float zero
+    f       = (8 - (z + 8)) * s = -z * s                    f = 0 for a symmetric weight
+
+ATen wants the [N, K] values 0..15 repacked by `_convert_weight_to_int4pack_for_cpu` (N a multiple
+of 16) and `scales_and_zeros` [K / g, N, 2] in the activation's dtype, g in {32, 64, 128, 256}.
+The float zero f is held in that dtype: in float32 it is -z * s within one float32 rounding, as
+eager's (q - z) * s is; in bf16 or fp16 a 4-bit integer times the scale can need more mantissa
+bits than the dtype has, and the rounding of f would be a new error of up to 8 scale units. The
+kernel therefore takes zero points with float32 activations only (`TorchKernel.can_implement`).
+
+Measured against Inductor's own code for the GPTQ form on this project's CPU (Zen 4, 2 threads,
+K = N = 4096, bf16; benchmarks/cpu_weight_only.py, docs/benchmarks.md): 43x at M = 1, 8.4x at
+M = 16, 0.91x at M = 256.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qfuse.kernels.prepared import PreparedWeight
+
+GROUP_SIZES = (32, 64, 128, 256)
+N_MULTIPLE = 16
+PACKING = "int4pack_cpu"
+_INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)
+
+
+def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, k: int, n: int) -> PreparedWeight:
+    """The int4 weight (int8 [K, N] values in [-8, 7], scale [K / g, N], zero point [K / g, N] or None)
+    in ATen's CPU layout."""
+    unsigned = (values.to(torch.int32) + 8).t().contiguous()  # [N, K], 0..15
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, _INNER_K_TILES)
+    zero = torch.zeros_like(scale) if zero_point is None else -zero_point.to(scale.dtype) * scale
+    return PreparedWeight(packed, torch.stack([scale, zero], dim=-1).contiguous(), None, k, n, packing=PACKING)
+
+
+def int4pack_mm(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """x [M, K] @ w + bias, cast to `out_dtype` (the bias added in x's dtype, as a float linear would)."""
+    group_size = weight.k // weight.scale.shape[0]
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), weight.data, group_size,
+                                                     weight.scale.to(x.dtype))
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return out.to(out_dtype)

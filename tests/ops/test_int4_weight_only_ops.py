@@ -1,0 +1,105 @@
+"""Tests for `qfuse::int4_weight_only_mm` (W4A16: int4 packed eight to an int32 along K, group scales).
+
+The expected result is the peer model's own forward (tests/peers/weight_only_models.py writes the
+GPTQ / compressed-tensors dequantize as model code does) and its float64 reference weight. Covered:
+the `torch` kernel (ATen's `_weight_int4pack_mm_for_cpu`) against both, symmetric and with zero
+points, 2D and 3D, M = 0 / 1 / odd; the op following whatever shifts it is given; the weight
+unpacked and repacked once per weight; `torch.library.opcheck`; ValueErrors naming the problem.
+"""
+
+import pytest
+import torch
+
+import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
+from qfuse.kernels.prepared import cached_weight_count
+from qfuse.ops.int4_weight_only import unpack
+from tests.peers.weight_only_models import gptq_packed_int4
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+OP = torch.ops.qfuse.int4_weight_only_mm
+
+
+def call(model, x, kernel="torch", shifts=None):
+    return OP(x, model.qweight, model.shifts if shifts is None else shifts, model.scales, model.qzeros, model.bias,
+              model.group_size, x.dtype, kernel)
+
+
+def float64_reference(model, x):
+    out = x.double() @ model.reference_weight.t()
+    return out if model.bias is None else out + model.bias.double()
+
+
+@pytest.mark.parametrize("dtype, symmetric", [(BF16, True), (FP16, True), (FP32, True), (FP32, False)])
+@pytest.mark.parametrize("shape", [(1, 256), (7, 256), (2, 5, 256), (0, 256)], ids=["M1", "M7", "3D", "M0"])
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_torch_kernel_matches_the_model_and_float64(dtype, symmetric, shape, group_size):
+    model = gptq_packed_int4(dtype, group_size=group_size, symmetric=symmetric)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+    out = call(model, x)
+    eager = model(x)
+    assert out.dtype == dtype and out.shape == eager.shape
+    if x.numel() == 0:
+        return
+    scale = eager.float().abs().max()
+    tolerance = {BF16: 2**-7, FP16: 2**-10, FP32: 1e-5}[dtype]  # one rounding of the output
+    assert (out.float() - eager.float()).abs().max() <= tolerance * scale
+    assert (out.double() - float64_reference(model, x)).abs().max() <= tolerance * scale
+
+
+def test_the_op_reads_the_shifts_it_is_given():
+    """Nothing is assumed about the shifts: reversed nibbles give the reversed weight, as the model would."""
+    model = gptq_packed_int4(FP32, group_size=32)
+    reversed_shifts = model.shifts.flip(0).contiguous()
+    values, _, _ = unpack(model.qweight, reversed_shifts, model.scales, None, 32)
+    standard, _, _ = unpack(model.qweight, model.shifts, model.scales, None, 32)
+    k = values.shape[0]
+    assert torch.equal(values.reshape(k // 8, 8, -1), standard.reshape(k // 8, 8, -1).flip(1))
+    x = torch.randn(3, 256)
+    model_with_reversed = gptq_packed_int4(FP32, group_size=32)
+    model_with_reversed.shifts = reversed_shifts
+    torch.testing.assert_close(call(model, x, shifts=reversed_shifts), model_with_reversed(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_weight_is_unpacked_and_packed_once():
+    model = gptq_packed_int4(BF16, group_size=32)
+    x = torch.randn(4, 256).to(BF16)
+    before = cached_weight_count()
+    first = call(model, x)
+    assert cached_weight_count() == before + 1
+    torch.testing.assert_close(call(model, x), first, rtol=0, atol=0)
+    assert cached_weight_count() == before + 1
+    model.qweight.add_(0)  # an in-place update: prepared again
+    call(model, x)
+    assert cached_weight_count() == before + 2
+
+
+def test_opcheck():
+    model = gptq_packed_int4(FP32, group_size=32, symmetric=False)
+    x = torch.randn(3, 256)
+    torch.library.opcheck(OP.default, (x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 32,
+                                       FP32, "torch"))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(x=torch.randn(2, 128)), "activation has K=128 but the packed weight holds K=256"),
+    (dict(x=torch.randn(2, 256).to(torch.int8)), "activation must be one of"),
+    (dict(shifts=torch.arange(8)), "shifts must be int32 [8]"),
+    (dict(group_size=48), "group_size must divide K=256"),
+    (dict(scales=torch.rand(128, 4)), "scales must be a float [N, K / group_size] = [128, 8]"),
+    (dict(packed_zeros=torch.zeros(16, 4, dtype=torch.int32)), "packed_zeros must be int32 [N / 8, K / group_size]"),
+    (dict(bias=torch.rand(64)), "bias must have shape [128]"),
+])
+def test_bad_operands_raise_naming_the_problem(change, message):
+    model = gptq_packed_int4(FP32, group_size=32)
+    args = dict(x=torch.randn(2, 256), packed=model.qweight, shifts=model.shifts, scales=model.scales,
+                packed_zeros=None, bias=model.bias, group_size=32, out_dtype=FP32, kernel="torch") | change
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        OP(**args)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_reference_kernel_is_the_float64_truth(symmetric):
+    model = gptq_packed_int4(FP32, group_size=64, symmetric=symmetric)
+    x = torch.randn(5, 256)
+    out = OP(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 64, FP32, "reference")
+    torch.testing.assert_close(out, float64_reference(model, x).float(), rtol=1e-6, atol=1e-6)  # float64 math, one rounding
