@@ -20,6 +20,8 @@ run instead, at M in --m for each case "section:KxN" of --cases (K input, N outp
     int4-g128 / int4-g32     int4 weight, group size 128 / 32, bf16 activation and scales
       inductor               torch.compile of the GPTQ-style form below
       inductor freezing      the same with freezing = True
+      qfuse                  the same compiled with backend="qfuse" (qfuse::int4_weight_only_mm: int4pack
+                             on the weight repacked once)
       int4pack eager         aten._weight_int4pack_mm_for_cpu on the _convert_weight_to_int4pack_for_cpu
                              weight
       int4pack compiled      the same op inside torch.compile
@@ -354,6 +356,7 @@ def int4_candidates(x: torch.Tensor, weight: Int4Weight) -> dict[str, Candidate]
     candidates = {
         "inductor": compiled(gptq_form(group), [packed, scale], x),
         "inductor freezing": compiled(gptq_form(group), [packed, scale], x, freezing=True),
+        "qfuse": compiled(gptq_form(group), [packed, scale], x, backend="qfuse"),
         "int4pack eager": eager(lambda: int4pack(group)(x, packed_cpu, scales_and_zeros)),
         "int4pack compiled": compiled(int4pack(group), [packed_cpu, scales_and_zeros], x),
         "int4pack C++ template": compiled(int4pack(group), [packed_cpu, scales_and_zeros], x, **TEMPLATE),

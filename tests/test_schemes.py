@@ -51,7 +51,7 @@ def test_describe(scheme, label):
         ((torch.bfloat16, FP8_DTYPE, G.PER_TOKEN, G.BLOCK, False), "weight-only scheme .* has no activation scale"),
         ((torch.bfloat16, FP8_DTYPE, G.PER_TENSOR, G.BLOCK, True), "weight-only scheme .* has no activation scale"),
         ((torch.bfloat16, FP8_DTYPE, G.PER_TENSOR, G.BLOCK, False, False), "weight-only scheme .* no activation scale"),
-        ((torch.bfloat16, INT4_DTYPE, G.PER_TENSOR, G.PER_GROUP, False, True, 128), "weight-only schemes take"),
+        ((torch.bfloat16, torch.uint8, G.PER_TENSOR, G.PER_CHANNEL, False), "uint8 weights are not supported"),
         ((torch.float32, torch.uint8, G.PER_TENSOR, G.PER_CHANNEL, False), "uint8 weights are not supported"),
         ((torch.int8, torch.int32, G.PER_TOKEN, G.PER_CHANNEL, True), "weight dtype torch.int32 is not supported"),
         ((torch.int8, torch.int8, G.PER_CHANNEL, G.PER_CHANNEL, True), "activation granularity"),

@@ -12,7 +12,8 @@ unpack helpers trace to), walked up from the matmul's weight operand:
     out   = mm(x2d, w.t()) or addmm(bias, x2d, w.t())
 
 The fused op takes P, S, the scales and Z themselves (its kernel unpacks and repacks them once per
-weight) and `group_size` g; it computes the formula above for whatever S holds, so nothing about
+weight, so they must be stored tensors, not computed per call; S = `torch.arange(0, 32, 4)` made in
+the forward is the op's default) and `group_size` g; it computes the formula above for whatever S holds, so nothing about
 the values of S or the nibble order needs proving here, only the structure. compressed-tensors'
 `unpack_from_int32` spells q differently: the words viewed as bytes, `byte & 0xF` and `byte >> 4`
 stacked and viewed as int8, minus 8 (then q - z is (q - 8) - (z - 8), its zero points unpacked from
@@ -29,7 +30,7 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import CONVERT_OPS, VIEW_OPS, aten, dtype_of, shape_of, static_int
+from qfuse.passes.graph_utils import CONVERT_OPS, VIEW_OPS, aten, dtype_of, prims, shape_of, static_int
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, Granularity, QuantScheme
 
 FAMILY = "int4_weight_only"
@@ -116,29 +117,41 @@ def _compressed_tensors_zero_words(node, n: int, groups: int) -> Node | None:
     return transposed.args[0]
 
 
+def _is_standard_arange(node) -> bool:
+    """`torch.arange(0, 32, 4)` (an iota of 8 from 0 by 4 in the post-grad graph): nibble i at bits 4i,
+    what the op assumes when it gets no shifts."""
+    if _is(node, prims.iota.default):
+        return node.args[0] == 8 and node.kwargs.get("start") == 0 and node.kwargs.get("step") == 4
+    if _is(node, aten.arange.start_step):
+        return tuple(node.args[:3]) == (0, 32, 4)
+    return False
+
+
 def _weight_operand(anchor: Node) -> tuple[Node, Node, Node | None]:
     """(x2d, the [N, K] float weight w or None, bias or None) of an mm / addmm of x2d and w.t()."""
     if anchor.target == aten.addmm.default:
-        if anchor.kwargs.get("beta", 1) != 1 or anchor.kwargs.get("alpha", 1) != 1:
-            raise NotFusable("addmm with alpha or beta")
         bias, x2d, weight_t = anchor.args[:3]
     else:
         (x2d, weight_t), bias = anchor.args[:2], None
-    if not (_is(weight_t, aten.permute.default) and list(weight_t.args[1]) == [1, 0]):
-        if _finds_int4_unpack(weight_t):
-            raise NotFusable("an int4 weight unpacked by shift and mask found, but it is used as a [K, N] matrix "
-                             "(the AutoGPTQ [K / 8, N] and AWQ layouts are not taken yet)")
+    if not _finds_int4_unpack(weight_t):
         return x2d, None, bias
+    found = "an int4 weight unpacked by shift and mask found, but"
+    if anchor.kwargs.get("beta", 1) != 1 or anchor.kwargs.get("alpha", 1) != 1:
+        raise NotFusable(f"{found} the addmm scales its terms (alpha or beta)")
+    if not (_is(weight_t, aten.permute.default) and list(weight_t.args[1]) == [1, 0]):
+        raise NotFusable(f"{found} it is used as a [K, N] matrix (the AutoGPTQ [K / 8, N] and AWQ layouts are not "
+                         "taken yet)")
     return x2d, weight_t.args[0], bias
 
 
 def _finds_int4_unpack(node, depth: int = 12) -> bool:
     """Whether `node` or one of its inputs up to `depth` nodes up is a nibble mask (`& 0xF`)."""
-    frontier = [node]
+    frontier, seen = {node} if isinstance(node, Node) else set(), set()
     for _ in range(depth):
         if any(_is(item, aten.bitwise_and.Scalar) and item.args[1] == NIBBLE_MASK for item in frontier):
             return True
-        frontier = [arg for item in frontier if isinstance(item, Node) for arg in item.all_input_nodes]
+        seen |= frontier
+        frontier = {arg for item in frontier for arg in item.all_input_nodes} - seen
     return False
 
 
@@ -147,10 +160,10 @@ def analyze(anchor: Node) -> FusedLinear | None:
     x2d, weight, bias = _weight_operand(anchor)
     if weight is None:
         return None
-    product = _under_views(weight)
-    if not _is(product, aten.mul.Tensor) or not _finds_int4_unpack(product):
-        return None
     found = "an int4 weight unpacked by shift and mask found, but"
+    product = _under_views(weight)
+    if not _is(product, aten.mul.Tensor):
+        raise NotFusable(f"{found} it is not dequantized by one multiplication with its scales")
     values, scale_column = product.args[:2]
     if not _finds_int4_unpack(values):
         values, scale_column = scale_column, values
@@ -199,6 +212,11 @@ def _linear(anchor, x2d, bias, values, scale_column, weight, found) -> FusedLine
                          "[N, K / 8] (the AutoGPTQ [K / 8, N] and AWQ layouts are not taken yet)")
     if shifts is not None and (dtype_of(shifts) != torch.int32 or tuple(shape_of(shifts)) != (8,)):
         raise NotFusable(f"{found} the shifts are not an int32 [8] tensor")
+    shifts = None if _is_standard_arange(shifts) else shifts
+    for name, stored in (("packed weight", packed), ("shifts", shifts), ("scales", scales), ("zero points", packed_zeros)):
+        if stored is not None and stored.op not in ("placeholder", "get_attr"):
+            raise NotFusable(f"{found} its {name} are computed on every call ({stored.name}); the fused op prepares "
+                             "the stored int4 weight once")
     if packed_zeros is not None and (dtype_of(packed_zeros) != torch.int32
                                      or tuple(shape_of(packed_zeros)) != (n // 8, groups)):
         raise NotFusable(f"{found} its zero points are {list(shape_of(packed_zeros))}, not int32 [N / 8, K / g]")

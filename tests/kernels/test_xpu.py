@@ -126,7 +126,8 @@ def test_bfloat16_and_a_float32_bias_are_accepted_without_a_warning_at_choice():
 def test_forced_xpu_is_chosen_and_int4_keys_are_rejected_elsewhere_with_a_reason():
     assert choose_kernel(key(), XPU, forced="xpu").kernel is XPU_KERNEL
     assert choose_kernel(key(device_type="cpu"), CPU, preference=("torch",)).rejected == {
-        "torch": "torch computes int8 / uint8 x int8, fp8 x fp8, bf16 x int8 (weight-only) on cpu, not int8 x int4"}
+        "torch": "torch computes int8 / uint8 x int8, fp8 x fp8, bf16 x int8 (weight-only), "
+                 "bf16 / fp16 / fp32 x int4 (weight-only) on cpu, not int8 x int4"}
     assert choose_kernel(key(device_type="cuda"), H100, preference=("triton",)).rejected == {
         "triton": "triton computes int8 x int8, fp8 x fp8 on cuda, not int8 x int4"}
 
