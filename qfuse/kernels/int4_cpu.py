@@ -12,8 +12,10 @@ bits than the dtype has, and the rounding of f would be a new error of up to 8 s
 kernel therefore takes zero points with float32 activations only (`TorchKernel.can_implement`).
 
 Measured against Inductor's own code for the GPTQ form on this project's CPU (Zen 4, 2 threads,
-K = N = 4096, bf16; benchmarks/cpu_weight_only.py, docs/benchmarks.md): 43x at M = 1, 8.4x at
-M = 16, 0.91x at M = 256.
+K = N = 4096, bf16, groups of 128; benchmarks/cpu_weight_only.py, docs/benchmarks.md), qfuse's
+compiled op: 23.5x at M = 1, 6.6x at M = 16, 2.3x at M = 64, 1.5x at M = 128, 0.85x at M = 256.
+So a static M above `MAX_ROWS` is left to Inductor (`TorchKernel.can_implement`); a dynamic M runs
+here at every M.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from qfuse.kernels.prepared import PreparedWeight
 
 GROUP_SIZES = (32, 64, 128, 256)
+MAX_ROWS = 128
 N_MULTIPLE = 16
 PACKING = "int4pack_cpu"
 _INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)

@@ -81,6 +81,9 @@ class TorchKernel(Kernel):
         if scheme.weight_group_size not in int4_cpu.GROUP_SIZES:
             return False, (f"_weight_int4pack_mm_for_cpu takes groups of {int4_cpu.GROUP_SIZES}, "
                            f"not {scheme.weight_group_size}")
+        if key.m is not None and key.m > int4_cpu.MAX_ROWS:
+            return False, (f"at M = {key.m} _weight_int4pack_mm_for_cpu is slower than Inductor's own dequantize + "
+                           f"mm (0.85x at M = 256, 1.5x at M = 128; kernels/int4_cpu.py)")
         if key.weight_zero_point and scheme.activation_dtype != torch.float32:
             return False, ("_weight_int4pack_mm_for_cpu holds a zero point as a float in the activation's dtype, "
                            f"where {dtype_name(scheme.activation_dtype)} would round it (kernels/int4_cpu.py)")

@@ -208,15 +208,17 @@ def test_a_kernel_slower_here_is_still_taken_when_no_later_one_can_run():
     assert choice.kernel.name == "cutlass" and not choice.rejected
 
 
-@pytest.mark.parametrize("group, activation, zero_point, reason", [
-    (128, BF16, False, ""),
-    (128, FP32, True, ""),
-    (512, BF16, False, "takes groups of (32, 64, 128, 256), not 512"),
-    (128, BF16, True, "where bf16 would round it"),
+@pytest.mark.parametrize("group, activation, zero_point, m, reason", [
+    (128, BF16, False, None, ""),
+    (128, BF16, False, 128, ""),
+    (128, FP32, True, 1, ""),
+    (512, BF16, False, None, "takes groups of (32, 64, 128, 256), not 512"),
+    (128, BF16, True, None, "where bf16 would round it"),
+    (128, BF16, False, 256, "slower than Inductor's own dequantize + mm"),
 ])
-def test_int4_weight_only_on_cpu_is_the_torch_kernels(group, activation, zero_point, reason):
+def test_int4_weight_only_on_cpu_is_the_torch_kernels(group, activation, zero_point, m, reason):
     scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, activation, weight_group_size=group)
-    key = GemmKey(scheme, n=4096, k=4096, out_dtype=activation, bias_dtype=None, device_type="cpu",
+    key = GemmKey(scheme, m=m, n=4096, k=4096, out_dtype=activation, bias_dtype=None, device_type="cpu",
                   weight_zero_point=zero_point)
     choice = choose_kernel(key, ZEN4)
     if not reason:
