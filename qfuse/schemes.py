@@ -37,6 +37,7 @@ import torch
 FP8_DTYPE = torch.float8_e4m3fn
 QUANT_DTYPES = (torch.int8, torch.uint8, FP8_DTYPE)
 INT4_DTYPE = torch.int4  # a weight dtype only; torch has no int4 tensors, the values live in int8
+INT4_OFFSET = 8  # an int4 value v stored as an unsigned nibble is v + 8 (GPTQ, compressed-tensors, oneDNN)
 WEIGHT_DTYPES = (*QUANT_DTYPES, INT4_DTYPE)
 #: Activation dtypes of a weight-only scheme (the activation stays in this float dtype), and its weights.
 FLOAT_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

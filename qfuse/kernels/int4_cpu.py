@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from qfuse.kernels.prepared import PreparedWeight
+from qfuse.schemes import INT4_OFFSET
 
 GROUP_SIZES = (32, 64, 128, 256)
 MAX_ROWS = 128
@@ -31,13 +32,13 @@ PACKING = "int4pack_cpu"
 _INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)
 
 
-def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, k: int, n: int) -> PreparedWeight:
+def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> PreparedWeight:
     """The int4 weight (int8 [K, N] values in [-8, 7], scale [K / g, N], zero point [K / g, N] or None)
     in ATen's CPU layout."""
-    unsigned = (values.to(torch.int32) + 8).t().contiguous()  # [N, K], 0..15
+    unsigned = (values.to(torch.int32) + INT4_OFFSET).t().contiguous()  # [N, K], 0..15
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, _INNER_K_TILES)
     zero = torch.zeros_like(scale) if zero_point is None else -zero_point.to(scale.dtype) * scale
-    return PreparedWeight(packed, torch.stack([scale, zero], dim=-1).contiguous(), None, k, n, packing=PACKING)
+    return PreparedWeight(packed, torch.stack([scale, zero], dim=-1).contiguous(), None, *values.shape, packing=PACKING)
 
 
 def int4pack_mm(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:

@@ -90,11 +90,11 @@ class TorchKernel(Kernel):
         return OK
 
     def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
-        return int4_cpu.pack(values, scale, zero_point, *values.shape)
+        return int4_cpu.pack(values, scale, zero_point)
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
         """x @ ((b - azp_b) * scale_b) + bias for a float x and an int8 [K, N] weight (see
-        `weight_only_int8_mm`), or an int4 weight packed by `prepare_weight` (`int4_cpu.int4pack_mm`)."""
+        `weight_only_int8_mm`), or an int4 weight packed by `prepare_int4_weight` (`int4_cpu.int4pack_mm`)."""
         if weight.packing == int4_cpu.PACKING:
             return int4_cpu.int4pack_mm(x, weight, bias, out_dtype)
         b, scale, n = weight.data, weight.scale, weight.n

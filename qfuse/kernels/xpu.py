@@ -37,14 +37,13 @@ from qfuse.kernels.base import OK, Kernel, Verdict
 from qfuse.kernels.capabilities import DYNAMIC, Capability
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
-from qfuse.schemes import INT4_DTYPE, Granularity
+from qfuse.schemes import INT4_DTYPE, INT4_OFFSET, Granularity
 
 XPU_KERNELS_LIBRARY = "vllm_xpu_kernels"
 GROUP_SIZE_MULTIPLE = 32
 ALIGNMENT = 8  # K and N
 XPU_FLOAT_DTYPES = (torch.float16, torch.bfloat16)  # activation and output
 ONEDNN_OUT_DTYPE = torch.float16
-NIBBLE_OFFSET = 8  # stored nibble = int4 value + 8; also oneDNN's symmetric weight zero point
 VALUES_PER_INT32 = 8
 BITS_PER_VALUE = 4
 
@@ -56,9 +55,9 @@ def pack_int4(values: torch.Tensor) -> torch.Tensor:
     rows, cols = values.shape
     if cols % VALUES_PER_INT32:
         raise ValueError(f"pack_int4 needs K to be a multiple of {VALUES_PER_INT32}, got {cols}")
-    if values.numel() and (values.min() < -NIBBLE_OFFSET or values.max() >= NIBBLE_OFFSET):
+    if values.numel() and (values.min() < -INT4_OFFSET or values.max() >= INT4_OFFSET):
         raise ValueError(f"int4 values must lie in [-8, 7], got [{values.min()}, {values.max()}]")
-    nibbles = (values.to(torch.int64) + NIBBLE_OFFSET).reshape(rows, cols // VALUES_PER_INT32, VALUES_PER_INT32)
+    nibbles = (values.to(torch.int64) + INT4_OFFSET).reshape(rows, cols // VALUES_PER_INT32, VALUES_PER_INT32)
     shifts = torch.arange(0, 32, BITS_PER_VALUE, dtype=torch.int64, device=values.device)
     unsigned = (nibbles << shifts).sum(dim=-1)  # distinct bits, so the sum is the bitwise or
     return torch.where(unsigned >= 2**31, unsigned - 2**32, unsigned).to(torch.int32)  # as two's complement
@@ -72,7 +71,7 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     unsigned = packed.to(torch.int64) & 0xFFFFFFFF
     shifts = torch.arange(0, 32, BITS_PER_VALUE, dtype=torch.int64, device=packed.device)
     nibbles = (unsigned.unsqueeze(-1) >> shifts) & 0xF
-    return (nibbles - NIBBLE_OFFSET).to(torch.int8).flatten(-2)
+    return (nibbles - INT4_OFFSET).to(torch.int8).flatten(-2)
 
 
 def xpu_int4_gemm_w4a8():
@@ -120,7 +119,7 @@ class XpuKernel(Kernel):
             raise ValueError(f"the xpu kernel needs a [K / g, N] weight scale for its [K, N] = {tuple(b.shape)} "
                              f"weight, got {shape}")
         k, n = b.shape
-        zero_point = torch.tensor([NIBBLE_OFFSET], dtype=torch.int8, device=b.device)
+        zero_point = torch.tensor([INT4_OFFSET], dtype=torch.int8, device=b.device)
         return PreparedWeight(pack_int4(b.t()), scale_b.contiguous(), zero_point, k, n)
 
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):

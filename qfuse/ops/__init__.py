@@ -12,6 +12,6 @@ from qfuse.ops.weight_only import weight_only_scaled_mm
 RECORD_KEY = "qfuse_record"
 
 __all__ = [
-    "check_close", "dynamic_quant", "int4_weight_only_mm", "dynamic_quant_asymmetric", "quant_scaled_mm", "scaled_mm", "static_quant",
+    "check_close", "dynamic_quant", "dynamic_quant_asymmetric", "int4_weight_only_mm", "quant_scaled_mm", "scaled_mm", "static_quant",
     "w4a8_scaled_mm", "weight_only_scaled_mm",
 ]

@@ -13,8 +13,8 @@ compressed-tensors' "pack-quantized" W4A16 (llm-compressor): `packed` int32 [N, 
 offset 8). The op takes the stored tensors themselves, and `shifts` as the model holds them (an
 int32 [8] buffer, usually 0, 4, ..., 28): the unpack above uses whatever it holds, so the op is the
 model's math for any value of it. Code that splits the words' bytes into nibbles instead
-(compressed-tensors' `unpack_from_int32`) reads nibble i at bits 4i: `shifts` None. Unpacking and the kernel's own packing run once per weight
-(`qfuse.kernels.prepared.built_once`), not on every call: the kernel gets qfuse's int4 convention,
+(compressed-tensors' `unpack_from_int32`) reads nibble i at bits 4i: `shifts` None. Unpacking and
+the kernel's own packing run once per weight (`qfuse.kernels.prepared.built_once`), not on every call: the kernel gets qfuse's int4 convention,
 the values q - 8 in [-8, 7] as an int8 [K, N] matrix, `scales` as [K / g, N] and the zero points
 z - 8 as [K / g, N] (None when symmetric), and runs
 `Kernel.weight_only_apply` on every call (`Kernel.prepare_int4_weight` makes its layout).
@@ -29,11 +29,10 @@ from qfuse.kernels import get_kernel
 from qfuse.kernels.prepared import PreparedWeight, built_once
 from qfuse.ops.arguments import op_arguments
 from qfuse.ops.scaled_mm import OUT_DTYPES
-from qfuse.schemes import FLOAT_ACTIVATION_DTYPES
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_OFFSET
 
 _OP = "int4_weight_only_mm"
 NIBBLES_PER_WORD = 8
-UINT4_OFFSET = 8  # a symmetric uint4 weight stores value + 8
 
 
 def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype) -> tuple:
@@ -73,11 +72,11 @@ def unpack(packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: 
     if shifts is None:
         shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
     q = ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(n, -1)
-    values = (q - UINT4_OFFSET).to(torch.int8).t()
+    values = (q - INT4_OFFSET).to(torch.int8).t()
     zeros = None
     if packed_zeros is not None:
         z = ((packed_zeros.unsqueeze(1) >> shifts[:, None]) & 0xF).reshape(n, -1)
-        zeros = (z - UINT4_OFFSET).to(torch.int8).t()
+        zeros = (z - INT4_OFFSET).to(torch.int8).t()
     return values, scales.t(), zeros
 
 

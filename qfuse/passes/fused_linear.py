@@ -65,12 +65,15 @@ class Int4Weight:
     """The stored tensors of an int4 weight packed along K (`qfuse::int4_weight_only_mm`'s operands)."""
 
     packed: Node  # int32 [N, K / 8]
-    shifts: Node  # int32 [8]
+    shifts: Node | None  # int32 [8], None: nibble i at bits 4i
     scales: Node  # [N, K / group_size]
     packed_zeros: Node | None  # int32 [N / 8, K / group_size], None: the uint4 offset 8
     group_size: int
-    k: int
-    n: int
+
+    @property
+    def k_and_n(self) -> tuple[int, int]:
+        words_per_row = fake_value(self.packed).shape
+        return words_per_row[1] * 8, words_per_row[0]
 
 
 @dataclass
@@ -97,7 +100,7 @@ class FusedLinear:
     int4: Int4Weight | None = None  # an int4 weight packed along K (then `b` is its packed tensor)
 
     def gemm_key(self) -> GemmKey:
-        k, n = (self.int4.k, self.int4.n) if self.int4 else fake_value(self.b).shape
+        k, n = self.int4.k_and_n if self.int4 else fake_value(self.b).shape
         rows = math.prod(fake_value(self.a).shape[:-1])
         return GemmKey(
             scheme=self.scheme, m=static_int(rows), n=static_int(n), k=static_int(k), out_dtype=self.out_dtype,

@@ -31,12 +31,11 @@ from torch.fx import Graph, Node
 
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import CONVERT_OPS, VIEW_OPS, aten, dtype_of, prims, shape_of, static_int
-from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, Granularity, QuantScheme
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, INT4_OFFSET, Granularity, QuantScheme
 
 FAMILY = "int4_weight_only"
 ANCHORS = (aten.mm.default, aten.addmm.default)
 NIBBLE_MASK = 0xF
-UINT4_OFFSET = 8
 _RIGHT_SHIFTS = (aten.__rshift__.Tensor, aten.bitwise_right_shift.Tensor)
 
 
@@ -83,7 +82,7 @@ def _nibbles(node) -> tuple[Node, Node | None] | None:
 def _minus_offset(node) -> tuple[Node, Node | None] | None:
     """(words, shifts) when `node` is, under views, `nibbles - 8` (the signed values)."""
     node = _under_views(node)
-    if _is(node, aten.sub.Tensor) and node.args[1] == UINT4_OFFSET:
+    if _is(node, aten.sub.Tensor) and node.args[1] == INT4_OFFSET:
         return _nibbles(node.args[0])
     return None
 
@@ -234,7 +233,7 @@ def _linear(anchor, x2d, bias, values, scale_column, weight, found) -> FusedLine
     return FusedLinear(
         anchor=anchor, family=FAMILY, pattern="int4 unpack + dequantize + float linear", a=x2d, b=packed,
         scheme=scheme, out_dtype=dtype_of(anchor), replaces=anchor, bias=bias,
-        int4=Int4Weight(packed, shifts, scales, packed_zeros, group_size, k, n),
+        int4=Int4Weight(packed, shifts, scales, packed_zeros, group_size),
     )
 
 
