@@ -172,8 +172,10 @@ def kernel_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
-    """||out - reference|| / ||reference|| (Frobenius, in float64)."""
+def relative_error(out, reference) -> float:
+    """||out - reference|| / ||reference|| (Frobenius, in float64); of tensors or of tuples of them."""
+    if isinstance(out, (tuple, list)):
+        out, reference = (torch.cat([t.double().flatten() for t in ts]) for ts in (out, reference))
     out, reference = out.double(), reference.double()
     return float((out - reference).norm() / reference.norm().clamp_min(1e-30))
 

@@ -19,7 +19,7 @@ Supported granularities:
                                                    g = weight_group_size)
 
 int4 weights (`INT4_DTYPE`, W4A8) are a marker: the tensors hold the values [-8, 7] unpacked in
-int8 until a kernel packs them (`qfuse.kernels.xpu.pack_int4`).
+int8 until a kernel packs them (`qfuse.kernels.int4_words.pack_int4`).
 
 Weight-only schemes (W8A16): an activation dtype that is a float dtype (bf16, fp16, fp32) means the
 activation is not quantized; only the int8 or fp8 weight is. Such a scheme has no activation scale,

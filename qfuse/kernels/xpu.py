@@ -10,7 +10,7 @@ it): int4 symmetric weights per channel or in groups of a multiple of 32, int8 a
 dynamically per token inside the op, static K and N multiples of 8, fp16 / bf16 in and out (oneDNN
 writes fp16, so a bf16 model gets a one-time warning on its first call and a cast back to bf16).
 
-Packing (`pack_int4`, the layout of vLLM's XPUW4A8IntLinearKernel): the [N, K] int4 values, plus 8
+Packing (`qfuse.kernels.int4_words.pack_int4`, the layout of vLLM's XPUW4A8IntLinearKernel): the [N, K] int4 values, plus 8
 (so each is a nibble in [0, 15]), eight consecutive K values per int32, the first in the lowest
 four bits: packed[n, j] = sum_i (w[n, 8 j + i] + 8) << 4 i, an int32 [N, K / 8] tensor. The op gets
 it as `packed.t()` ([K / 8, N], the "NT" view oneDNN reads), the scale as a contiguous [K / g, N]
@@ -35,6 +35,7 @@ import torch
 
 from qfuse.kernels.base import OK, Kernel, Verdict
 from qfuse.kernels.capabilities import DYNAMIC, Capability
+from qfuse.kernels.int4_words import pack_int4
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
 from qfuse.schemes import INT4_DTYPE, INT4_OFFSET, Granularity
@@ -44,34 +45,6 @@ GROUP_SIZE_MULTIPLE = 32
 ALIGNMENT = 8  # K and N
 XPU_FLOAT_DTYPES = (torch.float16, torch.bfloat16)  # activation and output
 ONEDNN_OUT_DTYPE = torch.float16
-VALUES_PER_INT32 = 8
-BITS_PER_VALUE = 4
-
-
-def pack_int4(values: torch.Tensor) -> torch.Tensor:
-    """int8 [N, K] holding int4 values in [-8, 7] -> int32 [N, K / 8], eight nibbles per int32."""
-    if values.dtype != torch.int8 or values.dim() != 2:
-        raise ValueError(f"pack_int4 takes an int8 [N, K] matrix, got {values.dtype} of shape {tuple(values.shape)}")
-    rows, cols = values.shape
-    if cols % VALUES_PER_INT32:
-        raise ValueError(f"pack_int4 needs K to be a multiple of {VALUES_PER_INT32}, got {cols}")
-    if values.numel() and (values.min() < -INT4_OFFSET or values.max() >= INT4_OFFSET):
-        raise ValueError(f"int4 values must lie in [-8, 7], got [{values.min()}, {values.max()}]")
-    nibbles = (values.to(torch.int64) + INT4_OFFSET).reshape(rows, cols // VALUES_PER_INT32, VALUES_PER_INT32)
-    shifts = torch.arange(0, 32, BITS_PER_VALUE, dtype=torch.int64, device=values.device)
-    unsigned = (nibbles << shifts).sum(dim=-1)  # distinct bits, so the sum is the bitwise or
-    return torch.where(unsigned >= 2**31, unsigned - 2**32, unsigned).to(torch.int32)  # as two's complement
-
-
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [N, K / 8] from `pack_int4` -> int8 [N, K] with values in [-8, 7]."""
-    if packed.dtype != torch.int32 or packed.dim() != 2:
-        raise ValueError(f"unpack_int4 takes an int32 [N, K / 8] matrix, "
-                         f"got {packed.dtype} of shape {tuple(packed.shape)}")
-    unsigned = packed.to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.arange(0, 32, BITS_PER_VALUE, dtype=torch.int64, device=packed.device)
-    nibbles = (unsigned.unsqueeze(-1) >> shifts) & 0xF
-    return (nibbles - INT4_OFFSET).to(torch.int8).flatten(-2)
 
 
 def xpu_int4_gemm_w4a8():

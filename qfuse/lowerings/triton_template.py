@@ -39,6 +39,25 @@ from torch._inductor.virtualized import V
 
 from qfuse.kernels.triton import K_ALIGNMENT
 
+#: The store of a float32 tile `acc` at rows offs_m / columns offs_n (masks mask_m / mask_n), with
+#: Inductor's epilogue fused into it; in two halves from EPILOGUE_SPLIT_MIN_N columns (module docstring).
+STORE_TILE = r"""{% if BLOCK_N >= EPILOGUE_SPLIT_MIN_N %}
+    halves = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    for half in tl.static_range(2):
+        part = halves[half]
+        offs_n_part = pid_n * BLOCK_N + half * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2).to(INDEX_DTYPE)
+        idx_m = offs_m[:, None]
+        idx_n = offs_n_part[None, :]
+        mask = mask_m[:, None] & (offs_n_part < N)[None, :]
+        {{store_output(("idx_m", "idx_n"), "part", "mask", indent_width=8, val_shape=("BLOCK_M", "BLOCK_N // 2"))}}
+{% else %}
+    idx_m = offs_m[:, None]
+    idx_n = offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    {{store_output(("idx_m", "idx_n"), "acc", "mask", val_shape=("BLOCK_M", "BLOCK_N"))}}
+{% endif %}
+"""
+
 # The def_kernel line is filled in per set of inputs (`_template`): A, B, and each of SA, SB, BIAS
 # that the call has. `if SCALE_A` is "has a scale": the kernel's NO_SCALE kind is 0. INDEX_DTYPE is
 # Inductor's: int32 where every buffer fits (guarded for a dynamic M), else int64.
@@ -65,22 +84,7 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_
         {{"SA" if SCALE_A else "A"}}, {{"SB" if SCALE_B else "B"}}, {{"BIAS" if HAS_BIAS else "A"}},
         {{stride("SA", 0) if SCALE_A else 0}}, {{stride("SB", 1) if SCALE_B else 0}}, SCALE_A, SCALE_B, HAS_BIAS,
     )
-{% if BLOCK_N >= EPILOGUE_SPLIT_MIN_N %}
-    halves = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-    for half in tl.static_range(2):
-        part = halves[half]
-        offs_n_part = pid_n * BLOCK_N + half * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2).to(INDEX_DTYPE)
-        idx_m = offs_m[:, None]
-        idx_n = offs_n_part[None, :]
-        mask = mask_m[:, None] & (offs_n_part < N)[None, :]
-        {{store_output(("idx_m", "idx_n"), "part", "mask", indent_width=8, val_shape=("BLOCK_M", "BLOCK_N // 2"))}}
-{% else %}
-    idx_m = offs_m[:, None]
-    idx_n = offs_n[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    {{store_output(("idx_m", "idx_n"), "acc", "mask", val_shape=("BLOCK_M", "BLOCK_N"))}}
-{% endif %}
-"""
+{{STORE_TILE}}"""
 
 
 #: Tiles at least this wide store in two halves (narrower decode tiles keep one store).
@@ -90,8 +94,15 @@ EPILOGUE_SPLIT_MIN_N = 64
 @functools.cache
 def _template(inputs: tuple[str, ...]) -> TritonTemplate:
     """The template for a call with these inputs (Inductor keeps one template per name)."""
-    source = _SOURCE.replace("{{def_kernel(INPUTS)}}", "{{def_kernel(%s)}}" % ", ".join(map(repr, inputs)))
-    return TritonTemplate(name="qfuse_scaled_linear_" + "_".join(inputs).lower(), grid=mm_grid, source=source)
+    return template_for_inputs(_SOURCE, "qfuse_scaled_linear", inputs)
+
+
+def template_for_inputs(source: str, name: str, inputs: tuple[str, ...]) -> TritonTemplate:
+    """A template of `source` whose def_kernel line takes `inputs` (the ones a call has), with the
+    shared store block filled in; Inductor keeps one template per name, so the name says the inputs."""
+    source = source.replace("{{def_kernel(INPUTS)}}", "{{def_kernel(%s)}}" % ", ".join(map(repr, inputs)))
+    return TritonTemplate(name=name + "_" + "_".join(inputs).lower(), grid=mm_grid,
+                          source=source.replace("{{STORE_TILE}}", STORE_TILE))
 
 
 def _known(condition) -> bool:
@@ -109,7 +120,7 @@ def why_not_template(device: torch.device, rows, k) -> str:
     return ""
 
 
-def _max_autotune() -> bool:
+def max_autotune() -> bool:
     return bool(inductor_config.max_autotune or inductor_config.max_autotune_gemm)
 
 
@@ -119,7 +130,7 @@ def _tiles(rows, n: int, is_fp8: bool, blocked: bool, device) -> list[tuple[int,
 
     hint = V.graph.sizevars.optimization_hint(rows, fallback=4096)
     tiles = [pick_config(hint, n, is_fp8, blocked, multiprocessors(device))]
-    if _max_autotune():
+    if max_autotune():
         tiles += [tile for tile in AUTOTUNE_TILES if tile not in tiles and not (blocked and SCALE_GROUP % tile[2])]
     return tiles
 
@@ -137,13 +148,21 @@ def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, prom
     extra = {name: ir.ExternKernel.realize_input(node) for name, node in named.items() if node is not None}
     template = _template(("A", "B", *extra))
     meta = dict(SCALE_A=kind_a, SCALE_B=kind_b, BLOCKED=blocked, HAS_BIAS=bias is not None, IS_INT8=is_int8,
-                PROMOTE_EVERY=1 if blocked else promote_every, EPILOGUE_SPLIT_MIN_N=EPILOGUE_SPLIT_MIN_N)
+                PROMOTE_EVERY=1 if blocked else promote_every)
     tiles = _tiles(m, int(n), not is_int8, blocked, a2d.get_device())
+    return select_tile(template, "qfuse_scaled_linear", (a2d, b, *extra.values()), layout, tiles, lambda tile: meta)
+
+
+def select_tile(template: TritonTemplate, name: str, inputs: tuple, layout, tiles, meta_for):
+    """(the template's buffer at the fastest of `tiles`, how it was chosen): one tile is taken as it is,
+    several are benchmarked by Inductor (max-autotune). `meta_for(tile)`: the template's other constexprs."""
     choices = []
-    for block_m, block_n, block_k, group_m, num_warps, num_stages in tiles:
+    for tile in tiles:
+        block_m, block_n, block_k, group_m, num_warps, num_stages = tile
         template.maybe_append_choice(
-            choices, input_nodes=(a2d, b, *extra.values()), layout=layout, num_stages=num_stages, num_warps=num_warps,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, **meta,
+            choices, input_nodes=inputs, layout=layout, num_stages=num_stages, num_warps=num_warps,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+            EPILOGUE_SPLIT_MIN_N=EPILOGUE_SPLIT_MIN_N, **meta_for(tile),
         )
     if len(choices) == 1:
         block_m, block_n, block_k, _, num_warps, num_stages = tiles[0]
@@ -152,6 +171,5 @@ def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, prom
         how = f"Triton template, autotuned by Inductor among {len(choices)} tiles"
     # return_multi_template=False: Inductor picks the fastest tile now; a multi-template buffer (epilogue
     # benchmarking) would need an extern choice of the same function to fall back to, and there is none.
-    selected = autotune_select_algorithm("qfuse_scaled_linear", choices, [a2d, b, *extra.values()], layout,
-                                         return_multi_template=False)
+    selected = autotune_select_algorithm(name, choices, list(inputs), layout, return_multi_template=False)
     return selected, how

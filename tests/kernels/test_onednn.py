@@ -152,7 +152,8 @@ def test_fp8_weight_only_keys_are_rejected_by_the_torch_and_triton_kernels():
     assert choice.rejected == {"torch": "torch computes int8 / uint8 x int8, fp8 x fp8, bf16 x int8 (weight-only), "
                                         "bf16 / fp16 / fp32 x int4 (weight-only) on cpu, not bf16 x fp8 (weight-only)"}
     assert why_not_implemented(get_kernel("triton"), key(W8A16, device_type="cuda"), H100) == (
-        "triton computes int8 x int8, fp8 x fp8 on cuda, not bf16 x fp8 (weight-only)")
+        "triton computes int8 x int8, fp8 x fp8, bf16 / fp16 / fp32 x int4 (weight-only) on cuda, "
+        "not bf16 x fp8 (weight-only)")
 
 
 def test_registry_runs_onednn_when_preferred_and_raises_its_reason_when_forced():

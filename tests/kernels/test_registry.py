@@ -225,3 +225,19 @@ def test_int4_weight_only_on_cpu_is_the_torch_kernels(group, activation, zero_po
         assert choice.kernel.name == "torch"
     else:
         assert choice.kernel is None and reason in choice.rejected["torch"]
+
+
+@pytest.mark.parametrize("group, zero_point, m", [(128, False, 1), (32, True, None), (4096, False, 4096)])
+@pytest.mark.parametrize("platform", [H100, A100, MI300], ids=["H100", "A100", "MI300"])
+def test_int4_weight_only_on_gpus_is_the_triton_kernels(group, zero_point, m, platform):
+    scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, BF16, weight_group_size=group)
+    key = GemmKey(scheme, m=m, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda",
+                  weight_zero_point=zero_point)
+    assert choose_kernel(key, platform).kernel.name == "triton"
+
+
+def test_int4_groups_narrower_than_the_least_k_step_are_declined_on_gpus():
+    scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, BF16, weight_group_size=8)
+    key = GemmKey(scheme, m=1, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda")
+    choice = choose_kernel(key, H100)
+    assert choice.kernel is None and "16" in choice.rejected["triton"]

@@ -18,7 +18,7 @@ import torch
 import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
 from qfuse.kernels import GemmKey, choose_kernel, get_kernel, reference_math, why_not_implemented
 from qfuse.kernels import xpu as xpu_module
-from qfuse.kernels.xpu import pack_int4, unpack_int4
+from qfuse.kernels.int4_words import pack_int4, unpack_int4
 from qfuse.platform import Platform
 from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme
 
@@ -129,7 +129,8 @@ def test_forced_xpu_is_chosen_and_int4_keys_are_rejected_elsewhere_with_a_reason
         "torch": "torch computes int8 / uint8 x int8, fp8 x fp8, bf16 x int8 (weight-only), "
                  "bf16 / fp16 / fp32 x int4 (weight-only) on cpu, not int8 x int4"}
     assert choose_kernel(key(device_type="cuda"), H100, preference=("triton",)).rejected == {
-        "triton": "triton computes int8 x int8, fp8 x fp8 on cuda, not int8 x int4"}
+        "triton": "triton computes int8 x int8, fp8 x fp8, bf16 / fp16 / fp32 x int4 (weight-only) on cuda, "
+                  "not int8 x int4"}
 
 
 # --- packing ---------------------------------------------------------------------------------------

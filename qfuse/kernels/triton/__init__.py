@@ -23,9 +23,10 @@ import torch
 
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
+from qfuse.kernels.int4_words import pack_int4
 from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
 from qfuse.platform import Platform
-from qfuse.schemes import FP8_DTYPE, Granularity
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, Granularity
 
 
 #: K is padded to this multiple (weights once, activations per call): with K = 4100 the unaligned
@@ -34,6 +35,7 @@ K_ALIGNMENT = 16
 #: Above this M (known at compile time) cuBLAS beats the fp8 template on Hopper: the eager kernel
 #: switches to its TMA loop there too (`persistent_mm.MIN_M`).
 FP8_TEMPLATE_MAX_ROWS = 128
+INT4_PACKING = "int4_words_nk"  # `qfuse.kernels.int4_words` along K, [N, K / 8]
 _ALL_ACTIVATION_SCALES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)
 _ALL_WEIGHT_SCALES = (Granularity.PER_TENSOR, Granularity.PER_CHANNEL, Granularity.BLOCK)
 
@@ -49,6 +51,9 @@ class TritonKernel(Kernel):
                    _ALL_WEIGHT_SCALES, min_capability=80),
         Capability("fp8 e4m3fn W8A8 dot", ("cuda",), (FP8_DTYPE,), (FP8_DTYPE,), _ALL_ACTIVATION_SCALES,
                    _ALL_WEIGHT_SCALES, min_capability=89, rocm=False),
+        Capability("int4 weight-only dot, dequantized in registers (W4A16)", ("cuda",), FLOAT_ACTIVATION_DTYPES,
+                   (INT4_DTYPE,), weight_scales=(Granularity.PER_GROUP,), weight_zero_point=True,
+                   weight_group_multiple=16, min_capability=80),
     )
 
     def is_supported(self, platform: Platform) -> Verdict:
@@ -83,6 +88,21 @@ class TritonKernel(Kernel):
         a = padded_activation(a, weight.data.shape[0])
         launch = persistent_scaled_mm if should_run_persistent(a, weight.data, scale_a, weight.scale) else triton_scaled_mm
         return launch(a, weight.data, scale_a, weight.scale, bias, out_dtype)
+
+    def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
+        """The layout the template reads from a model (`int4_mm`): words [N, K / 8], scales [N, K / g],
+        zero points packed along N, [N / 8, K / g]."""
+        zeros = None if zero_point is None else pack_int4(zero_point).t()
+        return PreparedWeight(pack_int4(values.t()), scale.t(), zeros, *values.shape, packing=INT4_PACKING)
+
+    def weight_only_apply(self, x, weight, bias, out_dtype):
+        if weight.packing != INT4_PACKING:
+            raise NotImplementedError("kernel 'triton' has no weight-only GEMM for this weight: its weight-only row "
+                                      "takes int4 weights (qfuse::int4_weight_only_mm) only")
+        from qfuse.kernels.triton.int4_mm import triton_int4_mm
+
+        group_size = weight.k // weight.scale.shape[1]
+        return triton_int4_mm(x, weight.data, None, weight.scale, weight.zero_point, bias, group_size, out_dtype)
 
     def dynamic_quant(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
         if granularity == Granularity.PER_TENSOR:

@@ -1,0 +1,211 @@
+"""W4A16 on the GPU: qfuse's Triton int4 template against Inductor on the same GPTQ form, and bf16.
+
+The model is a stack of `layers` GPTQ-form linears (int32 words [N, K / 8] unpacked by shifts and
+`& 0xF`, minus 8, times bf16 scales of groups of 128, `F.linear`), each with its own weight, all
+applied to one bf16 activation (the outputs returned as a tuple, so nothing but the linears runs).
+The stack holds at least 128 MiB of int4 weights: every linear reads its weight from HBM, as a
+decoder's layers do (one linear alone would be served from an H100's 50 MiB L2). Rows are per linear
+(the stack's time / layers):
+
+    inductor, inductor:max-autotune-no-cudagraphs (M >= 1024), qfuse     the GPTQ form compiled
+    bf16 (inductor)                      a stack of bf16 nn.Linear of the same sizes, compiled
+    ...:reduce-overhead (M <= 16)        the same with CUDA graphs
+    triton int4 kernel (eager)           qfuse's kernel alone (`triton_int4_mm`), GPU time only
+    HBM floor                            int4 weight bytes / the bandwidth of a device-to-device copy
+
+    python benchmarks/gpu_weight_only.py [--quick] [--out FILE.json] [--plot FILE.png]
+    python benchmarks/gpu_weight_only.py --tune      (GPU time of every tile of --tiles at each case)
+    python benchmarks/gpu_weight_only.py --table FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gemm_cases import SHAPES
+from gpu_linear import measure
+from qfuse.bench import add_output_arguments, format_table, gpu_time, graph_ms_per_call, out_path, plot, progress, write
+
+GROUP = 128
+STACK_BYTES = 128 * 2**20
+
+
+class GptqLinear(nn.Module):
+    """A GPTQ / compressed-tensors W4A16 linear as model code writes it (symmetric, uint4 offset 8)."""
+
+    def __init__(self, n: int, k: int, generator: torch.Generator):
+        super().__init__()
+        q = torch.randint(0, 16, (n, k), device="cuda", generator=generator, dtype=torch.int32)
+        shifts = torch.arange(0, 32, 4, dtype=torch.int32, device="cuda")
+        words = (q.view(n, k // 8, 8).long() << shifts.long()).sum(-1)
+        self.register_buffer("qweight", torch.where(words >= 2**31, words - 2**32, words).to(torch.int32))
+        scales = torch.rand(n, k // GROUP, device="cuda", generator=generator) / (8 * math.sqrt(k))
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+        self.register_buffer("shifts", shifts)
+
+    def forward(self, x):
+        n = self.qweight.shape[0]
+        q = (self.qweight.unsqueeze(-1) >> self.shifts) & 0xF
+        w = (q.reshape(n, -1, GROUP) - 8).to(x.dtype) * self.scales.unsqueeze(-1)
+        return F.linear(x, w.reshape(n, -1))
+
+
+class Stack(nn.Module):
+    def __init__(self, linears):
+        super().__init__()
+        self.linears = nn.ModuleList(linears)
+
+    def forward(self, x):
+        return tuple(linear(x) for linear in self.linears)
+
+
+def layers_for(n: int, k: int) -> int:
+    return max(2, min(16, math.ceil(STACK_BYTES / (n * k // 2))))
+
+
+def gptq_stack(n: int, k: int) -> Stack:
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    return Stack([GptqLinear(n, k, generator) for _ in range(layers_for(n, k))]).eval()
+
+
+def bf16_stack(n: int, k: int) -> Stack:
+    return Stack([nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
+                  for _ in range(layers_for(n, k))]).eval()
+
+
+def kernel_calls(stack: Stack, x: torch.Tensor, config=None):
+    from qfuse.kernels.triton.int4_mm import triton_int4_mm
+
+    return [lambda linear=linear: triton_int4_mm(x, linear.qweight, None, linear.scales, None, None, GROUP,
+                                                 torch.bfloat16, config=config) for linear in stack.linears]
+
+
+def hbm_floor_us(n: int, k: int) -> float:
+    """int4 weight bytes / copy bandwidth (a device-to-device copy of 1 GiB reads and writes it)."""
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = graph_ms_per_call([lambda: dst.copy_(src)]) / 1e3
+    return n * k / 2 / (2 * src.numel() / seconds) * 1e6
+
+
+def variants_for(m: int) -> list[str]:
+    names = ["inductor", "qfuse"]
+    if m >= 1024:
+        names.append("inductor:max-autotune-no-cudagraphs")
+    if m <= 16:
+        names += ["inductor:reduce-overhead", "qfuse:reduce-overhead"]
+    return names
+
+
+def case_rows(m: int, n: int, k: int) -> list[dict]:
+    layers = layers_for(n, k)
+    label = {"m": m, "n": n, "k": k, "layers": layers}
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    per_layer = ("per_call_us", "host_us", "gpu_us")
+    rows = []
+    with torch.no_grad():
+        stack = gptq_stack(n, k)
+        expected = stack(x)
+        for variant in variants_for(m):
+            rows.append(label | measure(stack, x, variant, expected))
+        floats = bf16_stack(n, k)
+        for variant in ["inductor"] + (["inductor:reduce-overhead"] if m <= 16 else []):
+            row = measure(floats, x, variant, floats(x))
+            rows.append(label | row | {"variant": "bf16 " + variant})
+        kernel = graph_ms_per_call(kernel_calls(stack, x)) * 1e3
+        rows.append(label | {"variant": "triton int4 kernel (eager)", "gpu_us": kernel * layers})
+        rows.append(label | {"variant": "HBM floor", "gpu_us": hbm_floor_us(n, k) * layers})
+    for row in rows:
+        for key in per_layer:
+            if row.get(key):
+                row[key] /= layers
+    return rows
+
+
+TUNE_TILES = {
+    "decode": [(16, bn, bk, 1, w, s) for bn in (16, 32, 64, 128) for bk in (128, 256) for w in (2, 4) for s in (3, 5)],
+    "prefill": [(bm, bn, bk, 8, w, s) for bm, bn in ((64, 128), (128, 128), (128, 256)) for bk in (32, 64)
+                for w in (4, 8) for s in (3, 4)],
+}
+
+
+def tune_rows(m: int, n: int, k: int) -> list[dict]:
+    """GPU µs per linear of each tile of the kernel on the stack (cold weights); failures skipped."""
+    stack = gptq_stack(n, k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    rows = []
+    for tile in TUNE_TILES["decode" if m <= 16 else "prefill"]:
+        try:
+            us = graph_ms_per_call(kernel_calls(stack, x, config=tile)) * 1e3
+        except Exception as error:  # a tile that does not fit in shared memory
+            progress(f"  tile {tile}: {type(error).__name__}")
+            continue
+        rows.append({"m": m, "n": n, "k": k, "tile": list(tile), "gpu_us": us})
+    rows.sort(key=lambda row: row["gpu_us"])
+    progress(f"  best {rows[0]['tile']} {rows[0]['gpu_us']:.1f} us; worst {rows[-1]['gpu_us']:.1f}")
+    return rows
+
+
+def table(path: str) -> str:
+    cases = defaultdict(dict)
+    for row in json.loads(open(path).read())["rows"]:
+        cases[(row["m"], row["n"], row["k"])][row["variant"]] = row
+    names = sorted({variant for rows in cases.values() for variant in rows})
+
+    def cell(row):
+        if not row:
+            return ""
+        parts = [f"{row[key]:.1f}" if row.get(key) else "-" for key in ("per_call_us", "gpu_us", "host_us")]
+        return " / ".join(parts) if "per_call_us" in row else f"{row['gpu_us']:.1f} (GPU)"
+
+    def ratio(rows, numerator, denominator="qfuse", key="per_call_us"):
+        a, b = rows.get(numerator), rows.get(denominator)
+        return f"{a[key] / b[key]:.2f}x" if a and b and a.get(key) and b.get(key) else ""
+
+    lines = []
+    for (m, n, k), rows in cases.items():
+        lines.append([f"M={m} N={n} K={k}", *(cell(rows.get(name)) for name in names),
+                      ratio(rows, "inductor"), ratio(rows, "inductor", key="gpu_us"),
+                      ratio(rows, "inductor:reduce-overhead", "qfuse:reduce-overhead"),
+                      ratio(rows, "bf16 inductor", key="gpu_us"),
+                      ratio(rows, "bf16 inductor:reduce-overhead", "qfuse:reduce-overhead")])
+    return format_table(lines, ["case (µs per linear: per call / GPU / host)", *names, "vs inductor (per call)",
+                                "vs inductor (GPU)", "vs inductor (CUDA graphs)", "vs bf16 (GPU)",
+                                "vs bf16 (CUDA graphs)"], markdown=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table", default=None)
+    parser.add_argument("--tune", action="store_true")
+    parser.add_argument("--ms", default=None, help="comma-separated M values (default 1, 16, 1024, 4096)")
+    add_output_arguments(parser, "gpu_weight_only", plot=True, quick="M in {1, 1024}, N = K = 4096")
+    args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
+    ms = [int(m) for m in args.ms.split(",")] if args.ms else ([1, 1024] if args.quick else [1, 16, 1024, 4096])
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    out, rows = out_path(args, "gpu_weight_only_tune" if args.tune else "gpu_weight_only"), []
+    for n, k in shapes:
+        for m in ms:
+            progress(f"{'tune' if args.tune else 'w4a16'} M={m} N={n} K={k}")
+            rows += tune_rows(m, n, k) if args.tune else case_rows(m, n, k)
+            write(out, rows)
+    if not args.tune:
+        print(table(str(out)))
+        if args.plot:
+            plot(args.plot, rows, x="m", y="per_call_us", series="variant", panels=("n", "k"),
+                 title="gpu_weight_only: W4A16 µs per linear per call, back to back")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The Triton W4A16 kernel (`qfuse.kernels.triton.int4_mm`) against the peer GPTQ model and float64.
+
+Without a GPU it runs in Triton's interpreter. Covered: bf16 / fp16 / fp32, symmetric and with zero
+points, groups of 32 and 128 and per channel, groups narrower than the K step, K not a multiple of
+the step, M = 0 / 1 / 17 and 3D through the op, stored shifts in another order, bias, the tile choice.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import qfuse.ops  # noqa: F401, E402  (registers torch.ops.qfuse)
+from qfuse.kernels.triton.int4_mm import (  # noqa: E402
+    DECODE_ROWS, fit_block_k, pick_int4_config, step_meta, triton_int4_mm,
+)
+from tests.peers.weight_only_models import gptq_packed_int4  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+TOLERANCE = {BF16: 2**-7, FP16: 2**-10, FP32: 1e-5}  # one rounding of the output
+# Triton's interpreter (3.9) computes bf16 dots wrong (garbage of 1e10 on a plain 16x16 bf16 tl.dot), so
+# bf16 runs on a GPU only; fp16 takes its place elsewhere, the kernel's code being the same for both.
+HALF = BF16 if DEVICE == "cuda" else FP16
+DTYPES = [FP16, FP32, *([BF16] if DEVICE == "cuda" else [])]
+
+
+def model_on_device(dtype, **kwargs):
+    model = gptq_packed_int4(dtype, **kwargs).to(DEVICE)
+    model.reference_weight = model.reference_weight.to(DEVICE)
+    return model
+
+
+def assert_matches(out, model, x):
+    eager = model(x)
+    assert out.dtype == eager.dtype and out.shape == eager.shape
+    if x.numel() == 0:
+        return
+    reference = x.double() @ model.reference_weight.t()
+    if model.bias is not None:
+        reference = reference + model.bias.double()
+    scale = reference.abs().max()
+    assert (out.double() - reference).abs().max() <= TOLERANCE[x.dtype] * scale
+    assert (out.double() - eager.double()).abs().max() <= 2 * TOLERANCE[x.dtype] * scale
+
+
+def kernel_call(model, x, config=None, shifts="model"):
+    shifts = model.shifts if shifts == "model" else shifts
+    return triton_int4_mm(x.reshape(-1, x.shape[-1]), model.qweight, shifts, model.scales, model.qzeros, model.bias,
+                          model.group_size, x.dtype, config=config).reshape(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group_size", [32, 128, None], ids=["g32", "g128", "per_channel"])
+def test_matches_the_model_and_float64(dtype, symmetric, group_size):
+    model = model_on_device(dtype, group_size=group_size, symmetric=symmetric)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
+    assert_matches(kernel_call(model, x), model, x)
+
+
+@pytest.mark.parametrize("config", [(16, 32, 64, 1, 4, 2), (32, 64, 128, 8, 4, 2), (16, 16, 16, 1, 2, 1)],
+                         ids=["step_in_group", "step_spans_groups", "narrow"])
+@pytest.mark.parametrize("m", [1, 17])
+def test_tiles_whose_step_spans_groups_or_not(config, m):
+    model = model_on_device(HALF, group_size=32, symmetric=False, out_features=72)
+    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(2)).to(HALF).to(DEVICE)
+    assert_matches(kernel_call(model, x, config=config), model, x)
+
+
+def test_k_not_a_multiple_of_the_step_per_channel():
+    model = model_on_device(FP32, group_size=None, in_features=72, out_features=40)
+    x = torch.randn(3, 72, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    assert not step_meta(64, 72, 72)["EVEN_K"]
+    assert_matches(kernel_call(model, x, config=(16, 32, 64, 1, 4, 2)), model, x)
+
+
+def test_stored_shifts_in_another_order_are_read():
+    model = model_on_device(FP32, group_size=32, symmetric=False)
+    model.shifts = model.shifts.flip(0).contiguous()  # the model now reads other nibbles: so must the kernel
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    eager = model(x)
+    torch.testing.assert_close(kernel_call(model, x), eager, rtol=1e-5, atol=1e-5 * eager.abs().max().item())
+
+
+@pytest.mark.parametrize("shape", [(0, 256), (1, 256), (2, 3, 256)], ids=["M0", "M1", "3D"])
+def test_the_op_on_the_triton_kernel(shape):
+    model = model_on_device(HALF, group_size=128, symmetric=False)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(6)).to(HALF).to(DEVICE)
+    out = torch.ops.qfuse.int4_weight_only_mm(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias,
+                                              model.group_size, HALF, "triton")
+    assert_matches(out, model, x)
+
+
+def test_decode_tiles_fill_the_gpu_and_prefill_takes_tensor_core_tiles():
+    block_m, block_n, *_ = pick_int4_config(1, 4096, 132)
+    assert block_m == DECODE_ROWS and 4096 // block_n >= 0.75 * 132
+    assert pick_int4_config(1, 14336, 132)[1] == 128
+    assert pick_int4_config(4096, 4096, 132)[0] >= 64
+
+
+def test_the_step_never_straddles_groups_it_could_avoid():
+    assert fit_block_k(128, 32, 4096) == 32
+    assert fit_block_k(256, 128, 4096) == 128
+    assert fit_block_k(256, 4096, 4096) == 256  # per channel: one group, any step
+    assert fit_block_k(64, 24, 4096) == 16  # 16 is the least step; the kernel then reads a scale per element

@@ -1,0 +1,91 @@
+"""The Triton W4A16 kernel as an Inductor template (GPU only; run on the GPU machine): the GPTQ and
+compressed-tensors forms compile to one template kernel that reads the stored words (no extern call
+of qfuse's op, no unpacked weight), with numerics equal to eager for symmetric and asymmetric
+weights, groups and per channel, bias, 3D, static and dynamic M, default mode, max-autotune and
+CUDA graphs."""
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+import qfuse
+from tests.peers.weight_only_models import gptq_packed_int4
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+TEMPLATE_MARK = "from qfuse.kernels.triton.int4_mm import int4_dot"
+EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def compiled_code(model, x, **compile_kwargs):
+    marker = qfuse.graphs_compiled()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="qfuse", **compile_kwargs)
+    out, code = run_and_get_code(compiled, x)
+    reports = qfuse.reports_since(marker)
+    return out, "\n".join(code), reports[-1]
+
+
+def assert_close_to_eager(out, model, x):
+    eager = model(x)
+    scale = eager.float().abs().max().item()
+    tolerance = {BF16: 2**-7, FP16: 2**-10, FP32: 1e-5}[x.dtype]
+    assert out.dtype == eager.dtype and out.shape == eager.shape
+    assert (out.float() - eager.float()).abs().max().item() <= 2 * tolerance * scale
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group_size", [32, 128, None], ids=["g32", "g128", "per_channel"])
+def test_gptq_form_runs_as_the_template(dtype, symmetric, group_size):
+    model = gptq_packed_int4(dtype, group_size=group_size, symmetric=symmetric, in_features=512, out_features=136).cuda()
+    x = torch.randn(5, 512, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        out, code, report = compiled_code(model, x)
+        assert_close_to_eager(out, model, x)
+    assert TEMPLATE_MARK in code and EXTERN_CALL not in code
+    (record,) = report.fused
+    assert record.kernel == "triton" and record.lowered.startswith("Triton template"), record.lowered
+
+
+@pytest.mark.parametrize("shape", [(1, 256), (17, 256), (3, 70, 256), (300, 256)], ids=["M1", "M17", "3D", "M300"])
+def test_odd_shapes_and_3d(shape):
+    model = gptq_packed_int4(BF16, group_size=64, symmetric=False).cuda()
+    x = torch.randn(*shape, device="cuda", dtype=BF16)
+    with torch.no_grad():
+        out, code, _ = compiled_code(model, x)
+        assert_close_to_eager(out, model, x)
+    assert TEMPLATE_MARK in code
+
+
+def test_dynamic_m_one_compilation_for_every_m():
+    model = gptq_packed_int4(BF16, group_size=128).cuda()
+    compiled = torch.compile(model, backend="qfuse", dynamic=True)
+    with torch.no_grad():
+        for m in (1, 16, 33, 1000):
+            x = torch.randn(m, 256, device="cuda", dtype=BF16)
+            assert_close_to_eager(compiled(x), model, x)
+
+
+@pytest.mark.parametrize("mode", ["max-autotune-no-cudagraphs", "reduce-overhead"])
+def test_modes(mode):
+    model = gptq_packed_int4(BF16, group_size=128, symmetric=False).cuda()
+    x = torch.randn(16, 256, device="cuda", dtype=BF16)
+    with torch.no_grad():
+        out, code, _ = compiled_code(model, x, mode=mode)
+        assert_close_to_eager(out, model, x)
+    assert TEMPLATE_MARK in code and EXTERN_CALL not in code
+
+
+def test_the_cast_and_next_op_fuse_into_the_store():
+    model = gptq_packed_int4(BF16, group_size=128).cuda()
+
+    def block(x):
+        return torch.nn.functional.silu(model(x)) * 2
+
+    x = torch.randn(8, 256, device="cuda", dtype=BF16)
+    with torch.no_grad():
+        out, code, _ = compiled_code(block, x)
+        expected = torch.nn.functional.silu(model(x)) * 2
+    assert code.count(".run(") == 1, code  # the template alone: the silu and the multiply are in its store
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
