@@ -10,11 +10,11 @@ decoder's layers do (one linear alone would be served from an H100's 50 MiB L2).
     inductor, inductor:max-autotune-no-cudagraphs (M >= 1024), qfuse     the GPTQ form compiled
     bf16 (inductor)                      a stack of bf16 nn.Linear of the same sizes, compiled
     ...:reduce-overhead (M <= 16)        the same with CUDA graphs
-    triton int4 kernel (eager)           qfuse's kernel alone (`triton_int4_mm`), GPU time only
+    triton int4 kernel (eager)           qfuse's decode kernel alone (`triton_int4_mm`), GPU time only
     HBM floor                            int4 weight bytes / the bandwidth of a device-to-device copy
 
     python benchmarks/gpu_weight_only.py [--quick] [--out FILE.json] [--plot FILE.png]
-    python benchmarks/gpu_weight_only.py --tune      (GPU time of every tile of --tiles at each case)
+    python benchmarks/gpu_weight_only.py --tune --ms 1,16   (the kernel's GPU time at each decode tile and split)
     python benchmarks/gpu_weight_only.py --table FILE.json
 """
 
@@ -80,13 +80,6 @@ def bf16_stack(n: int, k: int) -> Stack:
                   for _ in range(layers_for(n, k))]).eval()
 
 
-def kernel_calls(stack: Stack, x: torch.Tensor, config=None):
-    from qfuse.kernels.triton.int4_mm import triton_int4_mm
-
-    return [lambda linear=linear: triton_int4_mm(x, linear.qweight, None, linear.scales, None, None, GROUP,
-                                                 torch.bfloat16, config=config) for linear in stack.linears]
-
-
 def hbm_floor_us(n: int, k: int) -> float:
     """int4 weight bytes / copy bandwidth (a device-to-device copy of 1 GiB reads and writes it)."""
     src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
@@ -119,8 +112,9 @@ def case_rows(m: int, n: int, k: int) -> list[dict]:
         for variant in ["inductor"] + (["inductor:reduce-overhead"] if m <= 16 else []):
             row = measure(floats, x, variant, floats(x))
             rows.append(label | row | {"variant": "bf16 " + variant})
-        kernel = graph_ms_per_call(kernel_calls(stack, x)) * 1e3
-        rows.append(label | {"variant": "triton int4 kernel (eager)", "gpu_us": kernel * layers})
+        if m <= 16:  # at prefill the compiled op runs Inductor's own dequantize + mm, not this kernel
+            kernel = graph_ms_per_call(kernel_calls(stack, x)) * 1e3
+            rows.append(label | {"variant": "triton int4 kernel (eager)", "gpu_us": kernel * layers})
         rows.append(label | {"variant": "HBM floor", "gpu_us": hbm_floor_us(n, k) * layers})
     for row in rows:
         for key in per_layer:
@@ -129,27 +123,28 @@ def case_rows(m: int, n: int, k: int) -> list[dict]:
     return rows
 
 
-TUNE_TILES = {
-    "decode": [(16, bn, bk, 1, w, s) for bn in (16, 32, 64, 128) for bk in (128, 256) for w in (2, 4) for s in (3, 5)],
-    "prefill": [(bm, bn, bk, 8, w, s) for bm, bn in ((64, 128), (128, 128), (128, 256)) for bk in (32, 64)
-                for w in (4, 8) for s in (3, 4)],
-}
+# Decode: (tile, K splits); the tile's BLOCK_M is 16 (`int4_mm.DECODE_ROWS`).
+TUNE_DECODE = [((16, bn, bk, 1, 4, 3), splits) for bn in (32, 64, 128) for bk in (256, 512) for splits in (1, 2, 4, 8)]
+
+
+def kernel_calls(stack: Stack, x: torch.Tensor, config=None, splits=None):
+    from qfuse.kernels.triton.int4_mm import triton_int4_mm
+
+    return [lambda linear=linear: triton_int4_mm(x, linear.qweight, None, linear.scales, None, None, GROUP,
+                                                 torch.bfloat16, config=config, splits=splits)
+            for linear in stack.linears]
 
 
 def tune_rows(m: int, n: int, k: int) -> list[dict]:
-    """GPU µs per linear of each tile of the kernel on the stack (cold weights); failures skipped."""
+    """GPU µs per linear of the kernel at each decode tile and split, on the stack (cold weights)."""
     stack = gptq_stack(n, k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     rows = []
-    for tile in TUNE_TILES["decode" if m <= 16 else "prefill"]:
-        try:
-            us = graph_ms_per_call(kernel_calls(stack, x, config=tile)) * 1e3
-        except Exception as error:  # a tile that does not fit in shared memory
-            progress(f"  tile {tile}: {type(error).__name__}")
-            continue
-        rows.append({"m": m, "n": n, "k": k, "tile": list(tile), "gpu_us": us})
+    for tile, splits in TUNE_DECODE:
+        us = graph_ms_per_call(kernel_calls(stack, x, config=tile, splits=splits)) * 1e3
+        rows.append({"m": m, "n": n, "k": k, "tile": list(tile), "splits": splits, "gpu_us": us})
     rows.sort(key=lambda row: row["gpu_us"])
-    progress(f"  best {rows[0]['tile']} {rows[0]['gpu_us']:.1f} us; worst {rows[-1]['gpu_us']:.1f}")
+    progress(f"  best {rows[0]['tile']} x{rows[0]['splits']} {rows[0]['gpu_us']:.1f} us; worst {rows[-1]['gpu_us']:.1f}")
     return rows
 
 

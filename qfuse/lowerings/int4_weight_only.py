@@ -1,14 +1,24 @@
-"""Inductor lowering of `qfuse::int4_weight_only_mm` for the `triton` kernel: a template on the stored words.
+"""Inductor lowering of `qfuse::int4_weight_only_mm` for the `triton` kernel, by M.
 
-    out = template(X [M, K], W int32 [N, K / 8], SHIFTS [8]?, S [N, K / g], Z int32 [N / 8, K / g]?, BIAS?)
-        = float32(x @ w^T + bias), w dequantized in registers (`qfuse.kernels.triton.int4_mm.int4_dot`)
-    y   = out.to(out_dtype), and the next pointwise ops      Inductor's epilogue, fused into the store
+Decode (M <= 16, static, or the size hint of a dynamic M): a Triton template on the stored words.
+
+    partial = template(X [M, K], W int32 [N, K / 8], SHIFTS [8]?, S [N, K / g], Z int32 [N / 8, K / g]?)
+            = float32 [SPLIT_K * M, N]: x @ w^T over SPLIT_K ranges of K, w dequantized in registers
+              (`qfuse.kernels.triton.int4_mm.int4_dot`; SPLIT_K from `int4_mm.split_k`)
+    y       = (partial.reshape(SPLIT_K, M, N).sum(0) + bias).to(out_dtype)      Inductor's code, with
+              the next pointwise ops; with one split the bias is inside the template and the cast
+              and what follows fuse into its store
 
 The template reads the model's own tensors: the words as the checkpoint packs them, the shifts it
 stores (or 0, 4, ..., 28 where the model computes them), its scales and packed zero points, so no
-weight is unpacked, repacked or cached, and a call is one kernel that Inductor launches itself.
-Tiles: `int4_mm.pick_int4_config` for M (static M exact; a dynamic M by its size hint), the K step
-narrowed to the group size (`fit_block_k`); under max-autotune also `int4_mm.AUTOTUNE_TILES`.
+weight is unpacked, repacked or cached, and Inductor launches the kernel itself.
+Tiles: `int4_mm.pick_int4_config` and `fit_block_k`; under max-autotune also `int4_mm.AUTOTUNE_TILES`
+(the split is the call's, shared by every tile: it decides the output's shape).
+
+Prefill (M > 16): Inductor's own dequantize + mm, written here in IR from the same stored tensors
+(the weight dequantized into a buffer by one pointwise kernel, then Inductor's GEMM: cuBLAS, or its
+autotuned templates under max-autotune), on any device. That is what Inductor compiles from the model's own code,
+and it beats the template there (docs/benchmarks.md, gpu_weight_only).
 
 Other kernels (the CPU `torch` kernel: ATen's int4pack on a weight repacked once) stay an extern call.
 """
@@ -21,95 +31,141 @@ import sympy
 import torch
 from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
+from torch._inductor.select_algorithm import SymbolicGridFn
 from torch._inductor.virtualized import V
 
+from qfuse.kernels.base import DECODE_ROWS
 from qfuse.lowerings.ir import convert, extern_call, falls_back_to_extern_call, lower, record_lowering
 from qfuse.lowerings.triton_template import max_autotune, select_tile, template_for_inputs
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
+from qfuse.schemes import INT4_OFFSET
 
-aten = torch.ops.aten
+aten, prims = torch.ops.aten, torch.ops.prims
 log = logging.getLogger("qfuse")
 
-# INPUTS: X, W, S, and each of SHIFTS, Z, BIAS that the call has (`template_for_inputs`).
+# INPUTS: X, W, S, and each of SHIFTS, Z, BIAS that the call has (`template_for_inputs`). The output
+# holds SPLIT_K row blocks of M rows: split pid_k stores its partial sums at rows pid_k * M + m.
 _SOURCE = r"""
-from qfuse.kernels.triton.int4_mm import int4_dot
+from qfuse.kernels.triton.int4_mm import int4_dot, k_range
 from qfuse.kernels.triton.scaled_mm import grouped_tile
 {{def_kernel(INPUTS)}}
     M = {{size("X", 0)}}
     N = {{size("W", 0)}}
     K = {{size("X", 1)}}
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(INDEX_DTYPE)
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(INDEX_DTYPE)
     mask_m = offs_m < M
     mask_n = offs_n < N
+    k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
     acc = int4_dot(
-        X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, offs_m, offs_n, mask_m, mask_n, K,
-        {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("W", 0)}}, {{stride("W", 1)}}, {{stride("S", 0)}}, {{stride("S", 1)}},
-        {{stride("Z", 0) if HAS_ZEROS else 0}}, {{stride("Z", 1) if HAS_ZEROS else 0}},
-        GROUP_SIZE, ONE_GROUP_PER_STEP, HAS_SHIFTS, HAS_ZEROS, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
+        X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, offs_m, offs_n, mask_m, mask_n,
+        K, k_start, k_end, {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("W", 0)}}, {{stride("W", 1)}},
+        {{stride("S", 0)}}, {{stride("S", 1)}}, {{stride("Z", 0) if HAS_ZEROS else 0}}, {{stride("Z", 1) if HAS_ZEROS else 0}},
+        GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
     )
 {% if HAS_BIAS %}
     acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
 {% endif %}
+    offs_m = offs_m + pid_k * M
 {{STORE_TILE}}"""
 
 
-def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
-    """'' if the call becomes the template, else why it stays an extern call of the op."""
+@SymbolicGridFn
+def _split_k_grid(rows, n, meta, *, cdiv):
+    """One program per tile and K range; `rows` is SPLIT_K * M."""
+    return cdiv(rows, meta["SPLIT_K"] * meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], 1
+
+
+def why_not_lowered(call: Int4WeightOnlyMmArgs, decode: bool) -> str:
+    """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call."""
     if call.kernel != "triton":
         return f"kernel {call.kernel!r} runs as an extern call"
-    if call.x.get_device().type != "cuda":
-        return "the Triton template runs on CUDA"
-    rows = sympy.Mul(*call.x.get_size()[:-1])
-    if V.graph.sizevars.statically_known_true(sympy.Eq(rows, 0)):
+    if V.graph.sizevars.statically_known_true(sympy.Eq(sympy.Mul(*call.x.get_size()[:-1]), 0)):
         return "M is 0"
+    if decode and call.x.get_device().type != "cuda":
+        return "the Triton template runs on CUDA"
     return ""
-
-
-def _tiles(rows, n: int, k: int, group_size: int, device) -> list[tuple[int, int, int, int, int, int]]:
-    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, fit_block_k, pick_int4_config
-    from qfuse.kernels.triton.scaled_mm import multiprocessors
-
-    hint = V.graph.sizevars.optimization_hint(rows, fallback=4096)
-    tiles = [pick_int4_config(hint, n, multiprocessors(device))]
-    if max_autotune():
-        tiles += [tile for tile in AUTOTUNE_TILES if tile not in tiles]
-    fitted = []
-    for block_m, block_n, block_k, *rest in tiles:
-        tile = (block_m, block_n, fit_block_k(block_k, group_size, k), *rest)
-        if tile not in fitted:
-            fitted.append(tile)
-    return fitted
 
 
 @falls_back_to_extern_call(Int4WeightOnlyMmArgs)
 def lower_int4_weight_only_mm(*args, **kwargs):
-    from qfuse.kernels.triton.int4_mm import step_meta
-
     call = Int4WeightOnlyMmArgs(*args, **kwargs)
-    reason = why_not_lowered(call)
+    *lead, k = call.x.get_size()
+    rows = sympy.Mul(*lead)
+    hint = V.graph.sizevars.optimization_hint(rows, fallback=4096)
+    reason = why_not_lowered(call, decode=hint <= DECODE_ROWS)
     if reason:
         log.debug("qfuse: int4_weight_only_mm stays an extern call: %s", reason)
         record_lowering(f"extern call of qfuse::int4_weight_only_mm ({reason})")
         return extern_call(call)
-    *lead, k = call.x.get_size()
     n = int(call.packed.get_size()[0])
-    rows = sympy.Mul(*lead)
     x2d = lower(aten.reshape.default, call.x, [rows, k])
-    named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
-             "BIAS": call.bias}
-    inputs = {name: ir.ExternKernel.realize_input(node) for name, node in named.items() if node is not None}
-    template = template_for_inputs(_SOURCE, "qfuse_int4_linear", tuple(inputs))
-    layout = ir.FixedLayout(x2d.get_device(), torch.float32, [rows, n])
-    meta = dict(HAS_SHIFTS=call.shifts is not None, HAS_ZEROS=call.packed_zeros is not None,
-                HAS_BIAS=call.bias is not None)
-    tiles = _tiles(rows, n, int(k), call.group_size, x2d.get_device())
-    out, how = select_tile(template, "qfuse_int4_linear", tuple(inputs.values()), layout, tiles,
-                           lambda tile: meta | step_meta(tile[2], call.group_size, int(k)))
-    record_lowering(how + "; the int4 words dequantized in registers, bias inside, the output cast and what "
-                    "follows fused into its store")
+    if hint > DECODE_ROWS:
+        dynamic = not sympy.sympify(rows).is_number
+        out = _dequantize_and_mm(call, x2d, n, int(k))
+        record_lowering("Inductor's own dequantize + mm (prefill" + (f": a dynamic M, size hint {hint}" if dynamic else "")
+                        + "); the bias in the GEMM, the cast and what follows in its fused pointwise code")
+    else:
+        out = _decode_template(call, x2d, rows, n, int(k))
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
+
+
+def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int):
+    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, fit_block_k, pick_int4_config, split_k, step_meta
+    from qfuse.kernels.triton.scaled_mm import multiprocessors
+
+    sms = multiprocessors(x2d.get_device())
+    hint = V.graph.sizevars.optimization_hint(rows, fallback=DECODE_ROWS)
+    tiles = [pick_int4_config(hint, n, sms)] + (list(AUTOTUNE_TILES) if max_autotune() else [])
+    tiles = list(dict.fromkeys((bm, bn, fit_block_k(bk, call.group_size, k), *rest) for bm, bn, bk, *rest in tiles))
+    splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], sms)
+    bias = call.bias if splits == 1 else None
+    named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros, "BIAS": bias}
+    inputs = {name: ir.ExternKernel.realize_input(node) for name, node in named.items() if node is not None}
+    template = template_for_inputs(_SOURCE, "qfuse_int4_linear", tuple(inputs), grid=_split_k_grid)
+    layout = ir.FixedLayout(x2d.get_device(), torch.float32, [splits * rows, n])
+    meta = dict(HAS_SHIFTS=call.shifts is not None, HAS_ZEROS=call.packed_zeros is not None, HAS_BIAS=bias is not None,
+                SPLIT_K=splits)
+    out, how = select_tile(template, "qfuse_int4_linear", tuple(inputs.values()), layout, tiles,
+                           lambda tile: meta | step_meta(tile[2], call.group_size, k))
+    if splits == 1:
+        record_lowering(how + "; the int4 words dequantized in registers, bias inside, the output cast and what "
+                        "follows fused into its store")
+        return out
+    out = lower(aten.sum.dim_IntList, lower(aten.reshape.default, out, [splits, rows, n]), [0])
+    if call.bias is not None:
+        out = lower(aten.add.Tensor, out, convert(call.bias, torch.float32))
+    record_lowering(how + f"; K split in {splits}, the int4 words dequantized in registers; the sum of the splits, "
+                    "bias, cast and what follows in Inductor's fused code")
+    return out
+
+
+def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
+    """x @ w^T (+ bias) with w dequantized by the op's formula, in Inductor IR: w = (q - z) * s, rounded
+    once to x's dtype (the product is exact in float32), then Inductor's own mm / addmm."""
+    groups = k // call.group_size
+    device = x2d.get_device()
+    shifts = call.shifts if call.shifts is not None else lower(
+        prims.iota.default, 8, start=0, step=4, dtype=torch.int32, device=device, requires_grad=False)
+
+    def nibbles(words, axis_shifts):
+        return lower(aten.bitwise_and.Scalar, lower(aten.bitwise_right_shift.Tensor, words, axis_shifts), 0xF)
+
+    q = nibbles(lower(aten.unsqueeze.default, call.packed, -1), shifts)  # [N, K / 8, 8]
+    q = lower(aten.reshape.default, q, [n, groups, call.group_size])
+    if call.packed_zeros is None:
+        q = lower(aten.sub.Tensor, q, INT4_OFFSET)
+    else:
+        zeros = nibbles(lower(aten.unsqueeze.default, call.packed_zeros, 1), lower(aten.unsqueeze.default, shifts, -1))
+        q = lower(aten.sub.Tensor, q, lower(aten.reshape.default, zeros, [n, groups, 1]))  # [N / 8, 8, K / g] -> [N, K / g]
+    scales = lower(aten.unsqueeze.default, convert(call.scales, torch.float32), -1)
+    w = convert(lower(aten.mul.Tensor, convert(q, torch.float32), scales), x2d.get_dtype())
+    w_t = lower(aten.permute.default, lower(aten.reshape.default, w, [n, k]), [1, 0])
+    if call.bias is None:
+        return lower(aten.mm.default, x2d, w_t)
+    return lower(aten.addmm.default, convert(call.bias, x2d.get_dtype()), x2d, w_t)
 
 
 def register() -> None:

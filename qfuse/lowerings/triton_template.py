@@ -91,17 +91,17 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_
 EPILOGUE_SPLIT_MIN_N = 64
 
 
-@functools.cache
 def _template(inputs: tuple[str, ...]) -> TritonTemplate:
-    """The template for a call with these inputs (Inductor keeps one template per name)."""
+    """The template for a call with these inputs."""
     return template_for_inputs(_SOURCE, "qfuse_scaled_linear", inputs)
 
 
-def template_for_inputs(source: str, name: str, inputs: tuple[str, ...]) -> TritonTemplate:
+@functools.cache
+def template_for_inputs(source: str, name: str, inputs: tuple[str, ...], grid=mm_grid) -> TritonTemplate:
     """A template of `source` whose def_kernel line takes `inputs` (the ones a call has), with the
-    shared store block filled in; Inductor keeps one template per name, so the name says the inputs."""
+    shared store block filled in; made once (Inductor keeps one template per name: the name says the inputs)."""
     source = source.replace("{{def_kernel(INPUTS)}}", "{{def_kernel(%s)}}" % ", ".join(map(repr, inputs)))
-    return TritonTemplate(name=name + "_" + "_".join(inputs).lower(), grid=mm_grid,
+    return TritonTemplate(name=name + "_" + "_".join(inputs).lower(), grid=grid,
                           source=source.replace("{{STORE_TILE}}", STORE_TILE))
 
 

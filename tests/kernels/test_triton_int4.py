@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 import qfuse.ops  # noqa: F401, E402  (registers torch.ops.qfuse)
 from qfuse.kernels.triton.int4_mm import (  # noqa: E402
-    DECODE_ROWS, fit_block_k, pick_int4_config, step_meta, triton_int4_mm,
+    DECODE_ROWS, fit_block_k, pick_int4_config, split_k, step_meta, triton_int4_mm,
 )
 from tests.peers.weight_only_models import gptq_packed_int4  # noqa: E402
 
@@ -44,10 +44,10 @@ def assert_matches(out, model, x):
     assert (out.double() - eager.double()).abs().max() <= 2 * TOLERANCE[x.dtype] * scale
 
 
-def kernel_call(model, x, config=None, shifts="model"):
+def kernel_call(model, x, config=None, shifts="model", splits=None):
     shifts = model.shifts if shifts == "model" else shifts
     return triton_int4_mm(x.reshape(-1, x.shape[-1]), model.qweight, shifts, model.scales, model.qzeros, model.bias,
-                          model.group_size, x.dtype, config=config).reshape(*x.shape[:-1], -1)
+                          model.group_size, x.dtype, config=config, splits=splits).reshape(*x.shape[:-1], -1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -60,12 +60,13 @@ def test_matches_the_model_and_float64(dtype, symmetric, group_size):
 
 
 @pytest.mark.parametrize("config", [(16, 32, 64, 1, 4, 2), (32, 64, 128, 8, 4, 2), (16, 16, 16, 1, 2, 1)],
-                         ids=["step_in_group", "step_spans_groups", "narrow"])
+                         ids=["two_groups_a_step", "four_groups_a_step", "step_in_group"])
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("m", [1, 17])
-def test_tiles_whose_step_spans_groups_or_not(config, m):
+def test_tiles_and_k_splits(config, splits, m):
     model = model_on_device(HALF, group_size=32, symmetric=False, out_features=72)
     x = torch.randn(m, 256, generator=torch.Generator().manual_seed(2)).to(HALF).to(DEVICE)
-    assert_matches(kernel_call(model, x, config=config), model, x)
+    assert_matches(kernel_call(model, x, config=config, splits=splits), model, x)
 
 
 def test_k_not_a_multiple_of_the_step_per_channel():
@@ -92,15 +93,19 @@ def test_the_op_on_the_triton_kernel(shape):
     assert_matches(out, model, x)
 
 
-def test_decode_tiles_fill_the_gpu_and_prefill_takes_tensor_core_tiles():
-    block_m, block_n, *_ = pick_int4_config(1, 4096, 132)
+def test_decode_tiles_and_k_splits_fill_the_gpu():
+    block_m, block_n, block_k, *_ = pick_int4_config(1, 4096, 132)
     assert block_m == DECODE_ROWS and 4096 // block_n >= 0.75 * 132
-    assert pick_int4_config(1, 14336, 132)[1] == 128
+    assert pick_int4_config(1, 14336, 132)[1] == 64
     assert pick_int4_config(4096, 4096, 132)[0] >= 64
+    splits = split_k(1, 4096, 4096, block_n, block_k, 132)
+    assert splits > 1 and (4096 // block_n) * splits >= 2 * 132
+    assert split_k(1, 4096, 256, 32, 256, 132) == 1  # one K step: nothing to split
+    assert split_k(4096, 4096, 4096, 128, 128, 132) == 1
 
 
 def test_the_step_never_straddles_groups_it_could_avoid():
-    assert fit_block_k(128, 32, 4096) == 32
-    assert fit_block_k(256, 128, 4096) == 128
+    assert fit_block_k(128, 32, 4096) == 128  # four whole groups a step
+    assert fit_block_k(64, 128, 4096) == 64  # a step inside one group
     assert fit_block_k(256, 4096, 4096) == 256  # per channel: one group, any step
-    assert fit_block_k(64, 24, 4096) == 16  # 16 is the least step; the kernel then reads a scale per element
+    assert fit_block_k(64, 48, 4096) == 16  # groups of 48: steps of 16 (the capability takes multiples of 16)

@@ -11,15 +11,24 @@ in float32 (a 5-bit integer times a scale of at most 11 significant bits), so th
 `tl.dot` is, element for element, the weight eager dequantizes; only the order of the sum differs.
 
 The same `int4_dot` main loop serves the eager launcher (`triton_int4_mm`, the op's extern call) and
-the Inductor template (`qfuse.lowerings.int4_template`), which reads the model's stored tensors
+the Inductor template (`qfuse.lowerings.int4_weight_only`), which reads the model's stored tensors
 directly: nothing is unpacked or repacked, and the weight costs nothing per call but its read.
 
-The weight tile is loaded as [BLOCK_K, BLOCK_N] pointers into the words (eight rows of k share a
-word; the repeats hit L1), so that one `tl.dot` takes it. A K step reads one scale per column when
-it lies inside one group (`BLOCK_K` divides the group size, or one group spans K: per channel), else
-one per element (groups narrower than the step). Tiles (`pick_int4_config`): at M <= 16 (decode)
-the widest column block that still puts a program on most multiprocessors, since the time is how
-fast the grid streams the weight; above, a tensor-core tile.
+A K step loads the words as they are stored, a [BLOCK_N, BLOCK_K / 8] tile contiguous along K,
+unpacks them against the eight shifts into [BLOCK_N, BLOCK_K] (k = 8 * word + nibble), scales them
+per group as [BLOCK_N, groups, group] (`BLOCK_K` and the group size divide one another, or one
+group spans K: per channel) and multiplies as the left operand: acc^T [BLOCK_N, BLOCK_M] +=
+w [BLOCK_N, BLOCK_K] @ x^T, the weight on the wide side of the tensor-core shape at decode.
+Measured on an H100 (scratch variants, GPTQ g128 bf16, weights past the L2): loading the words as
+[BLOCK_K, BLOCK_N] pointers (eight k rows to a word) was uncoalesced, 141 µs a 4096 x 14336 decode
+step; the nibble-split form (eight dots a step on k = 8 j + i) and the x @ w^T orientation were
+slower than this one at every decode and prefill shape.
+
+Decode (M <= 16) has too few column blocks to keep the multiprocessors busy (N = 4096 in 32-wide
+blocks is 128 programs of 4 warps: one warp per scheduler, no latency hidden), so K is split in
+`split_k` ranges whose float32 partial sums [SPLIT_K, M, N] are added after (`triton_int4_mm`; the
+template leaves the sum, the bias and the cast to Inductor's code). Prefill runs on Inductor's own
+dequantize + mm instead (`qfuse.lowerings.int4_weight_only`): this kernel is 4x cuBLAS's time there.
 """
 
 from __future__ import annotations
@@ -31,13 +40,13 @@ import triton.language as tl
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton.scaled_mm import grouped_tile, multiprocessors
 
-NIBBLES = 8
-
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
-PREFILL_TILE = (128, 128, 64, 8, 8, 3)
+PREFILL_TILE = (128, 256, 128, 8, 8, 3)
 # M <= 16: (BLOCK_N, BLOCK_K, num_warps, num_stages) by the column-block width that fills the GPU.
-DECODE_TILES = {128: (128, 128, 4, 4), 64: (64, 128, 4, 4), 32: (32, 256, 4, 4), 16: (16, 256, 2, 4)}
+DECODE_TILES = {64: (64, 256, 4, 3), 32: (32, 512, 4, 3)}
 DECODE_GRID_FILL = 0.75
+DECODE_PROGRAMS_PER_SM = 4
+MAX_SPLIT_K = 16
 # Extra tiles Inductor benchmarks under max-autotune.
 AUTOTUNE_TILES = (
     (16, 32, 256, 8, 4, 4), (16, 64, 128, 8, 4, 4), (16, 128, 128, 8, 4, 4), (32, 64, 128, 8, 4, 4),
@@ -46,92 +55,95 @@ AUTOTUNE_TILES = (
 
 
 @triton.jit
-def int4_weight_tile(W, SHIFTS, S, Z, k0, offs_k, offs_n, mask_k, mask_n, stride_wn, stride_wk, stride_sn, stride_sg,
-                     stride_zn, stride_zg, GROUP_SIZE: tl.constexpr, ONE_GROUP_PER_STEP: tl.constexpr,
-                     HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr):
-    """The dequantized [BLOCK_K, BLOCK_N] tile w^T[offs_k, offs_n] in DTYPE (zero where k >= K)."""
-    words = tl.load(W + offs_n[None, :] * stride_wn + (offs_k // 8)[:, None] * stride_wk,
-                    mask=mask_k[:, None] & mask_n[None, :], other=0)
+def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg, stride_zn,
+                     stride_zg, GROUP_SIZE: tl.constexpr, GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr,
+                     HAS_ZEROS: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """The dequantized [BLOCK_N, BLOCK_K] tile w[offs_n, k0:k0 + BLOCK_K] in DTYPE (zero where k >= K)."""
+    offs_word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    words = tl.load(W + offs_n[:, None] * stride_wn + offs_word[None, :] * stride_wk,
+                    mask=mask_n[:, None] & (offs_word * 8 < K)[None, :], other=0)
+    nibble = tl.arange(0, 8)
     if HAS_SHIFTS:
-        shift = tl.load(SHIFTS + offs_k % 8)
+        shift = tl.load(SHIFTS + nibble)
     else:
-        shift = (offs_k % 8) * 4
-    q = (words >> shift[:, None]) & 0xF
-    if ONE_GROUP_PER_STEP:
-        group = k0 // GROUP_SIZE
-        scale = tl.load(S + offs_n * stride_sn + group * stride_sg, mask=mask_n, other=0.0)[None, :]
-        zero_rows = offs_n // 8
-        zero_offsets = zero_rows * stride_zn + group * stride_zg
-        zero_mask = mask_n
-        zero_shift_index = offs_n % 8
-    else:
-        groups = (offs_k // GROUP_SIZE)[:, None]
-        scale = tl.load(S + offs_n[None, :] * stride_sn + groups * stride_sg,
-                        mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        zero_offsets = (offs_n // 8)[None, :] * stride_zn + groups * stride_zg
-        zero_mask = mask_k[:, None] & mask_n[None, :]
-        zero_shift_index = (offs_n % 8)[None, :]
+        shift = nibble * 4
+    q = (words[:, :, None] >> shift[None, None, :]) & 0xF
+    q = tl.reshape(q, (BLOCK_N, GROUPS_PER_STEP, BLOCK_K // GROUPS_PER_STEP))
+    groups = k0 // GROUP_SIZE + tl.arange(0, GROUPS_PER_STEP)
+    mask = mask_n[:, None] & (groups * GROUP_SIZE < K)[None, :]
+    scale = tl.load(S + offs_n[:, None] * stride_sn + groups[None, :] * stride_sg, mask=mask, other=0.0)
     if HAS_ZEROS:
         if HAS_SHIFTS:
-            zero_shift = tl.load(SHIFTS + zero_shift_index)
+            zero_shift = tl.load(SHIFTS + offs_n % 8)
         else:
-            zero_shift = zero_shift_index * 4
-        zero = (tl.load(Z + zero_offsets, mask=zero_mask, other=0) >> zero_shift) & 0xF
-        if ONE_GROUP_PER_STEP:
-            zero = zero[None, :]
+            zero_shift = (offs_n % 8) * 4
+        zero_words = tl.load(Z + (offs_n // 8)[:, None] * stride_zn + groups[None, :] * stride_zg, mask=mask, other=0)
+        zero = ((zero_words >> zero_shift[:, None]) & 0xF)[:, :, None]
     else:
         zero = 8
-    w = ((q - zero).to(tl.float32) * scale.to(tl.float32)).to(DTYPE)
+    w = ((q - zero).to(tl.float32) * scale.to(tl.float32)[:, :, None]).to(DTYPE)
+    w = tl.reshape(w, (BLOCK_N, BLOCK_K))
     if not EVEN_K:
-        w = tl.where(mask_k[:, None], w, tl.zeros_like(w))
+        w = tl.where((k0 + tl.arange(0, BLOCK_K) < K)[None, :], w, tl.zeros_like(w))
     return w
 
 
 @triton.jit
-def int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, stride_xm, stride_xk, stride_wn, stride_wk,
-             stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE: tl.constexpr, ONE_GROUP_PER_STEP: tl.constexpr,
-             HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr, EVEN_K: tl.constexpr,
+def int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk, stride_wn,
+             stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE: tl.constexpr,
+             GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr, EVEN_K: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The float32 [BLOCK_M, BLOCK_N] tile of x @ w^T (the module docstring's formula, before bias)."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    """The float32 [BLOCK_M, BLOCK_N] tile of x @ w^T over k in [k_start, k_end) (before bias)."""
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        x = tl.load(X + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        w = int4_weight_tile(W, SHIFTS, S, Z, k0, offs_k, offs_n, mask_k, mask_n, stride_wn, stride_wk, stride_sn,
-                             stride_sg, stride_zn, stride_zg, GROUP_SIZE, ONE_GROUP_PER_STEP, HAS_SHIFTS, HAS_ZEROS,
-                             EVEN_K, x.dtype)
-        if x.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
-            acc = tl.dot(x, w, acc, input_precision="ieee")
+        x_t = tl.load(X + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm,
+                      mask=(offs_k < K)[:, None] & mask_m[None, :], other=0.0)
+        w = int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg,
+                             stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, EVEN_K,
+                             x_t.dtype, BLOCK_N, BLOCK_K)
+        if x_t.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
+            acc = tl.dot(w, x_t, acc, input_precision="ieee")
         else:
-            acc = tl.dot(x, w, acc)
-    return acc
+            acc = tl.dot(w, x_t, acc)
+    return tl.trans(acc)
+
+
+@triton.jit
+def k_range(K, pid_k, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[k_start, k_end) of split `pid_k`: whole K steps, as even as they go."""
+    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_start = pid_k * steps * BLOCK_K
+    return k_start, tl.minimum(K, k_start + steps * BLOCK_K)
 
 
 @triton.jit
 def _int4_mm_kernel(X, W, SHIFTS, S, Z, BIAS, OUT, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_sn,
-                    stride_sg, stride_zn, stride_zg, stride_om, stride_on, GROUP_SIZE: tl.constexpr,
-                    ONE_GROUP_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                    stride_sg, stride_zn, stride_zg, stride_os, stride_om, stride_on, GROUP_SIZE: tl.constexpr,
+                    GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """OUT[pid_k] = the split's partial x @ w^T (+ bias when there is one split)."""
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m, mask_n = offs_m < M, offs_n < N
-    acc = int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, stride_xm, stride_xk, stride_wn, stride_wk,
-                   stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE, ONE_GROUP_PER_STEP, HAS_SHIFTS, HAS_ZEROS,
-                   EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
+    acc = int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk,
+                   stride_wn, stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP,
+                   HAS_SHIFTS, HAS_ZEROS, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(OUT + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(OUT.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(OUT + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
+             acc.to(OUT.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 def step_meta(block_k: int, group_size: int, k: int) -> dict:
-    """The constexprs that depend on the K step: whether a step lies in one group, whether K needs masks."""
-    return dict(ONE_GROUP_PER_STEP=group_size % block_k == 0 or group_size >= k, EVEN_K=k % block_k == 0,
-                GROUP_SIZE=group_size)
+    """The constexprs that depend on the K step: how many groups a step holds, whether K needs masks."""
+    groups_per_step = block_k // group_size if group_size < k and block_k > group_size else 1
+    return dict(GROUPS_PER_STEP=groups_per_step, EVEN_K=k % block_k == 0, GROUP_SIZE=group_size)
 
 
 def pick_int4_config(m: int, n: int, multiprocessor_count: int) -> tuple[int, int, int, int, int, int]:
@@ -144,33 +156,51 @@ def pick_int4_config(m: int, n: int, multiprocessor_count: int) -> tuple[int, in
     return DECODE_ROWS, block_n, block_k, 1, num_warps, num_stages
 
 
+def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_count: int) -> int:
+    """How many K ranges a call splits into: at decode, enough for `DECODE_PROGRAMS_PER_SM` programs
+    a multiprocessor (a power of two, at most one per K step); else 1."""
+    if m > DECODE_ROWS:
+        return 1
+    column_blocks = triton.cdiv(n, block_n)
+    wanted = triton.cdiv(DECODE_PROGRAMS_PER_SM * multiprocessor_count, column_blocks)
+    splits = 1
+    while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k)):
+        splits *= 2
+    return splits
+
+
 def fit_block_k(block_k: int, group_size: int, k: int) -> int:
-    """`block_k`, halved while a K step would straddle groups it could avoid (at least 16)."""
-    while block_k > 16 and group_size % block_k and group_size < k:
+    """`block_k`, halved (to 16 at least) until it divides the group size or the group size divides it
+    (a step then holds whole groups, or lies in one); any step when one group spans K."""
+    while block_k > 16 and group_size < k and group_size % block_k and block_k % group_size:
         block_k //= 2
     return block_k
 
 
 def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor | None, scales: torch.Tensor,
                    packed_zeros: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
-                   out_dtype: torch.dtype, config=None) -> torch.Tensor:
+                   out_dtype: torch.dtype, config=None, splits: int | None = None) -> torch.Tensor:
     """x [M, K] @ w^T + bias as `out_dtype`, w the int4 weight of the module docstring."""
     m, k = x.shape
     n = packed.shape[0]
-    out = torch.empty(m, n, device=x.device, dtype=out_dtype)
-    if m == 0:
-        return out
-    if n == 0 or k == 0:
-        return out.zero_() if bias is None else out.copy_(bias.to(out_dtype).expand(m, n))
-    block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_int4_config(m, n, multiprocessors(x.device))
+    if m == 0 or n == 0 or k == 0:
+        out = torch.zeros(m, n, device=x.device, dtype=out_dtype)
+        return out if bias is None or m == 0 else out.copy_(bias.to(out_dtype).expand(m, n))
+    sms = multiprocessors(x.device)
+    block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_int4_config(m, n, sms)
     block_k = fit_block_k(block_k, group_size, k)
+    splits = splits or split_k(m, n, k, block_n, block_k, sms)
+    out = torch.empty(splits, m, n, device=x.device, dtype=out_dtype if splits == 1 else torch.float32)
     zeros = packed_zeros if packed_zeros is not None else packed
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), splits)
     _int4_mm_kernel[grid](
         x, packed, shifts if shifts is not None else packed, scales, zeros, bias if bias is not None else scales, out,
         m, n, k, *x.stride(), *packed.stride(), *scales.stride(), *zeros.stride(), *out.stride(),
-        HAS_SHIFTS=shifts is not None, HAS_ZEROS=packed_zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, num_warps=num_warps,
+        HAS_SHIFTS=shifts is not None, HAS_ZEROS=packed_zeros is not None, HAS_BIAS=bias is not None and splits == 1,
+        SPLIT_K=splits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, num_warps=num_warps,
         num_stages=num_stages, **step_meta(block_k, group_size, k),
     )
-    return out
+    if splits == 1:
+        return out[0]
+    total = out.sum(0)
+    return (total if bias is None else total + bias.float()).to(out_dtype)

@@ -1,0 +1,45 @@
+"""`qfuse::int4_weight_only_mm` on the `triton` kernel at prefill (M > 16) lowers to Inductor's own
+dequantize + mm on the stored words, on any device: checked here on the CPU against the peer GPTQ
+model's eager forward, symmetric and with zero points, stored and computed shifts, bias, static and
+dynamic M (the decode template is GPU-only: tests/lowerings/test_int4_template.py)."""
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+from qfuse.lowerings import register_lowerings
+from tests.peers.weight_only_models import gptq_packed_int4
+
+EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
+
+
+def op_call(model, shifts):
+    def linear(x):
+        return torch.ops.qfuse.int4_weight_only_mm(x, model.qweight, shifts, model.scales, model.qzeros, model.bias,
+                                                   model.group_size, x.dtype, "triton")
+    return linear
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("stored_shifts", [True, False])
+def test_prefill_is_inductors_dequantize_and_mm(dtype, symmetric, stored_shifts):
+    assert register_lowerings()
+    model = gptq_packed_int4(dtype, group_size=32, symmetric=symmetric)
+    x = torch.randn(2, 20, 256).to(dtype)
+    torch._dynamo.reset()
+    out, code = run_and_get_code(torch.compile(op_call(model, model.shifts if stored_shifts else None)), x)
+    assert EXTERN_CALL not in "\n".join(code)
+    expected = model(x)
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7
+    torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
+
+
+def test_dynamic_m_with_a_prefill_hint():
+    assert register_lowerings()
+    model = gptq_packed_int4(torch.float32, group_size=64, symmetric=False)
+    compiled = torch.compile(op_call(model, model.shifts), dynamic=True)
+    torch._dynamo.reset()
+    for m in (40, 3, 100):
+        x = torch.randn(m, 256)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-4)
