@@ -118,7 +118,7 @@ def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int):
 
     sms = multiprocessors(x2d.get_device())
     hint = V.graph.sizevars.optimization_hint(rows, fallback=DECODE_ROWS)
-    tiles = [pick_int4_config(hint, n, sms)] + (list(AUTOTUNE_TILES) if max_autotune() else [])
+    tiles = [pick_int4_config(hint)] + (list(AUTOTUNE_TILES) if max_autotune() else [])
     tiles = list(dict.fromkeys((bm, bn, fit_block_k(bk, call.group_size, k), *rest) for bm, bn, bk, *rest in tiles))
     splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], sms)
     bias = call.bias if splits == 1 else None

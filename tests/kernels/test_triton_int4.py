@@ -94,12 +94,10 @@ def test_the_op_on_the_triton_kernel(shape):
 
 
 def test_decode_tiles_and_k_splits_fill_the_gpu():
-    block_m, block_n, block_k, *_ = pick_int4_config(1, 4096, 132)
-    assert block_m == DECODE_ROWS and 4096 // block_n >= 0.75 * 132
-    assert pick_int4_config(1, 14336, 132)[1] == 64
-    assert pick_int4_config(4096, 4096, 132)[0] >= 64
+    block_m, block_n, block_k, *_ = pick_int4_config(1)
+    assert block_m == DECODE_ROWS and pick_int4_config(4096)[0] >= 64
     splits = split_k(1, 4096, 4096, block_n, block_k, 132)
-    assert splits > 1 and (4096 // block_n) * splits >= 2 * 132
+    assert splits == 4 and (4096 // block_n) * splits >= 132  # 64 column blocks alone leave half the GPU idle
     assert split_k(1, 4096, 256, 32, 256, 132) == 1  # one K step: nothing to split
     assert split_k(4096, 4096, 4096, 128, 128, 132) == 1
 

@@ -42,16 +42,14 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile, multiprocessors
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 PREFILL_TILE = (128, 256, 128, 8, 8, 3)
-# M <= 16: (BLOCK_N, BLOCK_K, num_warps, num_stages) by the column-block width that fills the GPU.
-DECODE_TILES = {64: (64, 256, 4, 3), 32: (32, 512, 4, 3)}
-DECODE_GRID_FILL = 0.75
-DECODE_PROGRAMS_PER_SM = 4
+# M <= 16: one tile, K split until there are DECODE_PROGRAMS_PER_SM programs a multiprocessor. The
+# best of 24 (tile, split) pairs at each of the three shapes on an H100 (benchmarks/gpu_weight_only.py
+# --tune): 18.6 / 39.8 / 46.9 µs a linear at N x K = 4096 x 4096 / 14336 x 4096 / 4096 x 14336.
+DECODE_TILE = (DECODE_ROWS, 64, 256, 1, 4, 3)
+DECODE_PROGRAMS_PER_SM = 2
 MAX_SPLIT_K = 16
-# Extra tiles Inductor benchmarks under max-autotune.
-AUTOTUNE_TILES = (
-    (16, 32, 256, 8, 4, 4), (16, 64, 128, 8, 4, 4), (16, 128, 128, 8, 4, 4), (32, 64, 128, 8, 4, 4),
-    (64, 128, 64, 8, 4, 3), (128, 128, 64, 8, 8, 3), (128, 256, 64, 8, 8, 3), (128, 128, 32, 8, 4, 4),
-)
+# Extra decode tiles Inductor benchmarks under max-autotune (the template runs at decode only).
+AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 128, 1, 4, 3), (16, 128, 128, 1, 8, 3), (16, 64, 512, 1, 8, 3))
 
 
 @triton.jit
@@ -61,8 +59,11 @@ def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_w
                      BLOCK_K: tl.constexpr):
     """The dequantized [BLOCK_N, BLOCK_K] tile w[offs_n, k0:k0 + BLOCK_K] in DTYPE (zero where k >= K)."""
     offs_word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    words = tl.load(W + offs_n[:, None] * stride_wn + offs_word[None, :] * stride_wk,
-                    mask=mask_n[:, None] & (offs_word * 8 < K)[None, :], other=0)
+    if EVEN_K:  # no mask along K: the loads stay 16-byte vectors
+        words = tl.load(W + offs_n[:, None] * stride_wn + offs_word[None, :] * stride_wk, mask=mask_n[:, None], other=0)
+    else:
+        words = tl.load(W + offs_n[:, None] * stride_wn + offs_word[None, :] * stride_wk,
+                        mask=mask_n[:, None] & (offs_word * 8 < K)[None, :], other=0)
     nibble = tl.arange(0, 8)
     if HAS_SHIFTS:
         shift = tl.load(SHIFTS + nibble)
@@ -98,8 +99,11 @@ def int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_e
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        x_t = tl.load(X + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm,
-                      mask=(offs_k < K)[:, None] & mask_m[None, :], other=0.0)
+        if EVEN_K:
+            x_t = tl.load(X + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm, mask=mask_m[None, :], other=0.0)
+        else:
+            x_t = tl.load(X + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm,
+                          mask=(offs_k < K)[:, None] & mask_m[None, :], other=0.0)
         w = int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg,
                              stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, EVEN_K,
                              x_t.dtype, BLOCK_N, BLOCK_K)
@@ -146,14 +150,9 @@ def step_meta(block_k: int, group_size: int, k: int) -> dict:
     return dict(GROUPS_PER_STEP=groups_per_step, EVEN_K=k % block_k == 0, GROUP_SIZE=group_size)
 
 
-def pick_int4_config(m: int, n: int, multiprocessor_count: int) -> tuple[int, int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for M rows and N columns."""
-    if m > DECODE_ROWS:
-        return PREFILL_TILE
-    widths = sorted(DECODE_TILES, reverse=True)
-    width = next((w for w in widths if triton.cdiv(n, w) >= DECODE_GRID_FILL * multiprocessor_count), widths[-1])
-    block_n, block_k, num_warps, num_stages = DECODE_TILES[width]
-    return DECODE_ROWS, block_n, block_k, 1, num_warps, num_stages
+def pick_int4_config(m: int) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for M rows."""
+    return DECODE_TILE if m <= DECODE_ROWS else PREFILL_TILE
 
 
 def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_count: int) -> int:
@@ -187,7 +186,7 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
         out = torch.zeros(m, n, device=x.device, dtype=out_dtype)
         return out if bias is None or m == 0 else out.copy_(bias.to(out_dtype).expand(m, n))
     sms = multiprocessors(x.device)
-    block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_int4_config(m, n, sms)
+    block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_int4_config(m)
     block_k = fit_block_k(block_k, group_size, k)
     splits = splits or split_k(m, n, k, block_n, block_k, sms)
     out = torch.empty(splits, m, n, device=x.device, dtype=out_dtype if splits == 1 else torch.float32)
