@@ -168,11 +168,12 @@ def table(path: str) -> str:
     for (m, n, k), rows in cases.items():
         lines.append([f"M={m} N={n} K={k}", *(cell(rows.get(name)) for name in names),
                       ratio(rows, "inductor"), ratio(rows, "inductor", key="gpu_us"),
+                      ratio(rows, "inductor:max-autotune-no-cudagraphs"),
                       ratio(rows, "inductor:reduce-overhead", "qfuse:reduce-overhead"),
                       ratio(rows, "bf16 inductor", key="gpu_us"),
                       ratio(rows, "bf16 inductor:reduce-overhead", "qfuse:reduce-overhead")])
     return format_table(lines, ["case (µs per linear: per call / GPU / host)", *names, "vs inductor (per call)",
-                                "vs inductor (GPU)", "vs inductor (CUDA graphs)", "vs bf16 (GPU)",
+                                "vs inductor (GPU)", "vs max-autotune (per call)", "vs inductor (CUDA graphs)", "vs bf16 (GPU)",
                                 "vs bf16 (CUDA graphs)"], markdown=True)
 
 
