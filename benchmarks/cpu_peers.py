@@ -52,6 +52,7 @@ import qfuse  # noqa: E402
 from qfuse.bench import add_output_arguments, format_table, machine, out_path, progress, time_in_turns, write  # noqa: E402
 from qfuse.demo import max_error  # noqa: E402
 from qfuse.demo_model import TinyTransformer, W8A8Linear, quantize_linears  # noqa: E402
+from qfuse.kernels import get_kernel  # noqa: E402
 from qfuse.platform import current_platform  # noqa: E402
 from tests.peers import torchao_models  # noqa: E402
 
@@ -129,7 +130,7 @@ def groups(args):
                        DTYPES[dtype], tokens=tokens, **mlp), ao)
     kernels = {"qfuse kernel=torch": variant("qfuse", kernel="torch"),
                "qfuse kernel=onednn": variant("qfuse", kernel="onednn")}
-    if current_platform("cpu").has("zentorch"):
+    if get_kernel("zentorch").is_supported(current_platform("cpu"))[0]:  # installed, and a Zen CPU
         kernels["qfuse kernel=zentorch"] = variant("qfuse", kernel="zentorch")
         kernels["qfuse without zentorch"] = variant("qfuse", disabled_kernels=["zentorch"])  # README's demo install
     linear = {"inductor": variant("inductor"), "qfuse": variant("qfuse"), **kernels}

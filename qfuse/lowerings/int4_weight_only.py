@@ -52,12 +52,8 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
     M = {{size("X", 0)}}
     N = {{size("W", 0)}}
     K = {{size("X", 1)}}
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+{{TILE_OFFSETS}}
     pid_k = tl.program_id(1)
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(INDEX_DTYPE)
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(INDEX_DTYPE)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
     k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
     acc = int4_dot(
         X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, offs_m, offs_n, mask_m, mask_n,

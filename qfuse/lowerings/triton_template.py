@@ -39,6 +39,14 @@ from torch._inductor.virtualized import V
 
 from qfuse.kernels.triton import K_ALIGNMENT
 
+#: This program's tile of an [M, N] output: rows offs_m, columns offs_n (INDEX_DTYPE: Inductor's int32
+#: where every buffer fits, guarded for a dynamic M, else int64) and their masks.
+TILE_OFFSETS = r"""    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(INDEX_DTYPE)
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(INDEX_DTYPE)
+    mask_m = offs_m < M
+    mask_n = offs_n < N"""
+
 #: The store of a float32 tile `acc` at rows offs_m / columns offs_n (masks mask_m / mask_n), with
 #: Inductor's epilogue fused into it; in two halves from EPILOGUE_SPLIT_MIN_N columns (module docstring).
 STORE_TILE = r"""{% if BLOCK_N >= EPILOGUE_SPLIT_MIN_N %}
@@ -59,19 +67,14 @@ STORE_TILE = r"""{% if BLOCK_N >= EPILOGUE_SPLIT_MIN_N %}
 """
 
 # The def_kernel line is filled in per set of inputs (`_template`): A, B, and each of SA, SB, BIAS
-# that the call has. `if SCALE_A` is "has a scale": the kernel's NO_SCALE kind is 0. INDEX_DTYPE is
-# Inductor's: int32 where every buffer fits (guarded for a dynamic M), else int64.
+# that the call has. `if SCALE_A` is "has a scale": the kernel's NO_SCALE kind is 0.
 _SOURCE = r"""
 from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_dot
 {{def_kernel(INPUTS)}}
     M = {{size("A", 0)}}
     N = {{size("B", 1)}}
     K = {{size("A", 1)}}
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(INDEX_DTYPE)
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(INDEX_DTYPE)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
+{{TILE_OFFSETS}}
     acc = scaled_dot(
         A, B, {{"SA" if SCALE_A else "A"}}, {{"SB" if SCALE_B else "B"}}, offs_m, offs_n, mask_m, mask_n, K,
         {{stride("A", 0)}}, {{stride("A", 1)}}, {{stride("B", 0)}}, {{stride("B", 1)}},
@@ -99,10 +102,10 @@ def _template(inputs: tuple[str, ...]) -> TritonTemplate:
 @functools.cache
 def template_for_inputs(source: str, name: str, inputs: tuple[str, ...], grid=mm_grid) -> TritonTemplate:
     """A template of `source` whose def_kernel line takes `inputs` (the ones a call has), with the
-    shared store block filled in; made once (Inductor keeps one template per name: the name says the inputs)."""
+    shared tile and store blocks filled in; made once (Inductor keeps one template per name: the name says the inputs)."""
     source = source.replace("{{def_kernel(INPUTS)}}", "{{def_kernel(%s)}}" % ", ".join(map(repr, inputs)))
     return TritonTemplate(name=name + "_" + "_".join(inputs).lower(), grid=grid,
-                          source=source.replace("{{STORE_TILE}}", STORE_TILE))
+                          source=source.replace("{{TILE_OFFSETS}}", TILE_OFFSETS).replace("{{STORE_TILE}}", STORE_TILE))
 
 
 def _known(condition) -> bool:

@@ -107,3 +107,9 @@ def test_the_step_never_straddles_groups_it_could_avoid():
     assert fit_block_k(64, 128, 4096) == 64  # a step inside one group
     assert fit_block_k(256, 4096, 4096) == 256  # per channel: one group, any step
     assert fit_block_k(64, 48, 4096) == 16  # groups of 48: steps of 16 (the capability takes multiples of 16)
+
+
+def test_groups_of_48_take_steps_of_16():
+    model = model_on_device(FP32, group_size=48, symmetric=False, in_features=192, out_features=24)
+    x = torch.randn(2, 192, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    assert_matches(kernel_call(model, x, config=(16, 16, 64, 1, 2, 1)), model, x)
