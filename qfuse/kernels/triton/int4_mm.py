@@ -24,11 +24,13 @@ Measured on an H100 (scratch variants, GPTQ g128 bf16, weights past the L2): loa
 step; the nibble-split form (eight dots a step on k = 8 j + i) and the x @ w^T orientation were
 slower than this one at every decode and prefill shape.
 
-Decode (M <= 16) has too few column blocks to keep the multiprocessors busy (N = 4096 in 32-wide
-blocks is 128 programs of 4 warps: one warp per scheduler, no latency hidden), so K is split in
-`split_k` ranges whose float32 partial sums [SPLIT_K, M, N] are added after (`triton_int4_mm`; the
-template leaves the sum, the bias and the cast to Inductor's code). Prefill runs on Inductor's own
-dequantize + mm instead (`qfuse.lowerings.int4_weight_only`): this kernel is 4x cuBLAS's time there.
+Decode (M <= 16) has too few column blocks to keep the multiprocessors busy (N = 4096 in 64-wide
+blocks is 64 programs for 132 multiprocessors), so K is split in `split_k` ranges whose float32
+partial sums [SPLIT_K, M, N] are added after (`triton_int4_mm`; the template leaves the sum, the bias
+and the cast to Inductor's code). It still reads the weight at 650-780 GB/s, a third of an H100's
+HBM, as every other structure tried did (docs/benchmarks.md, gpu_weight_only): 1.3-1.5x the bf16
+matmul. Prefill runs on Inductor's own dequantize + mm instead (`qfuse.lowerings.int4_weight_only`):
+this kernel is 3.5-4x cuBLAS's time there.
 """
 
 from __future__ import annotations
