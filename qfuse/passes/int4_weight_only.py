@@ -49,8 +49,9 @@ def _unsqueezed(node, *dims: int):
 
 
 def _under_views(node):
-    """`node` under any views, reshapes, unsqueezes and float casts (they keep the values' row-major order)."""
-    while _is(node, *VIEW_OPS, *CONVERT_OPS, aten.unsqueeze.default):
+    """`node` under any views, reshapes, unsqueezes, clones and float casts (they keep the values'
+    row-major order; a clone only changes the layout, which a reshape does not read)."""
+    while _is(node, *VIEW_OPS, *CONVERT_OPS, aten.unsqueeze.default, aten.clone.default):
         node = node.args[0]
     return node
 

@@ -35,8 +35,9 @@ def assert_close_to_eager(out, model, x):
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
-@pytest.mark.parametrize("symmetric, group_size", [(True, 32), (False, 32), (True, 128), (False, 128), (True, None)],
-                         ids=["g32", "g32_zeros", "g128", "g128_zeros", "per_channel"])  # per channel with zero points: no pass yet
+@pytest.mark.parametrize("symmetric, group_size", [(True, 32), (False, 32), (True, 128), (False, 128), (True, None),
+                                                    (False, None)],
+                         ids=["g32", "g32_zeros", "g128", "g128_zeros", "per_channel", "per_channel_zeros"])
 def test_gptq_form_runs_as_the_template(dtype, symmetric, group_size):
     model = gptq_packed_int4(dtype, group_size=group_size, symmetric=symmetric, in_features=512, out_features=136).cuda()
     x = torch.randn(5, 512, device="cuda", dtype=dtype)

@@ -40,12 +40,13 @@ FORMS = {
     "gptq-sym-g32": (wo.gptq_packed_int4, dict(group_size=32)),
     "gptq-sym-channel": (wo.gptq_packed_int4, dict(group_size=None)),
     "gptq-zeros-g64": (wo.gptq_packed_int4, dict(group_size=64, symmetric=False)),
+    "gptq-zeros-channel": (wo.gptq_packed_int4, dict(group_size=None, symmetric=False)),
     "gptq-sym-g128-no-bias": (wo.gptq_packed_int4, dict(group_size=128, bias=False)),
     "ct-sym-g64": (wo.compressed_tensors_w4a16, dict(group_size=64)),
     "ct-zeros-g64": (wo.compressed_tensors_w4a16, dict(group_size=64, symmetric=False)),
     "ct-sym-channel": (wo.compressed_tensors_w4a16, dict(strategy="channel")),
 }
-ZERO_POINT_FORMS = {"gptq-zeros-g64", "ct-zeros-g64"}
+ZERO_POINT_FORMS = {"gptq-zeros-g64", "gptq-zeros-channel", "ct-zeros-g64"}
 
 
 @pytest.mark.parametrize("shape", [(1, 256), (5, 256), (2, 3, 256)], ids=["M1", "M5", "3D"])
