@@ -104,16 +104,15 @@ def lower_int4_weight_only_mm(*args, **kwargs):
         record_lowering("Inductor's own dequantize + mm (prefill" + (f": a dynamic M, size hint {hint}" if dynamic else "")
                         + "); the bias in the GEMM, the cast and what follows in its fused pointwise code")
     else:
-        out = _decode_template(call, x2d, rows, n, int(k))
+        out = _decode_template(call, x2d, rows, hint, n, int(k))
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
 
 
-def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int):
+def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, hint: int, n: int, k: int):
     from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, fit_block_k, pick_int4_config, split_k, step_meta
     from qfuse.kernels.triton.scaled_mm import multiprocessors
 
     sms = multiprocessors(x2d.get_device())
-    hint = V.graph.sizevars.optimization_hint(rows, fallback=DECODE_ROWS)
     tiles = [pick_int4_config(hint)] + (list(AUTOTUNE_TILES) if max_autotune() else [])
     tiles = list(dict.fromkeys((bm, bn, fit_block_k(bk, call.group_size, k), *rest) for bm, bn, bk, *rest in tiles))
     splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], sms)
