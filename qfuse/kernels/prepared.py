@@ -41,6 +41,7 @@ class PreparedWeight:
     k: int
     n: int
     packing: str = ""  # how `data` is packed when it is no [K, N] matrix (e.g. "int4pack_cpu")
+    input_order: torch.Tensor | None = None  # the activation's K columns in the order of `data`'s rows
 
 
 def _tensor_key(tensor: torch.Tensor | None):

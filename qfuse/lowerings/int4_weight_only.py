@@ -2,7 +2,8 @@
 
 Decode (M <= 16, static, or the size hint of a dynamic M): a Triton template on the stored words.
 
-    partial = template(X [M, K], W int32 [N, K / 8], SHIFTS [8]?, S [N, K / g], Z int32 [N / 8, K / g]?)
+    partial = template(X [M, K], W int32 [N, K / 8], SHIFTS [8]?, S [N, K / g], Z int32 [N / 8, K / g]?,
+                       G_IDX [K]?)
             = float32 [SPLIT_K * M, N]: x @ w^T over SPLIT_K ranges of K, w dequantized in registers
               (`qfuse.kernels.triton.int4_mm.int4_dot`; SPLIT_K from `int4_mm.split_k`)
     y       = (partial.reshape(SPLIT_K, M, N).sum(0) + bias).to(out_dtype)      Inductor's code, with
@@ -43,7 +44,7 @@ from qfuse.schemes import INT4_OFFSET
 aten, prims = torch.ops.aten, torch.ops.prims
 log = logging.getLogger("qfuse")
 
-# INPUTS: X, W, S, and each of SHIFTS, Z, BIAS that the call has (`template_for_inputs`). The output
+# INPUTS: X, W, S, and each of SHIFTS, Z, G_IDX, BIAS that the call has (`template_for_inputs`). The output
 # holds SPLIT_K row blocks of M rows: split pid_k stores its partial sums at rows pid_k * M + m.
 _SOURCE = r"""
 from qfuse.kernels.triton.int4_mm import int4_dot, k_range
@@ -56,10 +57,11 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
     pid_k = tl.program_id(1)
     k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
     acc = int4_dot(
-        X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, offs_m, offs_n, mask_m, mask_n,
-        K, k_start, k_end, {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("W", 0)}}, {{stride("W", 1)}},
-        {{stride("S", 0)}}, {{stride("S", 1)}}, {{stride("Z", 0) if HAS_ZEROS else 0}}, {{stride("Z", 1) if HAS_ZEROS else 0}},
-        GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
+        X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, {{"G_IDX" if HAS_G_IDX else "W"}},
+        offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("W", 0)}},
+        {{stride("W", 1)}}, {{stride("S", 0)}}, {{stride("S", 1)}}, {{stride("Z", 0) if HAS_ZEROS else 0}},
+        {{stride("Z", 1) if HAS_ZEROS else 0}}, {{stride("G_IDX", 0) if HAS_G_IDX else 0}}, GROUP_SIZE, GROUPS_PER_STEP,
+        HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, HAS_G_IDX, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
     )
 {% if HAS_BIAS %}
     acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -109,7 +111,8 @@ def lower_int4_weight_only_mm(*args, **kwargs):
 
 
 def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, hint: int, n: int, k: int):
-    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, fit_block_k, pick_int4_config, split_k, step_meta
+    from qfuse.kernels.triton.int4_mm import (AUTOTUNE_TILES, fit_block_k, pick_int4_config, split_k, step_meta,
+                                              weight_meta)
     from qfuse.kernels.triton.scaled_mm import multiprocessors
 
     sms = multiprocessors(x2d.get_device())
@@ -117,12 +120,13 @@ def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, hint: int, n: int, k
     tiles = list(dict.fromkeys((bm, bn, fit_block_k(bk, call.group_size, k), *rest) for bm, bn, bk, *rest in tiles))
     splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], sms)
     bias = call.bias if splits == 1 else None
-    named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros, "BIAS": bias}
+    named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
+             "G_IDX": call.g_idx, "BIAS": bias}
     inputs = {name: ir.ExternKernel.realize_input(node) for name, node in named.items() if node is not None}
     template = template_for_inputs(_SOURCE, "qfuse_int4_linear", tuple(inputs), grid=_split_k_grid)
     layout = ir.FixedLayout(x2d.get_device(), torch.float32, [splits * rows, n])
-    meta = dict(HAS_SHIFTS=call.shifts is not None, HAS_ZEROS=call.packed_zeros is not None, HAS_BIAS=bias is not None,
-                SPLIT_K=splits)
+    meta = dict(HAS_BIAS=bias is not None, SPLIT_K=splits) | weight_meta(
+        call.shifts is not None, call.packed_zeros is not None, call.zero_convention, call.g_idx is not None)
     out, how = select_tile(template, "qfuse_int4_linear", tuple(inputs.values()), layout, tiles,
                            lambda tile: meta | step_meta(tile[2], call.group_size, k))
     if splits == 1:
@@ -139,24 +143,38 @@ def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, hint: int, n: int, k
 
 def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
     """x @ w^T (+ bias) with w dequantized by the op's formula, in Inductor IR: w = (q - z) * s, rounded
-    once to x's dtype (the product is exact in float32), then Inductor's own mm / addmm."""
+    once to x's dtype (the product is exact in float32), then Inductor's own mm / addmm. Grouped as
+    [N, K / g, g] values against [N, K / g, 1] scales, or with a `g_idx` as [N, K, 1] against the
+    scales and zero points gathered per column."""
+    from qfuse.ops.int4_weight_only import ZERO_CONVENTIONS
+
     groups = k // call.group_size
     device = x2d.get_device()
     shifts = call.shifts if call.shifts is not None else lower(
         prims.iota.default, 8, start=0, step=4, dtype=torch.int32, device=device, requires_grad=False)
 
-    def nibbles(words, axis_shifts):
-        return lower(aten.bitwise_and.Scalar, lower(aten.bitwise_right_shift.Tensor, words, axis_shifts), 0xF)
+    def shifted(words, axis_shifts):
+        return lower(aten.bitwise_right_shift.Tensor, words, axis_shifts)
 
-    q = nibbles(lower(aten.unsqueeze.default, call.packed, -1), shifts)  # [N, K / 8, 8]
-    q = lower(aten.reshape.default, q, [n, groups, call.group_size])
+    def per_column(group_values):  # [N, K / g] -> a factor of the values, [N, K / g, 1] or [N, K, 1]
+        if call.g_idx is not None:
+            group_values = lower(aten.index.Tensor, group_values, [None, convert(call.g_idx, torch.int64)])
+        return lower(aten.unsqueeze.default, group_values, -1)
+
+    q = lower(aten.bitwise_and.Scalar, shifted(lower(aten.unsqueeze.default, call.packed, -1), shifts), 0xF)
+    q = lower(aten.reshape.default, q, [n, groups, call.group_size] if call.g_idx is None else [n, k, 1])
     if call.packed_zeros is None:
         q = lower(aten.sub.Tensor, q, INT4_OFFSET)
     else:
-        zeros = nibbles(lower(aten.unsqueeze.default, call.packed_zeros, 1), lower(aten.unsqueeze.default, shifts, -1))
-        q = lower(aten.sub.Tensor, q, lower(aten.reshape.default, zeros, [n, groups, 1]))  # [N / 8, 8, K / g] -> [N, K / g]
-    scales = lower(aten.unsqueeze.default, convert(call.scales, torch.float32), -1)
-    w = convert(lower(aten.mul.Tensor, convert(q, torch.float32), scales), x2d.get_dtype())
+        add, wrap = ZERO_CONVENTIONS[call.zero_convention]
+        words = shifted(lower(aten.unsqueeze.default, call.packed_zeros, 1), lower(aten.unsqueeze.default, shifts, -1))
+        if wrap:
+            zeros = lower(aten.bitwise_and.Scalar, lower(aten.add.Tensor, words, add), 0xF)
+        else:
+            zeros = lower(aten.add.Tensor, lower(aten.bitwise_and.Scalar, words, 0xF), add)
+        q = lower(aten.sub.Tensor, q, per_column(lower(aten.reshape.default, zeros, [n, groups])))  # [N / 8, 8, K / g]
+    w = convert(lower(aten.mul.Tensor, convert(q, torch.float32), per_column(convert(call.scales, torch.float32))),
+                x2d.get_dtype())
     w_t = lower(aten.permute.default, lower(aten.reshape.default, w, [n, k]), [1, 0])
     if call.bias is None:
         return lower(aten.mm.default, x2d, w_t)

@@ -37,9 +37,12 @@ class OpArguments:
 
 
 def op_arguments(op: OpOverload) -> type:
-    """A named-tuple base class whose fields are `op`'s parameters, in its schema's order.
+    """A named-tuple base class whose fields are `op`'s parameters, in its schema's order (with the
+    schema's defaults: a call may leave trailing defaulted arguments out).
 
     Use it as the base of the op's own class: `class ScaledMmArgs(op_arguments(...)): ...`."""
-    names = [argument.name for argument in op._schema.arguments]
-    fields = collections.namedtuple(f"{op._schema.name.split('::')[-1]}_fields", names)
+    arguments = op._schema.arguments
+    defaults = [argument.default_value for argument in arguments if argument.has_default_value()]
+    fields = collections.namedtuple(f"{op._schema.name.split('::')[-1]}_fields",
+                                    [argument.name for argument in arguments], defaults=defaults)
     return type(fields.__name__, (OpArguments, fields), {"__slots__": (), "op": op})

@@ -1,26 +1,42 @@
 """`qfuse::int4_weight_only_mm`: a linear whose weight is int4, packed eight to an int32 along K (W4A16).
 
-    int4_weight_only_mm(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, kernel)
+    int4_weight_only_mm(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, kernel,
+                        g_idx=None, zero_convention="stored")
         q[n, k]  = (packed[n, k // 8] >> shifts[k % 8]) & 0xF                       unsigned 4-bit values
                    (shifts None: 0, 4, ..., 28, nibble i at bits 4i)
-        z[n, j]  = 8, or (packed_zeros[n // 8, j] >> shifts[n % 8]) & 0xF           per group j = k // g
-        w[n, k]  = (q[n, k] - z[n, k // g]) * scales[n, k // g]                      in x's dtype
+        u[n, j]  = packed_zeros[n // 8, j] >> shifts[n % 8]                           the zero point's word
+        z[n, j]  = 8 without packed_zeros, else by `zero_convention`:                 per group j
+                   "stored" u & 0xF;  "plus_one" (u & 0xF) + 1;  "plus_one_mod_16" (u + 1) & 0xF
+        group(k) = g_idx[k], or k // group_size without g_idx
+        w[n, k]  = (q[n, k] - z[n, group(k)]) * scales[n, group(k)]                  in x's dtype
         out      = x @ w^T + bias, cast to out_dtype
 
 This is the int4 layout of GPTQ checkpoints in [N, K] orientation (GPTQModel's v2 format) and of
 compressed-tensors' "pack-quantized" W4A16 (llm-compressor): `packed` int32 [N, K / 8], `scales`
 [N, K / g] in the model dtype, `packed_zeros` int32 [N / 8, K / g] (asymmetric) or None (the uint4
-offset 8). The op takes the stored tensors themselves, and `shifts` as the model holds them (an
-int32 [8] buffer, usually 0, 4, ..., 28): the unpack above uses whatever it holds, so the op is the
-model's math for any value of it. Code that splits the words' bytes into nibbles instead
+offset 8). The classic AutoGPTQ layout (`qweight` [K / 8, N], `scales` [K / g, N], `qzeros`
+[K / g, N / 8]) is the same formula on the transposes of its tensors (views, any strides). Old GPTQ
+checkpoints store the zero points minus one: AutoGPTQ adds one before its mask ("plus_one_mod_16"),
+other code after it ("plus_one", where a stored 15 is a zero point of 16). `g_idx` int32 [K] is
+GPTQ's activation order (desc_act): the group of each input channel.
+
+The op takes the stored tensors themselves, and `shifts` as the model holds them (an int32 [8]
+buffer, usually 0, 4, ..., 28): the unpack above uses whatever it holds, so the op is the model's
+math for any value of it. Code that splits the words' bytes into nibbles instead
 (compressed-tensors' `unpack_from_int32`) reads nibble i at bits 4i: `shifts` None. Unpacking and
-the kernel's own packing run once per weight (`qfuse.kernels.prepared.built_once`), not on every call: the kernel gets qfuse's int4 convention,
-the values q - 8 in [-8, 7] as an int8 [K, N] matrix, `scales` as [K / g, N] and the zero points
-z - 8 as [K / g, N] (None when symmetric), and runs
-`Kernel.weight_only_apply` on every call (`Kernel.prepare_int4_weight` makes its layout).
+the kernel's own packing run once per weight (`qfuse.kernels.prepared.built_once`), not on every
+call: the kernel gets qfuse's int4 convention, the values q - 8 in [-8, 7] as an int8 [K, N] matrix,
+`scales` as [K / g, N] and the zero points z - 8 as [K / g, N] (None when symmetric), and runs
+`Kernel.weight_only_apply` on every call (`Kernel.prepare_int4_weight` makes its layout). A `g_idx`
+that sorts into groups of `group_size` (every GPTQ checkpoint's) becomes an order of the K rows:
+the weight's rows are sorted by group once, and the activation's columns gathered in that order
+on every call (`PreparedWeight.input_order`). Any other `g_idx` gets the weight dequantized once to
+a float [K, N] matrix and a plain matmul (`DENSE`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import Tensor
@@ -33,9 +49,13 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_OFFSET
 
 _OP = "int4_weight_only_mm"
 NIBBLES_PER_WORD = 8
+#: zero_convention -> (what is added to the zero point's shifted word, whether the sum is masked after)
+ZERO_CONVENTIONS = {"stored": (0, False), "plus_one": (1, False), "plus_one_mod_16": (1, True)}
+DENSE = "dense"  # PreparedWeight.packing of a weight whose g_idx is no grouping: float [K, N], a plain matmul
 
 
-def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype) -> tuple:
+def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
+                    zero_convention) -> tuple:
     """The output shape, after checking dtypes and shapes (ValueError naming the problem)."""
     def fail(message):
         raise ValueError(f"qfuse::{_OP}: {message}")
@@ -62,12 +82,26 @@ def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, o
              f"got {packed_zeros.dtype} of shape {tuple(packed_zeros.shape)}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         fail(f"bias must have shape [{n}], got {tuple(bias.shape)}")
+    if g_idx is not None and (g_idx.dtype not in (torch.int32, torch.int64) or tuple(g_idx.shape) != (k,)):
+        fail(f"g_idx must be an int32 or int64 [K] = [{k}] vector, got {g_idx.dtype} of shape {tuple(g_idx.shape)}")
+    if zero_convention not in ZERO_CONVENTIONS:
+        fail(f"zero_convention must be one of {list(ZERO_CONVENTIONS)}, got {zero_convention!r}")
     return (*x.shape[:-1], n)
 
 
-def unpack(packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: Tensor | None, group_size: int):
+def zero_points(packed_zeros: Tensor, shifts: Tensor, zero_convention: str) -> Tensor:
+    """z [N, K / g] of the module docstring (int32, in [0, 16])."""
+    add, wrap = ZERO_CONVENTIONS[zero_convention]
+    words = packed_zeros.unsqueeze(1) >> shifts[:, None]  # [N / 8, 8, K / g]
+    z = (words + add) & 0xF if wrap else (words & 0xF) + add
+    return z.reshape(-1, packed_zeros.shape[-1])
+
+
+def unpack(packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: Tensor | None, group_size: int,
+           zero_convention: str = "stored"):
     """(int8 [K, N] values q - 8 in [-8, 7], scales [K / g, N], int8 [K / g, N] zero points z - 8 or
-    None): the weight in qfuse's int4 convention, exactly as the module docstring's formula reads it."""
+    None): the weight in qfuse's int4 convention, exactly as the module docstring's formula reads it
+    (its groups contiguous along K: the caller orders the rows of a `g_idx`, `group_order`)."""
     n = packed.shape[0]
     if shifts is None:
         shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
@@ -75,36 +109,74 @@ def unpack(packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: 
     values = (q - INT4_OFFSET).to(torch.int8).t()
     zeros = None
     if packed_zeros is not None:
-        z = ((packed_zeros.unsqueeze(1) >> shifts[:, None]) & 0xF).reshape(n, -1)
-        zeros = (z - INT4_OFFSET).to(torch.int8).t()
+        zeros = (zero_points(packed_zeros, shifts, zero_convention) - INT4_OFFSET).to(torch.int8).t()
     return values, scales.t(), zeros
 
 
-def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, group_size: int) -> tuple:
+def group_order(g_idx: Tensor, group_size: int, groups: int) -> Tensor | None:
+    """The order of the K rows that makes the groups of `g_idx` contiguous (k // group_size after
+    it), or None when `g_idx` sorts into no such groups. ValueError for a group out of range, where
+    eager's gather would raise an IndexError."""
+    if g_idx.numel() and (g_idx.min() < 0 or g_idx.max() >= groups):
+        raise ValueError(f"qfuse::{_OP}: g_idx holds groups in [{int(g_idx.min())}, {int(g_idx.max())}], "
+                         f"outside the {groups} groups of the scales")
+    order = torch.argsort(g_idx, stable=True)
+    grouped = torch.arange(g_idx.numel(), device=g_idx.device) // group_size
+    return order if torch.equal(g_idx[order].to(grouped.dtype), grouped) else None
+
+
+def _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention) -> PreparedWeight:
+    """The float [K, N] weight of the module docstring's formula (in the scales' dtype, one rounding)."""
+    values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention)
+    group = g_idx.long()
+    difference = values.float() - (0 if zeros is None else zeros[group].float())
+    weight = (difference * group_scales[group].float()).to(scales.dtype)
+    return PreparedWeight(weight, None, None, *weight.shape, packing=DENSE)
+
+
+def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, group_size: int, g_idx=None,
+                         zero_convention: str = "stored") -> tuple:
     """(the kernel named `kernel`, its prepared form of this int4 weight), unpacked and prepared once."""
     implementation = get_kernel(kernel)
 
     def build() -> PreparedWeight:
-        values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size)
-        return implementation.prepare_int4_weight(values.contiguous(), group_scales.contiguous(),
-                                                  None if zeros is None else zeros.contiguous())
+        order = None if g_idx is None else group_order(g_idx, group_size, scales.shape[1])
+        if g_idx is not None and order is None:
+            return _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention)
+        values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention)
+        if order is not None:
+            values = values[order]
+        prepared = implementation.prepare_int4_weight(values.contiguous(), group_scales.contiguous(),
+                                                      None if zeros is None else zeros.contiguous())
+        return prepared if order is None else dataclasses.replace(prepared, input_order=order)
 
-    label = (_OP, implementation.name, group_size)
-    return implementation, built_once(label, (packed, shifts, scales, packed_zeros), build)
+    label = (_OP, implementation.name, group_size, zero_convention)
+    return implementation, built_once(label, (packed, shifts, scales, packed_zeros, g_idx), build)
 
 
 @torch.library.custom_op("qfuse::int4_weight_only_mm", mutates_args=())
 def int4_weight_only_mm(x: Tensor, packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: Tensor | None,
-                        bias: Tensor | None, group_size: int, out_dtype: torch.dtype, kernel: str) -> Tensor:
-    out_shape = _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype)
-    implementation, weight = prepared_int4_weight(kernel, packed, shifts, scales, packed_zeros, group_size)
-    return implementation.weight_only_apply(x.reshape(-1, x.shape[-1]), weight, bias, out_dtype).reshape(out_shape)
+                        bias: Tensor | None, group_size: int, out_dtype: torch.dtype, kernel: str,
+                        g_idx: Tensor | None = None, zero_convention: str = "stored") -> Tensor:
+    out_shape = _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
+                                zero_convention)
+    implementation, weight = prepared_int4_weight(kernel, packed, shifts, scales, packed_zeros, group_size, g_idx,
+                                                  zero_convention)
+    x2d = x.reshape(-1, x.shape[-1])
+    if weight.packing == DENSE:
+        out = x2d @ weight.data.to(x.dtype)
+        return (out if bias is None else out + bias.to(out.dtype)).to(out_dtype).reshape(out_shape)
+    if weight.input_order is not None:
+        x2d = x2d[:, weight.input_order]
+    return implementation.weight_only_apply(x2d, weight, bias, out_dtype).reshape(out_shape)
 
 
 @int4_weight_only_mm.register_fake
-def _(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, kernel):
-    return x.new_empty(_check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype),
-                       dtype=out_dtype)
+def _(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, kernel, g_idx=None,
+      zero_convention="stored"):
+    out_shape = _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
+                                zero_convention)
+    return x.new_empty(out_shape, dtype=out_dtype)
 
 
 class Int4WeightOnlyMmArgs(op_arguments(torch.ops.qfuse.int4_weight_only_mm.default)):

@@ -64,11 +64,13 @@ class PassContext:
 class Int4Weight:
     """The stored tensors of an int4 weight packed along K (`qfuse::int4_weight_only_mm`'s operands)."""
 
-    packed: Node  # int32 [N, K / 8]
-    shifts: Node | None  # int32 [8], None: nibble i at bits 4i
-    scales: Node  # [N, K / group_size]
-    packed_zeros: Node | None  # int32 [N / 8, K / group_size], None: the uint4 offset 8
+    packed: GraphValue  # int32 [N, K / 8] (the transpose of a K-major [K / 8, N]: a pending view)
+    shifts: GraphValue | None  # int32 [8], None: nibble i at bits 4i
+    scales: GraphValue  # [N, K / group_size]
+    packed_zeros: GraphValue | None  # int32 [N / 8, K / group_size], None: the uint4 offset 8
     group_size: int
+    g_idx: Node | None = None  # [K], the group of each input channel (GPTQ's act order)
+    zero_convention: str = "stored"  # how the zero points are stored (`qfuse.ops.int4_weight_only`)
 
     @property
     def k_and_n(self) -> tuple[int, int]:
@@ -133,9 +135,11 @@ def _fused_op_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch
     if linear.int4 is not None:
         int4 = linear.int4
         return Int4WeightOnlyMmArgs(
-            x=materialize(graph, linear.a), packed=int4.packed, shifts=int4.shifts, scales=int4.scales,
-            packed_zeros=int4.packed_zeros, bias=materialize(graph, linear.bias), group_size=int4.group_size,
-            out_dtype=linear.out_dtype, kernel=kernel,
+            x=materialize(graph, linear.a), packed=materialize(graph, int4.packed),
+            shifts=materialize(graph, int4.shifts), scales=materialize(graph, int4.scales),
+            packed_zeros=materialize(graph, int4.packed_zeros), bias=materialize(graph, linear.bias),
+            group_size=int4.group_size, out_dtype=linear.out_dtype, kernel=kernel, g_idx=int4.g_idx,
+            zero_convention=int4.zero_convention,
         )
     scale_b = _as_tensor_node(graph, linear.scale_b, torch.float32, device)
     if linear.scheme.is_weight_only:

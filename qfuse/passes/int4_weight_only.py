@@ -26,17 +26,22 @@ minus one), scales in another dtype than the activation, a weight with another u
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.fx import Graph, Node
 
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import CONVERT_OPS, VIEW_OPS, aten, dtype_of, prims, shape_of, static_int
+from qfuse.passes.graph_utils import CONVERT_OPS, VIEW_OPS, PendingCall, aten, dtype_of, prims, shape_of, static_int
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, INT4_OFFSET, Granularity, QuantScheme
 
 FAMILY = "int4_weight_only"
+FOUND = "an int4 weight unpacked by shift and mask found, but"
 ANCHORS = (aten.mm.default, aten.addmm.default)
 NIBBLE_MASK = 0xF
 _RIGHT_SHIFTS = (aten.__rshift__.Tensor, aten.bitwise_right_shift.Tensor)
+NIBBLE_AXIS = {False: -1, True: 1}  # where the 8 nibbles of a weight word go: [N, K / 8, 8], K-major [K / 8, 8, N]
+ZERO_NIBBLE_AXIS = {False: 1, True: -1}  # of a zero-point word: [N / 8, 8, K / g], K-major [K / g, N / 8, 8]
 
 
 def _is(node, *targets) -> bool:
@@ -56,17 +61,42 @@ def _under_views(node):
     return node
 
 
-def _nibbles(node) -> tuple[Node, Node | None] | None:
+def _under_expand(node):
+    """`node` under expands (a broadcast written out: `qweight.unsqueeze(1).expand(-1, 8, -1)`)."""
+    while _is(node, aten.expand.default):
+        node = node.args[0]
+    return node
+
+
+def _split_shift(shifted, axis: int) -> tuple[Node, Node] | None:
+    """(P, S) when `shifted` is `P.unsqueeze(axis) >> S` with the 8 shifts of S along `axis` (S
+    stored as [8], or viewed so, as AutoGPTQ's `wf` [1, 8]; both operands possibly expanded)."""
+    if not _is(shifted, *_RIGHT_SHIFTS) or shape_of(shifted) is None:
+        return None
+    rank = len(shape_of(shifted))
+    words, shift_operand = (_under_expand(arg) for arg in shifted.args[:2])
+    if not (_is(words, aten.unsqueeze.default) and words.args[1] % rank == axis % rank):
+        return None
+    shift_shape = tuple(shape_of(shift_operand) or ())
+    if (1,) * (rank - len(shift_shape)) + shift_shape != tuple(8 if dim == axis % rank else 1 for dim in range(rank)):
+        return None
+    shifts = shift_operand
+    while _is(shifts, aten.unsqueeze.default, aten.expand.default, *VIEW_OPS):
+        shifts = shifts.args[0]
+    return words.args[0], shifts
+
+
+def _nibbles(node, k_major: bool) -> tuple[Node, Node | None] | None:
     """(words, shifts) when `node` is, under views, the unsigned 4-bit values of int32 `words` in
-    row-major order: `(words.unsqueeze(-1) >> shifts) & 0xF` (GPTQ; shifts a tensor), or the bytes of
-    `words` split into their low and high nibbles (compressed-tensors' `unpack_from_int32`; shifts None:
-    nibble i at bits 4i, the little-endian byte order)."""
+    row-major order: `(words.unsqueeze(-1) >> shifts) & 0xF` (GPTQ [N, K / 8]; K-major, AutoGPTQ's
+    [K / 8, N]: `(words.unsqueeze(1) >> shifts[:, None]) & 0xF`; an integer cast before the mask
+    keeps the low bits), or the bytes of `words` split into their low and high nibbles
+    (compressed-tensors' `unpack_from_int32`; shifts None: nibble i at bits 4i, the little-endian
+    byte order)."""
     node = _under_views(node)
-    if _is(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK and _is(node.args[0], *_RIGHT_SHIFTS):
-        words, shifts = node.args[0].args[:2]
-        words = _unsqueezed(words, -1, 2)
-        return (words, shifts) if words is not None else None
-    if _is(node, aten.view.dtype) and node.args[1] == torch.int8 and _is(node.args[0], aten.cat.default):
+    if _is(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK:
+        return _split_shift(_under_views(node.args[0]), NIBBLE_AXIS[k_major])
+    if not k_major and _is(node, aten.view.dtype) and node.args[1] == torch.int8 and _is(node.args[0], aten.cat.default):
         halves, dim = node.args[0].args[0], node.args[0].args[1] if len(node.args[0].args) > 1 else 0
         if len(halves) != 2 or dim not in (-1, 2):
             return None
@@ -80,23 +110,46 @@ def _nibbles(node) -> tuple[Node, Node | None] | None:
     return None
 
 
-def _minus_offset(node) -> tuple[Node, Node | None] | None:
+def _minus_offset(node, k_major: bool) -> tuple[Node, Node | None] | None:
     """(words, shifts) when `node` is, under views, `nibbles - 8` (the signed values)."""
     node = _under_views(node)
     if _is(node, aten.sub.Tensor) and node.args[1] == INT4_OFFSET:
-        return _nibbles(node.args[0])
+        return _nibbles(node.args[0], k_major)
     return None
 
 
-def _gptq_zero_words(node, shifts: Node) -> Node | None:
-    """Z when `node` is, under views, `(Z.unsqueeze(1) >> shifts.unsqueeze(1)) & 0xF`."""
+def _gptq_zero_words(node, k_major: bool, nibbles_shape: tuple) -> tuple[Node, Node, str] | None:
+    """(Z, its shifts, the op's zero convention) when `node` is, under views, the unpacked zero
+    points `(Z.unsqueeze(1) >> shifts[:, None]) & 0xF` of shape `nibbles_shape` = [N / 8, 8, K / g]
+    (K-major: `(Z.unsqueeze(-1) >> shifts) & 0xF`, [K / g, N / 8, 8]), plus one after the mask
+    ("plus_one") or before it ("plus_one_mod_16", AutoGPTQ's)."""
+    node, convention = _under_views(node), "stored"
+    if _is(node, aten.add.Tensor) and node.args[1] == 1:
+        node, convention = _under_views(node.args[0]), "plus_one"
+    if not (_is(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK and shape_of(node) == nibbles_shape):
+        return None
+    shifted = _under_views(node.args[0])
+    if _is(shifted, aten.add.Tensor) and shifted.args[1] == 1 and convention == "stored":
+        shifted, convention = _under_views(shifted.args[0]), "plus_one_mod_16"
+    found = _split_shift(shifted, ZERO_NIBBLE_AXIS[k_major])
+    return None if found is None else (*found, convention)
+
+
+def _group_source(node, k_major: bool) -> tuple[Node, Node | None, str]:
+    """(the per-group tensor under `node`, the g_idx it is gathered by or None, how it is expanded):
+    "gather" `S[:, g_idx]` (K-major `S[g_idx]`), "repeat" `S.repeat_interleave(g, 1)` (an unsqueeze
+    after the group axis, expanded, reshaped; K-major along 0), or "view" (`S.unsqueeze(-1)` or S
+    itself: the shapes decide)."""
     node = _under_views(node)
-    if not (_is(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK and _is(node.args[0], *_RIGHT_SHIFTS)):
-        return None
-    words, shift_column = node.args[0].args[:2]
-    if _unsqueezed(shift_column, 1, -1) is not shifts:
-        return None
-    return _unsqueezed(words, 1)
+    if _is(node, aten.index.Tensor):
+        indices = list(node.args[1])
+        if indices[:-1] == ([] if k_major else [None]) and isinstance(indices[-1], Node):
+            return node.args[0], _under_views(indices[-1]), "gather"
+    if _is(node, aten.expand.default):
+        group_axis = 0 if k_major else 1
+        if _unsqueezed(node.args[0], group_axis + 1, group_axis - 2) is not None:
+            return _under_views(node.args[0].args[0]), None, "repeat"
+    return node, None, "view"
 
 
 def _compressed_tensors_zero_words(node, n: int, groups: int) -> Node | None:
@@ -106,7 +159,7 @@ def _compressed_tensors_zero_words(node, n: int, groups: int) -> Node | None:
     if not (_is(node, aten.permute.default) and list(node.args[1]) == [1, 0]):
         return None
     signed = node.args[0]
-    unpacked = _minus_offset(signed)
+    unpacked = _minus_offset(signed, k_major=False)
     if unpacked is None or unpacked[1] is not None or tuple(shape_of(signed)) != (groups, n):
         return None
     transposed = unpacked[0]
@@ -127,21 +180,20 @@ def _is_standard_arange(node) -> bool:
     return False
 
 
-def _weight_operand(anchor: Node) -> tuple[Node, Node, Node | None]:
-    """(x2d, the [N, K] float weight w or None, bias or None) of an mm / addmm of x2d and w.t()."""
+def _weight_operand(anchor: Node) -> tuple[Node, Node | None, Node | None, bool]:
+    """(x2d, the float weight or None, bias or None, whether it is K-major) of an mm / addmm: of x2d
+    and w.t() for an [N, K] weight w, or of x2d and a [K, N] weight itself (AutoGPTQ's orientation)."""
     if anchor.target == aten.addmm.default:
         bias, x2d, weight_t = anchor.args[:3]
     else:
         (x2d, weight_t), bias = anchor.args[:2], None
     if not _finds_int4_unpack(weight_t):
-        return x2d, None, bias
-    found = "an int4 weight unpacked by shift and mask found, but"
+        return x2d, None, bias, False
     if anchor.kwargs.get("beta", 1) != 1 or anchor.kwargs.get("alpha", 1) != 1:
-        raise NotFusable(f"{found} the addmm scales its terms (alpha or beta)")
-    if not (_is(weight_t, aten.permute.default) and list(weight_t.args[1]) == [1, 0]):
-        raise NotFusable(f"{found} it is used as a [K, N] matrix (the AutoGPTQ [K / 8, N] and AWQ layouts are not "
-                         "taken yet)")
-    return x2d, weight_t.args[0], bias
+        raise NotFusable(f"{FOUND} the addmm scales its terms (alpha or beta)")
+    if _is(weight_t, aten.permute.default) and list(weight_t.args[1]) == [1, 0]:
+        return x2d, weight_t.args[0], bias, False
+    return x2d, weight_t, bias, True
 
 
 def _finds_int4_unpack(node, depth: int = 12) -> bool:
@@ -157,84 +209,108 @@ def _finds_int4_unpack(node, depth: int = 12) -> bool:
 
 def analyze(anchor: Node) -> FusedLinear | None:
     """The int4 weight-only linear at `anchor`, None if its weight is no int4 unpack, NotFusable if nearly."""
-    x2d, weight, bias = _weight_operand(anchor)
+    x2d, weight, bias, k_major = _weight_operand(anchor)
     if weight is None:
         return None
-    found = "an int4 weight unpacked by shift and mask found, but"
     product = _under_views(weight)
     if not _is(product, aten.mul.Tensor):
-        raise NotFusable(f"{found} it is not dequantized by one multiplication with its scales")
-    values, scale_column = product.args[:2]
+        raise NotFusable(f"{FOUND} it is not dequantized by one multiplication with its scales")
+    values, scale_factor = product.args[:2]
     if not _finds_int4_unpack(values):
-        values, scale_column = scale_column, values
-    return _linear(anchor, x2d, bias, values, scale_column, weight, found)
+        values, scale_factor = scale_factor, values
+    return _linear(anchor, x2d, bias, values, scale_factor, weight, k_major)
 
 
-def _values_and_zeros(values, n: int, groups: int, found: str):
-    """(words, shifts, zero words or None) of the values operand `(q - z)` of the dequantize."""
-    signed = _minus_offset(values)
+def _grouped_shapes(expansion: str, k_major: bool, n: int, k: int, groups: int) -> set[tuple[tuple, tuple]]:
+    """The (values' shape, scale factor's shape) pairs a dequantize grouped by `expansion` multiplies."""
+    if expansion != "view":  # one scale per value
+        return {((k, n), (k, n)) if k_major else ((n, k), (n, k))}
+    group_size = k // groups
+    grouped = ((groups, group_size, n), (groups, 1, n)) if k_major else ((n, groups, group_size), (n, groups, 1))
+    per_channel = ((k, n), (1, n)) if k_major else ((n, k), (n, 1))
+    return {grouped, per_channel} if groups == 1 else {grouped}
+
+
+def _values_and_zeros(values, k_major: bool, expansion: str, g_idx, n: int, groups: int):
+    """(words, shifts, zero words or None, zero convention) of the values operand `(q - z)`."""
+    signed = _minus_offset(values, k_major)
     if signed is not None:  # q - 8, symmetric (either unpack)
-        return (*signed, None)
+        return (*signed, None, "stored")
     difference = _under_views(values)
     if _is(difference, aten.sub.Tensor):
         minuend, subtrahend = difference.args[:2]
-        unsigned, signed = _nibbles(minuend), _minus_offset(minuend)
+        unsigned, signed = _nibbles(minuend, k_major), _minus_offset(minuend, k_major)
         if unsigned is not None and unsigned[1] is not None:  # GPTQ: q - z, both unsigned
-            zeros = _gptq_zero_words(subtrahend, unsigned[1])
-            if zeros is not None:
-                return (*unsigned, zeros)
-        if signed is not None and signed[1] is None:  # compressed-tensors: (q - 8) - (z - 8)
+            source, zero_g_idx, zero_expansion = _group_source(subtrahend, k_major)
+            nibbles_shape = (groups, n // 8, 8) if k_major else (n // 8, 8, groups)
+            zeros = _gptq_zero_words(source, k_major, nibbles_shape)
+            if (zero_expansion, zero_g_idx) == (expansion, g_idx) and zeros is not None and zeros[1] is unsigned[1]:
+                return unsigned[0], unsigned[1], zeros[0], zeros[2]
+        if signed is not None and signed[1] is None and expansion == "view":  # compressed-tensors: (q - 8) - (z - 8)
             zeros = _compressed_tensors_zero_words(subtrahend, n, groups)
             if zeros is not None:
-                return (*signed, zeros)
-    raise NotFusable(f"{found} its zero point is neither the uint4 offset 8 nor int32 [N / 8, K / g] zero "
-                     "points unpacked the same way (zeros stored minus one are not taken yet)")
+                return *signed, zeros, "stored"
+    if k_major and _nibbles(difference.args[0] if _is(difference, aten.sub.Tensor) else difference, k_major) is None:
+        raise NotFusable(f"{FOUND} the [K, N] weight's values are not unpacked along K from int32 [K / 8, N] words "
+                         "(AWQ's [K, N / 8] layout, packed along N, is not taken yet)")
+    raise NotFusable(f"{FOUND} its zero point is neither the uint4 offset 8 nor int32 [N / 8, K / g] zero points "
+                     "unpacked the same way (plus one before or after the mask included), grouped as its scales")
 
 
-def _linear(anchor, x2d, bias, values, scale_column, weight, found) -> FusedLinear:
+def _transposed(node, k_major: bool):
+    """The op's [N, ...] operand of a stored K-major tensor: its transpose (a view)."""
+    return PendingCall(aten.permute.default, (node, [1, 0])) if k_major and node is not None else node
+
+
+def _linear(anchor, x2d, bias, values, scale_factor, weight, k_major: bool) -> FusedLinear:
     x_dtype = dtype_of(x2d)
-    scales = _unsqueezed(scale_column, -1)
-    per_channel = scales is None and len(shape_of(scale_column)) == 2 and static_int(shape_of(scale_column)[1]) == 1
-    if per_channel:  # [N, K] values times [N, 1] scales: one group of K
-        scales = scale_column
-    if scales is None:
-        raise NotFusable(f"{found} its scale is not `scales.unsqueeze(-1)` of [N, K / g] scales (a gather by "
-                         "g_idx or a repeat_interleave is not taken yet)")
-    n, k = (static_int(size) for size in shape_of(weight))
-    scales_shape = shape_of(scales)
-    groups = static_int(scales_shape[-1]) if len(scales_shape) == 2 else None
-    if None in (n, k, groups) or tuple(scales_shape) != (n, groups) or k % groups:
-        raise NotFusable(f"{found} its scales {list(scales_shape)} are not [N, K / g] of the [{n}, {k}] weight")
-    packed, shifts, packed_zeros = _values_and_zeros(values, n, groups, found)
+    rows, cols = (static_int(size) for size in shape_of(weight))
+    n, k = (cols, rows) if k_major else (rows, cols)
+    scales, g_idx, expansion = _group_source(scale_factor, k_major)
+    scales_shape = tuple(shape_of(scales) or ())
+    groups = static_int(scales_shape[0 if k_major else -1]) if len(scales_shape) == 2 else None
+    if None in (n, k, groups) or scales_shape != ((groups, n) if k_major else (n, groups)) or k % groups:
+        layout = "[K / g, N] of the [K, N]" if k_major else "[N, K / g] of the [N, K]"
+        raise NotFusable(f"{FOUND} its scales {list(scales_shape)} are not {layout} weight [{rows}, {cols}]")
+    if (tuple(shape_of(values)), tuple(shape_of(scale_factor))) not in _grouped_shapes(expansion, k_major, n, k, groups):
+        raise NotFusable(f"{FOUND} it is not grouped as [N, K / g, g] values times [N, K / g, 1] scales, per "
+                         "channel, by a g_idx gather or a repeat_interleave of the scales")
+    packed, shifts, packed_zeros, zero_convention = _values_and_zeros(values, k_major, expansion, g_idx, n, groups)
     group_size = k // groups
-    if dtype_of(packed) != torch.int32 or tuple(shape_of(packed)) != (n, k // 8):
-        raise NotFusable(f"{found} the packed weight is {dtype_of(packed)} {list(shape_of(packed))}, not int32 "
-                         "[N, K / 8] (the AutoGPTQ [K / 8, N] and AWQ layouts are not taken yet)")
-    if shifts is not None and (dtype_of(shifts) != torch.int32 or tuple(shape_of(shifts)) != (8,)):
-        raise NotFusable(f"{found} the shifts are not an int32 [8] tensor")
-    shifts = None if _is_standard_arange(shifts) else shifts
-    for name, stored in (("packed weight", packed), ("shifts", shifts), ("scales", scales), ("zero points", packed_zeros)):
+    packed_shape = (k // 8, n) if k_major else (n, k // 8)
+    if dtype_of(packed) != torch.int32 or tuple(shape_of(packed)) != packed_shape:
+        raise NotFusable(f"{FOUND} the packed weight is {dtype_of(packed)} {list(shape_of(packed))}, not int32 "
+                         f"{list(packed_shape)} (AWQ's layout, packed along N, is not taken yet)")
+    if shifts is not None and (dtype_of(shifts) != torch.int32 or math.prod(shape_of(shifts)) != 8):
+        raise NotFusable(f"{FOUND} the shifts are not an int32 [8] tensor")
+    if g_idx is not None and (dtype_of(g_idx) not in (torch.int32, torch.int64) or tuple(shape_of(g_idx)) != (k,)):
+        raise NotFusable(f"{FOUND} its g_idx is {dtype_of(g_idx)} {list(shape_of(g_idx))}, not an integer [{k}] vector")
+    stored_tensors = (("packed weight", packed), ("shifts", None if _is_standard_arange(shifts) else shifts),
+                      ("scales", scales), ("zero points", packed_zeros), ("g_idx", g_idx))
+    for name, stored in stored_tensors:
         if stored is not None and stored.op not in ("placeholder", "get_attr"):
-            raise NotFusable(f"{found} its {name} are computed on every call ({stored.name}); the fused op prepares "
+            raise NotFusable(f"{FOUND} its {name} are computed on every call ({stored.name}); the fused op prepares "
                              "the stored int4 weight once")
-    if packed_zeros is not None and (dtype_of(packed_zeros) != torch.int32
-                                     or tuple(shape_of(packed_zeros)) != (n // 8, groups)):
-        raise NotFusable(f"{found} its zero points are {list(shape_of(packed_zeros))}, not int32 [N / 8, K / g]")
-    grouped = ((n, k), (n, 1)) if per_channel else ((n, groups, group_size), (n, groups, 1))
-    if (tuple(shape_of(values)), tuple(shape_of(scale_column))) != grouped:
-        raise NotFusable(f"{found} it is not grouped as [N, K / g, g] values times [N, K / g, 1] scales")
+    zeros_shape = (groups, n // 8) if k_major else (n // 8, groups)
+    if packed_zeros is not None and (dtype_of(packed_zeros) != torch.int32 or tuple(shape_of(packed_zeros)) != zeros_shape):
+        raise NotFusable(f"{FOUND} its zero points are {list(shape_of(packed_zeros))}, not int32 {list(zeros_shape)}")
     if dtype_of(scales) != x_dtype or x_dtype not in FLOAT_ACTIVATION_DTYPES:
-        raise NotFusable(f"{found} its scales are {dtype_of(scales)} and the activation {x_dtype}; the fused op "
+        raise NotFusable(f"{FOUND} its scales are {dtype_of(scales)} and the activation {x_dtype}; the fused op "
                          "takes scales in the activation's dtype")
     if bias is not None and (tuple(shape_of(bias)) != (n,) or dtype_of(bias) != x_dtype):
-        raise NotFusable(f"{found} the bias is {dtype_of(bias)} {list(shape_of(bias))}, not [{n}] in the activation's dtype")
+        raise NotFusable(f"{FOUND} the bias is {dtype_of(bias)} {list(shape_of(bias))}, not [{n}] in the activation's dtype")
     if len(weight.users) > 1:
-        raise NotFusable(f"{found} the dequantized weight has {len(weight.users)} users")
+        raise NotFusable(f"{FOUND} the dequantized weight has {len(weight.users)} users")
+    if _is_standard_arange(shifts):
+        shifts = None
+    elif shifts is not None and tuple(shape_of(shifts)) != (8,):
+        shifts = PendingCall(aten.reshape.default, (shifts, [8]))
     scheme = QuantScheme.weight_only(INT4_DTYPE, Granularity.PER_GROUP, x_dtype, weight_group_size=group_size)
+    int4 = Int4Weight(_transposed(packed, k_major), shifts, _transposed(scales, k_major),
+                      _transposed(packed_zeros, k_major), group_size, g_idx, zero_convention)
     return FusedLinear(
         anchor=anchor, family=FAMILY, pattern="int4 unpack + dequantize + float linear", a=x2d, b=packed,
-        scheme=scheme, out_dtype=dtype_of(anchor), replaces=anchor, bias=bias,
-        int4=Int4Weight(packed, shifts, scales, packed_zeros, group_size),
+        scheme=scheme, out_dtype=dtype_of(anchor), replaces=anchor, bias=bias, int4=int4,
     )
 
 

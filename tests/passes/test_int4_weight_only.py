@@ -45,8 +45,16 @@ FORMS = {
     "ct-sym-g64": (wo.compressed_tensors_w4a16, dict(group_size=64)),
     "ct-zeros-g64": (wo.compressed_tensors_w4a16, dict(group_size=64, symmetric=False)),
     "ct-sym-channel": (wo.compressed_tensors_w4a16, dict(strategy="channel")),
+    "gptq-act-order-g64": (wo.gptq_packed_int4, dict(group_size=64, act_order=True)),
+    "gptq-act-order-zeros-minus-one": (wo.gptq_packed_int4, dict(group_size=64, act_order=True, symmetric=False,
+                                                                 zeros_minus_one=True)),
+    "gptq-repeat-interleave": (wo.gptq_packed_int4, dict(group_size=64, scale_expand="repeat_interleave")),
+    "gptq-zeros-minus-one-g32": (wo.gptq_packed_int4, dict(group_size=32, symmetric=False, zeros_minus_one=True)),
+    "autogptq-g64": (wo.autogptq_int4, dict(group_size=64)),
+    "autogptq-act-order-g128": (wo.autogptq_int4, dict(group_size=128, act_order=True)),
 }
-ZERO_POINT_FORMS = {"gptq-zeros-g64", "gptq-zeros-channel", "ct-zeros-g64"}
+ZERO_POINT_FORMS = {"gptq-zeros-g64", "gptq-zeros-channel", "ct-zeros-g64", "gptq-act-order-zeros-minus-one",
+                    "gptq-zeros-minus-one-g32", "autogptq-g64", "autogptq-act-order-g128"}
 
 
 @pytest.mark.parametrize("shape", [(1, 256), (5, 256), (2, 3, 256)], ids=["M1", "M5", "3D"])
@@ -104,13 +112,9 @@ def test_a_dynamic_batch_compiles_once_and_fuses():
 
 
 NEAR_MISSES = {
-    "act-order": (wo.gptq_packed_int4, dict(group_size=64, act_order=True), "a gather by g_idx"),
-    "repeat-interleave": (wo.gptq_packed_int4, dict(group_size=64, scale_expand="repeat_interleave"),
-                          "repeat_interleave is not taken yet"),
-    "zeros-minus-one": (wo.gptq_packed_int4, dict(group_size=64, symmetric=False, zeros_minus_one=True),
-                        "zeros stored minus one are not taken yet"),
-    "autogptq": (wo.autogptq_int4, dict(), "AutoGPTQ [K / 8, N] and AWQ layouts are not taken yet"),
-    "awq": (wo.awq_int4, dict(), "AutoGPTQ [K / 8, N] and AWQ layouts are not taken yet"),
+    "awq": (wo.awq_int4, dict(), "AWQ's [K, N / 8] layout, packed along N, is not taken yet"),
+    "awq-order-in-shifts": (wo.awq_int4, dict(unpack_order="shifts"),
+                            "AWQ's [K, N / 8] layout, packed along N, is not taken yet"),
     "group-of-16": (wo.gptq_packed_int4, dict(group_size=16), "needs a weight group size that is a multiple of 32, got 16"),
     "n-not-multiple-of-16": (wo.gptq_packed_int4, dict(group_size=32, out_features=40), "N a multiple of 16"),
 }

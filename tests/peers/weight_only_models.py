@@ -281,9 +281,11 @@ class AutoGptqLinear(nn.Module):
     Source: the GPTQ format most Hugging Face GPTQ checkpoints use (AutoGPTQ's QuantLinear, torch
     path): `qweight` int32 `[K / 8, N]` packed along K (value 8r + i of column n in bits 4i of word
     `[r, n]`), `qzeros` int32 `[K / g, N / 8]` packed along N and stored MINUS ONE (the "+1"
-    convention: `zero = ((stored >> shifts) + 1) & 0xF`), `scales [K / g, N]`, `g_idx [K]` (group of
-    each input channel; act-order checkpoints permute it). Written with `torch.bitwise_right_shift` /
-    `torch.bitwise_and` calls, as AutoGPTQ writes them. Dequantize to `[K, N]` and multiply:
+    convention, added before the mask: `zero = ((stored >> shift) + 1) & 0xF`), `scales [K / g, N]`,
+    `g_idx [K]` (group of each input channel; act-order checkpoints permute it). Written as AutoGPTQ
+    writes it: `torch.bitwise_right_shift` of the words unsqueezed and expanded against `wf`, the
+    shifts as an int32 `[1, 8]` buffer, the shifted words cast to int8 before `torch.bitwise_and`
+    (the low bits survive the cast). Dequantize to `[K, N]` and multiply:
     w[k, n] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n]; y = matmul(x, w) + bias.
     """
 
@@ -294,14 +296,17 @@ class AutoGptqLinear(nn.Module):
         self.register_buffer("scales", scales)  # [K / g, N]
         self.register_buffer("g_idx", g_idx)  # int32 [K]
         self.register_buffer("bias", bias)
-        self.register_buffer("shifts", torch.tensor(INT4_SHIFTS, dtype=torch.int32))
+        self.register_buffer("wf", torch.tensor(INT4_SHIFTS, dtype=torch.int32).unsqueeze(0))  # [1, 8]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = torch.bitwise_right_shift(self.qweight.unsqueeze(1), self.shifts[None, :, None])  # [K / 8, 8, N]
-        weight = torch.bitwise_and(weight, 0xF).reshape(-1, weight.shape[-1])  # [K, N]
-        zeros = torch.bitwise_right_shift(self.qzeros.unsqueeze(-1), self.shifts)  # [K / g, N / 8, 8]
-        zeros = torch.bitwise_and(zeros + 1, 0xF)
-        zeros = zeros.reshape(self.scales.shape)  # [K / g, N]
+        zeros = torch.bitwise_right_shift(torch.unsqueeze(self.qzeros, 2).expand(-1, -1, 8),
+                                          self.wf.unsqueeze(0)).to(torch.int8)  # [K / g, N / 8, 8]
+        zeros = zeros + 1
+        zeros = torch.bitwise_and(zeros, 0xF).reshape(self.scales.shape)  # [K / g, N]
+        weight = torch.bitwise_right_shift(torch.unsqueeze(self.qweight, 1).expand(-1, 8, -1),
+                                           self.wf.unsqueeze(-1)).to(torch.int8)  # [K / 8, 8, N]
+        weight = torch.bitwise_and(weight, 0xF)
+        weight = weight.reshape(weight.shape[0] * weight.shape[1], weight.shape[2])  # [K, N]
         group = self.g_idx.long()
         weight = self.scales[group] * (weight - zeros[group])
         out = torch.matmul(x, weight.to(x.dtype))

@@ -26,7 +26,7 @@ from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.int4_words import pack_int4
 from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
 from qfuse.platform import Platform
-from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, Granularity
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, INT4_OFFSET, Granularity
 
 
 #: K is padded to this multiple (weights once, activations per call): with K = 4100 the unaligned
@@ -36,6 +36,7 @@ K_ALIGNMENT = 16
 #: switches to its TMA loop there too (`persistent_mm.MIN_M`).
 FP8_TEMPLATE_MAX_ROWS = 128
 INT4_PACKING = "int4_words_nk"  # `qfuse.kernels.int4_words` along K, [N, K / 8]
+INT4_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 stored minus one
 _ALL_ACTIVATION_SCALES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)
 _ALL_WEIGHT_SCALES = (Granularity.PER_TENSOR, Granularity.PER_CHANNEL, Granularity.BLOCK)
 
@@ -92,17 +93,22 @@ class TritonKernel(Kernel):
     def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
         """The layout the template reads from a model (`int4_mm`): words [N, K / 8], scales [N, K / g],
         zero points packed along N, [N / 8, K / g]."""
-        zeros = None if zero_point is None else pack_int4(zero_point).t()
-        return PreparedWeight(pack_int4(values.t()), scale.t(), zeros, *values.shape, packing=INT4_PACKING)
+        if zero_point is None:
+            return PreparedWeight(pack_int4(values.t()), scale.t(), None, *values.shape, packing=INT4_PACKING)
+        plus_one = bool(zero_point.max() > INT4_OFFSET - 1)  # a zero point of 16 ("plus_one"): stored minus one
+        zeros = pack_int4(zero_point - int(plus_one)).t()
+        return PreparedWeight(pack_int4(values.t()), scale.t(), zeros, *values.shape,
+                              packing=INT4_ZEROS_MINUS_ONE if plus_one else INT4_PACKING)
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
-        if weight.packing != INT4_PACKING:
+        if weight.packing not in (INT4_PACKING, INT4_ZEROS_MINUS_ONE):
             raise NotImplementedError("kernel 'triton' has no weight-only GEMM for this weight: its weight-only row "
                                       "takes int4 weights (qfuse::int4_weight_only_mm) only")
         from qfuse.kernels.triton.int4_mm import triton_int4_mm
 
         group_size = weight.k // weight.scale.shape[1]
-        return triton_int4_mm(x, weight.data, None, weight.scale, weight.zero_point, bias, group_size, out_dtype)
+        return triton_int4_mm(x, weight.data, None, weight.scale, weight.zero_point, bias, group_size, out_dtype,
+                              zero_convention="plus_one" if weight.packing == INT4_ZEROS_MINUS_ONE else "stored")
 
     def dynamic_quant(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
         if granularity == Granularity.PER_TENSOR:
