@@ -1,7 +1,8 @@
 """W4A16 on the GPU: qfuse's Triton int4 template against Inductor on the same GPTQ form, and bf16.
 
 The model is a stack of `layers` GPTQ-form linears (int32 words [N, K / 8] unpacked by shifts and
-`& 0xF`, minus 8, times bf16 scales of groups of 128, `F.linear`), each with its own weight, all
+`& 0xF`, minus 8, times bf16 scales of groups of 128, `F.linear`; or, `--form autogptq`, AutoGPTQ's
+[K / 8, N] words with act order and zero points stored minus one), each with its own weight, all
 applied to one bf16 activation (the outputs returned as a tuple, so nothing but the linears runs).
 The stack holds at least 128 MiB of int4 weights: every linear reads its weight from HBM, as a
 decoder's layers do (one linear alone would be served from an H100's 50 MiB L2). Rows are per linear
@@ -13,7 +14,7 @@ decoder's layers do (one linear alone would be served from an H100's 50 MiB L2).
     triton int4 kernel (eager)           qfuse's decode kernel alone (`triton_int4_mm`), GPU time only
     HBM floor                            int4 weight bytes / the bandwidth of a device-to-device copy
 
-    python benchmarks/gpu_weight_only.py [--quick] [--out FILE.json] [--plot FILE.png]
+    python benchmarks/gpu_weight_only.py [--quick] [--form gptq|autogptq] [--out FILE.json] [--plot FILE.png]
     python benchmarks/gpu_weight_only.py --tune --ms 1,16   (the kernel's GPU time at each decode tile and split)
     python benchmarks/gpu_weight_only.py --table FILE.json
 """
@@ -56,6 +57,50 @@ class GptqLinear(nn.Module):
         w = (q.reshape(n, -1, GROUP) - 8).to(x.dtype) * self.scales.unsqueeze(-1)
         return F.linear(x, w.reshape(n, -1))
 
+    def kernel_call(self, x, config=None, splits=None):
+        from qfuse.kernels.triton.int4_mm import triton_int4_mm
+
+        return triton_int4_mm(x, self.qweight, None, self.scales, None, None, GROUP, torch.bfloat16, config=config,
+                              splits=splits)
+
+
+class AutoGptqLinear(nn.Module):
+    """The classic AutoGPTQ W4A16 linear as its torch path writes it: words [K / 8, N], zero points
+    [K / g, N / 8] stored minus one (plus one before the mask), act order (a permuted `g_idx`)."""
+
+    def __init__(self, n: int, k: int, generator: torch.Generator):
+        super().__init__()
+        def words(values):  # int32 [R, C] of 0..15 -> [R / 8, C], packed down the rows
+            shifts = torch.arange(0, 32, 4, device="cuda").view(1, 8, 1)
+            packed = (values.view(values.shape[0] // 8, 8, -1).long() << shifts).sum(1)
+            return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+        q = torch.randint(0, 16, (k, n), device="cuda", generator=generator, dtype=torch.int32)
+        zeros = torch.randint(0, 16, (k // GROUP, n), device="cuda", generator=generator, dtype=torch.int32)
+        self.register_buffer("qweight", words(q))
+        self.register_buffer("qzeros", words((zeros - 1).t().contiguous() & 0xF).t().contiguous())
+        scales = torch.rand(k // GROUP, n, device="cuda", generator=generator) / (8 * math.sqrt(k))
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+        order = torch.randperm(k, device="cuda", generator=generator)
+        self.register_buffer("g_idx", (torch.arange(k, device="cuda") // GROUP)[order].to(torch.int32))
+        self.register_buffer("wf", torch.arange(0, 32, 4, dtype=torch.int32, device="cuda").unsqueeze(0))
+
+    def forward(self, x):
+        zeros = torch.bitwise_right_shift(self.qzeros.unsqueeze(2).expand(-1, -1, 8), self.wf.unsqueeze(0))
+        zeros = torch.bitwise_and(zeros.to(torch.int8) + 1, 0xF).reshape(self.scales.shape)
+        weight = torch.bitwise_right_shift(self.qweight.unsqueeze(1).expand(-1, 8, -1), self.wf.unsqueeze(-1))
+        weight = torch.bitwise_and(weight.to(torch.int8), 0xF).reshape(-1, self.qweight.shape[1])
+        group = self.g_idx.long()
+        return torch.matmul(x, self.scales[group] * (weight - zeros[group]))
+
+    def kernel_call(self, x):
+        from qfuse.kernels.triton.int4_mm import triton_int4_mm
+
+        return triton_int4_mm(x, self.qweight.t(), self.wf.reshape(8), self.scales.t(), self.qzeros.t(), None, GROUP,
+                              torch.bfloat16, g_idx=self.g_idx, zero_convention="plus_one_mod_16")
+
+
+FORMS = {"gptq": GptqLinear, "autogptq": AutoGptqLinear}
+
 
 class Stack(nn.Module):
     def __init__(self, linears):
@@ -70,9 +115,9 @@ def layers_for(n: int, k: int) -> int:
     return max(2, min(16, math.ceil(STACK_BYTES / (n * k // 2))))
 
 
-def gptq_stack(n: int, k: int) -> Stack:
+def gptq_stack(n: int, k: int, form: str = "gptq") -> Stack:
     generator = torch.Generator(device="cuda").manual_seed(0)
-    return Stack([GptqLinear(n, k, generator) for _ in range(layers_for(n, k))]).eval()
+    return Stack([FORMS[form](n, k, generator) for _ in range(layers_for(n, k))]).eval()
 
 
 def bf16_stack(n: int, k: int) -> Stack:
@@ -97,14 +142,14 @@ def variants_for(m: int) -> list[str]:
     return names
 
 
-def case_rows(m: int, n: int, k: int) -> list[dict]:
+def case_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
     layers = layers_for(n, k)
-    label = {"m": m, "n": n, "k": k, "layers": layers}
+    label = {"m": m, "n": n, "k": k, "layers": layers, "form": form}
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     per_layer = ("per_call_us", "host_us", "gpu_us")
     rows = []
     with torch.no_grad():
-        stack = gptq_stack(n, k)
+        stack = gptq_stack(n, k, form)
         expected = stack(x)
         for variant in variants_for(m):
             rows.append(label | measure(stack, x, variant, expected))
@@ -127,12 +172,8 @@ def case_rows(m: int, n: int, k: int) -> list[dict]:
 TUNE_DECODE = [((16, bn, bk, 1, 4, 3), splits) for bn in (32, 64, 128) for bk in (256, 512) for splits in (1, 2, 4, 8)]
 
 
-def kernel_calls(stack: Stack, x: torch.Tensor, config=None, splits=None):
-    from qfuse.kernels.triton.int4_mm import triton_int4_mm
-
-    return [lambda linear=linear: triton_int4_mm(x, linear.qweight, None, linear.scales, None, None, GROUP,
-                                                 torch.bfloat16, config=config, splits=splits)
-            for linear in stack.linears]
+def kernel_calls(stack: Stack, x: torch.Tensor, **tile):
+    return [lambda linear=linear: linear.kernel_call(x, **tile) for linear in stack.linears]
 
 
 def tune_rows(m: int, n: int, k: int) -> list[dict]:
@@ -182,6 +223,8 @@ def main() -> None:
     parser.add_argument("--table", default=None)
     parser.add_argument("--tune", action="store_true")
     parser.add_argument("--ms", default=None, help="comma-separated M values (default 1, 16, 1024, 4096)")
+    parser.add_argument("--form", default="gptq", choices=list(FORMS),
+                        help="gptq: [N, K / 8] words, symmetric; autogptq: [K / 8, N], act order, zeros minus one")
     add_output_arguments(parser, "gpu_weight_only", plot=True, quick="M in {1, 1024}, N = K = 4096")
     args = parser.parse_args()
     if args.table:
@@ -193,7 +236,7 @@ def main() -> None:
     for n, k in shapes:
         for m in ms:
             progress(f"{'tune' if args.tune else 'w4a16'} M={m} N={n} K={k}")
-            rows += tune_rows(m, n, k) if args.tune else case_rows(m, n, k)
+            rows += tune_rows(m, n, k) if args.tune else case_rows(m, n, k, args.form)
             write(out, rows)
     if not args.tune:
         print(table(str(out)))

@@ -1,14 +1,15 @@
 """`qfuse::int4_weight_only_mm` on the `triton` kernel at prefill (M > 16) lowers to Inductor's own
 dequantize + mm on the stored words, on any device: checked here on the CPU against the peer GPTQ
 model's eager forward, symmetric and with zero points, stored and computed shifts, bias, static and
-dynamic M (the decode template is GPU-only: tests/lowerings/test_int4_template.py)."""
+dynamic M, GPTQ's act order (scales and zero points gathered by g_idx), zero points stored minus one
+and AutoGPTQ's transposed tensors (the decode template is GPU-only: tests/lowerings/test_int4_template.py)."""
 
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
 from qfuse.lowerings import register_lowerings
-from tests.peers.weight_only_models import gptq_packed_int4
+from tests.peers.weight_only_models import autogptq_int4, gptq_packed_int4
 
 EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
 
@@ -43,3 +44,27 @@ def test_dynamic_m_with_a_prefill_hint():
     for m in (40, 3, 100):
         x = torch.randn(m, 256)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("form", ["act_order_plus_one", "autogptq_plus_one_mod_16"])
+def test_act_order_and_zero_conventions_in_ir(form):
+    assert register_lowerings()
+    if form == "act_order_plus_one":
+        model = gptq_packed_int4(torch.float32, group_size=64, act_order=True, symmetric=False, zeros_minus_one=True)
+        model.qzeros[0, 0] |= 0xF  # a zero point of 16
+        operands = (model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 64)
+        g_idx, convention = model.g_idx, "plus_one"
+    else:
+        model = autogptq_int4(torch.float32, group_size=64, act_order=True)
+        operands = (model.qweight.t(), model.wf.reshape(8), model.scales.t(), model.qzeros.t(), model.bias, 64)
+        g_idx, convention = model.g_idx, "plus_one_mod_16"
+
+    def linear(x):
+        return torch.ops.qfuse.int4_weight_only_mm(x, *operands, x.dtype, "triton", g_idx, convention)
+
+    x = torch.randn(40, 256)
+    torch._dynamo.reset()
+    out, code = run_and_get_code(torch.compile(linear), x)
+    assert EXTERN_CALL not in "\n".join(code)
+    expected = model(x)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())

@@ -2,14 +2,15 @@
 compressed-tensors forms compile to one template kernel that reads the stored words (no extern call
 of qfuse's op, no unpacked weight), with numerics equal to eager for symmetric and asymmetric
 weights, groups and per channel, bias, 3D, static and dynamic M, default mode, max-autotune and
-CUDA graphs."""
+CUDA graphs; GPTQ's act order, zero points stored minus one and AutoGPTQ's [K / 8, N] layout at decode
+and prefill."""
 
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
 import qfuse
-from tests.peers.weight_only_models import gptq_packed_int4
+from tests.peers.weight_only_models import autogptq_int4, gptq_packed_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TEMPLATE_MARK = "from qfuse.kernels.triton.int4_mm import int4_dot"
@@ -96,3 +97,19 @@ def test_the_cast_and_next_op_fuse_into_the_store():
         expected = torch.nn.functional.silu(model(x)) * 2
     assert code.count(".run(") == 1, code  # the template alone: the silu and the multiply are in its store
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+@pytest.mark.parametrize("form", ["act_order_zeros_minus_one", "autogptq_act_order"])
+def test_act_order_and_autogptq_forms(form, rows):
+    if form == "autogptq_act_order":
+        model = autogptq_int4(FP16, group_size=64, act_order=True).cuda()
+    else:
+        model = gptq_packed_int4(FP16, group_size=64, act_order=True, symmetric=False, zeros_minus_one=True).cuda()
+    x = torch.randn(rows, 256, device="cuda", dtype=FP16)
+    with torch.no_grad():
+        out, code, report = compiled_code(model, x)
+        assert_close_to_eager(out, model, x)
+    (record,) = report.fused
+    assert EXTERN_CALL not in code
+    assert (TEMPLATE_MARK in code) == (rows <= 16), record.lowered

@@ -4,7 +4,10 @@ The expected result is the peer model's own forward (tests/peers/weight_only_mod
 GPTQ / compressed-tensors dequantize as model code does) and its float64 reference weight. Covered:
 the `torch` kernel (ATen's `_weight_int4pack_mm_for_cpu`) against both, symmetric and with zero
 points, 2D and 3D, M = 0 / 1 / odd; the op following whatever shifts it is given; the weight
-unpacked and repacked once per weight; `torch.library.opcheck`; ValueErrors naming the problem.
+unpacked and repacked once per weight; `torch.library.opcheck`; ValueErrors naming the problem;
+GPTQ's act order (`g_idx`: the weight's rows sorted by group once, the activation's columns gathered;
+any other `g_idx` a dense weight), zero points stored minus one (both conventions) and AutoGPTQ's
+[K / 8, N] tensors through their transposes.
 """
 
 import pytest
@@ -13,7 +16,7 @@ import torch
 import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
 from qfuse.kernels.prepared import cached_weight_count
 from qfuse.ops.int4_weight_only import unpack
-from tests.peers.weight_only_models import gptq_packed_int4
+from tests.peers.weight_only_models import autogptq_int4, gptq_packed_int4
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 OP = torch.ops.qfuse.int4_weight_only_mm
@@ -88,6 +91,9 @@ def test_opcheck():
     (dict(scales=torch.rand(128, 4)), "scales must be a float [N, K / group_size] = [128, 8]"),
     (dict(packed_zeros=torch.zeros(16, 4, dtype=torch.int32)), "packed_zeros must be int32 [N / 8, K / group_size]"),
     (dict(bias=torch.rand(64)), "bias must have shape [128]"),
+    (dict(g_idx=torch.zeros(128, dtype=torch.int32)), "g_idx must be an int32 or int64 [K] = [256] vector"),
+    (dict(g_idx=torch.full((256,), 8, dtype=torch.int32)), "g_idx holds groups in [8, 8], outside the 8 groups"),
+    (dict(zero_convention="minus_one"), "zero_convention must be one of ['stored', 'plus_one', 'plus_one_mod_16']"),
 ])
 def test_bad_operands_raise_naming_the_problem(change, message):
     model = gptq_packed_int4(FP32, group_size=32)
@@ -103,3 +109,58 @@ def test_reference_kernel_is_the_float64_truth(symmetric):
     x = torch.randn(5, 256)
     out = OP(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 64, FP32, "reference")
     torch.testing.assert_close(out, float64_reference(model, x).float(), rtol=1e-6, atol=1e-6)  # float64 math, one rounding
+
+
+def act_order_call(model, x, kernel, zero_convention="plus_one"):
+    return OP(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, model.group_size, x.dtype, kernel,
+              model.g_idx, zero_convention)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_act_order_sorts_the_rows_once_and_gathers_the_activation(kernel, symmetric):
+    model = gptq_packed_int4(FP32, group_size=64, act_order=True, symmetric=symmetric, zeros_minus_one=not symmetric)
+    x = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(4))
+    before = cached_weight_count()
+    out = act_order_call(model, x, kernel)
+    assert cached_weight_count() == before + 1
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5 * model(x).abs().max().item())
+    torch.testing.assert_close(out.double(), float64_reference(model, x), rtol=1e-5, atol=1e-5 * out.abs().max().item())
+
+
+def test_a_g_idx_that_sorts_into_no_groups_gets_a_dense_weight():
+    """Group sizes 1, 2, ... instead of 64 each: no order of the rows makes groups of 64; the op
+    still computes the model's formula (a float [K, N] weight made once)."""
+    model = gptq_packed_int4(FP32, group_size=64, symmetric=False, zeros_minus_one=True)
+    model.g_idx = torch.randint(0, 4, (256,), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
+    x = torch.randn(5, 256)
+    eager = model(x)
+    for kernel in ("torch", "reference"):
+        torch.testing.assert_close(act_order_call(model, x, kernel), eager, rtol=1e-5, atol=1e-5 * eager.abs().max().item())
+
+
+def test_zero_conventions_follow_the_model():
+    """A stored 15 is a zero point of 16 after the mask ("plus_one"), of 0 before it ("plus_one_mod_16")."""
+    model = gptq_packed_int4(FP32, group_size=64, act_order=True, symmetric=False, zeros_minus_one=True)
+    model.qzeros[0, 0] |= 0xF
+    x = torch.randn(3, 256)
+    eager = model(x)  # "plus_one": mask, then add one
+    torch.testing.assert_close(act_order_call(model, x, "torch"), eager, rtol=1e-5, atol=1e-5 * eager.abs().max().item())
+    wrapped = act_order_call(model, x, "reference", zero_convention="plus_one_mod_16")
+    assert not torch.allclose(wrapped, eager)  # channel 0 of group 0 reads another zero point
+
+
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+def test_autogptq_tensors_through_their_transposes(kernel):
+    model = autogptq_int4(FP32, group_size=64, act_order=True)
+    x = torch.randn(7, 256)
+    out = OP(x, model.qweight.t(), model.wf.reshape(8), model.scales.t(), model.qzeros.t(), model.bias, 64, FP32, kernel,
+             model.g_idx, "plus_one_mod_16")
+    eager = model(x)
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5 * eager.abs().max().item())
+
+
+def test_opcheck_with_g_idx():
+    model = gptq_packed_int4(FP32, group_size=32, act_order=True, symmetric=False, zeros_minus_one=True)
+    torch.library.opcheck(OP.default, (torch.randn(3, 256), model.qweight, model.shifts, model.scales, model.qzeros,
+                                       model.bias, 32, FP32, "torch", model.g_idx, "plus_one"))
