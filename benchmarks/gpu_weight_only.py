@@ -93,10 +93,12 @@ class AutoGptqLinear(nn.Module):
         return torch.matmul(x, self.scales[group] * (weight - zeros[group]))
 
     def kernel_call(self, x):
-        from qfuse.kernels.triton.int4_mm import triton_int4_mm
+        """The op eagerly: the rows sorted by group once, the activation gathered, qfuse's kernel."""
+        import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
 
-        return triton_int4_mm(x, self.qweight.t(), self.wf.reshape(8), self.scales.t(), self.qzeros.t(), None, GROUP,
-                              torch.bfloat16, g_idx=self.g_idx, zero_convention="plus_one_mod_16")
+        return torch.ops.qfuse.int4_weight_only_mm(x, self.qweight.t(), self.wf.reshape(8), self.scales.t(),
+                                                   self.qzeros.t(), None, GROUP, torch.bfloat16, "triton", self.g_idx,
+                                                   "plus_one_mod_16")
 
 
 FORMS = {"gptq": GptqLinear, "autogptq": AutoGptqLinear}

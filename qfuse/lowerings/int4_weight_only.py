@@ -2,8 +2,7 @@
 
 Decode (M <= 16, static, or the size hint of a dynamic M): a Triton template on the stored words.
 
-    partial = template(X [M, K], W int32 [N, K / 8], SHIFTS [8]?, S [N, K / g], Z int32 [N / 8, K / g]?,
-                       G_IDX [K]?)
+    partial = template(X [M, K], W int32 [N, K / 8], SHIFTS [8]?, S [N, K / g], Z int32 [N / 8, K / g]?)
             = float32 [SPLIT_K * M, N]: x @ w^T over SPLIT_K ranges of K, w dequantized in registers
               (`qfuse.kernels.triton.int4_mm.int4_dot`; SPLIT_K from `int4_mm.split_k`)
     y       = (partial.reshape(SPLIT_K, M, N).sum(0) + bias).to(out_dtype)      Inductor's code, with
@@ -16,7 +15,8 @@ weight is unpacked, repacked or cached, and Inductor launches the kernel itself.
 Tiles: `int4_mm.pick_int4_config` and `fit_block_k`; under max-autotune also `int4_mm.AUTOTUNE_TILES`
 (the split is the call's, shared by every tile: it decides the output's shape).
 
-Prefill (M > 16): Inductor's own dequantize + mm, written here in IR from the same stored tensors
+Prefill (M > 16), and act order (a `g_idx`) at any M: Inductor's own dequantize + mm, written here
+in IR from the same stored tensors
 (the weight dequantized into a buffer by one pointwise kernel, then Inductor's GEMM: cuBLAS, or its
 autotuned templates under max-autotune), on any device. That is what Inductor compiles from the model's own code,
 and it beats the template there (docs/benchmarks.md, gpu_weight_only).
@@ -43,8 +43,10 @@ from qfuse.schemes import INT4_OFFSET
 
 aten, prims = torch.ops.aten, torch.ops.prims
 log = logging.getLogger("qfuse")
+ACT_ORDER = ("a g_idx: act order gathers every column's scale and zero point, which made the template 0.44x "
+             "Inductor's code at decode on an H100")
 
-# INPUTS: X, W, S, and each of SHIFTS, Z, G_IDX, BIAS that the call has (`template_for_inputs`). The output
+# INPUTS: X, W, S, and each of SHIFTS, Z, BIAS that the call has (`template_for_inputs`). The output
 # holds SPLIT_K row blocks of M rows: split pid_k stores its partial sums at rows pid_k * M + m.
 _SOURCE = r"""
 from qfuse.kernels.triton.int4_mm import int4_dot, k_range
@@ -57,11 +59,10 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
     pid_k = tl.program_id(1)
     k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
     acc = int4_dot(
-        X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, {{"G_IDX" if HAS_G_IDX else "W"}},
-        offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("W", 0)}},
-        {{stride("W", 1)}}, {{stride("S", 0)}}, {{stride("S", 1)}}, {{stride("Z", 0) if HAS_ZEROS else 0}},
-        {{stride("Z", 1) if HAS_ZEROS else 0}}, {{stride("G_IDX", 0) if HAS_G_IDX else 0}}, GROUP_SIZE, GROUPS_PER_STEP,
-        HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, HAS_G_IDX, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
+        X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, offs_m, offs_n, mask_m, mask_n,
+        K, k_start, k_end, {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("W", 0)}}, {{stride("W", 1)}},
+        {{stride("S", 0)}}, {{stride("S", 1)}}, {{stride("Z", 0) if HAS_ZEROS else 0}}, {{stride("Z", 1) if HAS_ZEROS else 0}},
+        GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
     )
 {% if HAS_BIAS %}
     acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -93,18 +94,20 @@ def lower_int4_weight_only_mm(*args, **kwargs):
     *lead, k = call.x.get_size()
     rows = sympy.Mul(*lead)
     hint = V.graph.sizevars.optimization_hint(rows, fallback=4096)
-    reason = why_not_lowered(call, decode=hint <= DECODE_ROWS)
+    reason = why_not_lowered(call, decode=hint <= DECODE_ROWS and call.g_idx is None)
     if reason:
         log.debug("qfuse: int4_weight_only_mm stays an extern call: %s", reason)
         record_lowering(f"extern call of qfuse::int4_weight_only_mm ({reason})")
         return extern_call(call)
     n = int(call.packed.get_size()[0])
     x2d = lower(aten.reshape.default, call.x, [rows, k])
-    if hint > DECODE_ROWS:
+    if hint > DECODE_ROWS or call.g_idx is not None:
         dynamic = not sympy.sympify(rows).is_number
+        why = (ACT_ORDER if call.g_idx is not None else "prefill"
+               + (f": a dynamic M, size hint {hint}" if dynamic else ""))
         out = _dequantize_and_mm(call, x2d, n, int(k))
-        record_lowering("Inductor's own dequantize + mm (prefill" + (f": a dynamic M, size hint {hint}" if dynamic else "")
-                        + "); the bias in the GEMM, the cast and what follows in its fused pointwise code")
+        record_lowering(f"Inductor's own dequantize + mm ({why}); the bias in the GEMM, the cast and what follows "
+                        "in its fused pointwise code")
     else:
         out = _decode_template(call, x2d, rows, hint, n, int(k))
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
@@ -120,13 +123,12 @@ def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, hint: int, n: int, k
     tiles = list(dict.fromkeys((bm, bn, fit_block_k(bk, call.group_size, k), *rest) for bm, bn, bk, *rest in tiles))
     splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], sms)
     bias = call.bias if splits == 1 else None
-    named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
-             "G_IDX": call.g_idx, "BIAS": bias}
+    named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros, "BIAS": bias}
     inputs = {name: ir.ExternKernel.realize_input(node) for name, node in named.items() if node is not None}
     template = template_for_inputs(_SOURCE, "qfuse_int4_linear", tuple(inputs), grid=_split_k_grid)
     layout = ir.FixedLayout(x2d.get_device(), torch.float32, [splits * rows, n])
     meta = dict(HAS_BIAS=bias is not None, SPLIT_K=splits) | weight_meta(
-        call.shifts is not None, call.packed_zeros is not None, call.zero_convention, call.g_idx is not None)
+        call.shifts is not None, call.packed_zeros is not None, call.zero_convention)
     out, how = select_tile(template, "qfuse_int4_linear", tuple(inputs.values()), layout, tiles,
                            lambda tile: meta | step_meta(tile[2], call.group_size, k))
     if splits == 1:

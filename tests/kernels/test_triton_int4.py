@@ -3,8 +3,9 @@
 Without a GPU it runs in Triton's interpreter. Covered: bf16 / fp16 / fp32, symmetric and with zero
 points, groups of 32 and 128 and per channel, groups narrower than the K step, K not a multiple of
 the step, M = 0 / 1 / 17 and 3D through the op, stored shifts in another order, bias, the tile choice;
-GPTQ's act order (a g_idx gather per column), zero points stored minus one (plus one after the mask,
-a zero point of 16 included, or before it, AutoGPTQ's), AutoGPTQ's [K / 8, N] tensors read transposed.
+GPTQ's act order through the op (rows sorted by group once), zero points stored minus one (plus one
+after the mask, a zero point of 16 included, or before it, AutoGPTQ's), AutoGPTQ's [K / 8, N]
+tensors read transposed.
 """
 
 import pytest
@@ -118,36 +119,37 @@ def test_groups_of_48_take_steps_of_16():
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
-@pytest.mark.parametrize("config", [(16, 32, 64, 1, 4, 2), (16, 16, 16, 1, 2, 1)], ids=["two_groups_a_step", "step_in_group"])
-def test_act_order_gathers_each_columns_group(symmetric, config):
+def test_act_order_through_the_op_sorts_the_rows_once(symmetric):
+    """The kernel takes no g_idx: the op hands it the weight's rows sorted by group and the
+    activation's columns in that order."""
     model = model_on_device(FP32, group_size=32, act_order=True, symmetric=symmetric, zeros_minus_one=not symmetric)
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(8)).to(DEVICE)
-    out = triton_int4_mm(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 32, FP32,
-                         config=config, splits=2, g_idx=model.g_idx, zero_convention="plus_one")
+    out = torch.ops.qfuse.int4_weight_only_mm(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 32,
+                                              FP32, "triton", model.g_idx, "plus_one")
     assert_matches(out, model, x)
 
 
 def test_a_zero_point_of_sixteen_plus_one_after_the_mask():
     """A stored 15 under "plus_one" is a zero point of 16, outside int4: the kernel and the op follow eager."""
-    model = model_on_device(FP32, group_size=32, act_order=True, symmetric=False, zeros_minus_one=True)
+    model = model_on_device(FP32, group_size=32, symmetric=False, zeros_minus_one=True)
     model.qzeros[0, 0] |= 0xF  # channel 0 of group 0 now has a zero point of 16
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(9)).to(DEVICE)
     eager = model(x)
     tolerance = dict(rtol=1e-5, atol=1e-5 * eager.abs().max().item())
     kernel = triton_int4_mm(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 32, FP32,
-                            g_idx=model.g_idx, zero_convention="plus_one")
+                            config=(16, 16, 16, 1, 2, 1), splits=2, zero_convention="plus_one")
     torch.testing.assert_close(kernel, eager, **tolerance)
     op = torch.ops.qfuse.int4_weight_only_mm(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 32,
-                                             FP32, "triton", model.g_idx, "plus_one")
+                                             FP32, "triton", None, "plus_one")
     torch.testing.assert_close(op, eager, **tolerance)
 
 
-@pytest.mark.parametrize("act_order", [False, True])
-def test_autogptq_tensors_are_read_through_their_transposes(act_order):
-    model = autogptq_int4(HALF, group_size=64, act_order=act_order).to(DEVICE)
+def test_autogptq_tensors_are_read_through_their_transposes():
+    """Words [K / 8, N], zero points [K / g, N / 8] plus one before the mask, scales [K / g, N]."""
+    model = autogptq_int4(HALF, group_size=64).to(DEVICE)  # g_idx = k // 64: groups in K order
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(10)).to(HALF).to(DEVICE)
     out = triton_int4_mm(x, model.qweight.t(), model.wf.reshape(8), model.scales.t(), model.qzeros.t(), model.bias, 64,
-                         HALF, g_idx=model.g_idx, zero_convention="plus_one_mod_16")
+                         HALF, zero_convention="plus_one_mod_16")
     eager = model(x)
     reference = x.double() @ model.reference_weight.to(DEVICE).t() + model.bias.double()
     scale = reference.abs().max()

@@ -3,7 +3,7 @@ compressed-tensors forms compile to one template kernel that reads the stored wo
 of qfuse's op, no unpacked weight), with numerics equal to eager for symmetric and asymmetric
 weights, groups and per channel, bias, 3D, static and dynamic M, default mode, max-autotune and
 CUDA graphs; GPTQ's act order, zero points stored minus one and AutoGPTQ's [K / 8, N] layout at decode
-and prefill."""
+and prefill (act order: Inductor's own dequantize + mm at every M, lowerings/int4_weight_only.py)."""
 
 import pytest
 import torch
@@ -112,4 +112,21 @@ def test_act_order_and_autogptq_forms(form, rows):
         assert_close_to_eager(out, model, x)
     (record,) = report.fused
     assert EXTERN_CALL not in code
-    assert (TEMPLATE_MARK in code) == (rows <= 16), record.lowered
+    assert TEMPLATE_MARK not in code and "a g_idx" in record.lowered, record.lowered  # act order: Inductor's code
+
+
+def test_autogptq_without_act_order_reads_the_transposed_words_in_the_template():
+    """Only the lowering's g_idx gate keeps AutoGPTQ off the template: the op without it, on the
+    transposed stored tensors, runs the template at decode."""
+    model = autogptq_int4(FP16, group_size=64).cuda()
+
+    def linear(x):
+        return torch.ops.qfuse.int4_weight_only_mm(x, model.qweight.t(), model.wf.reshape(8), model.scales.t(),
+                                                   model.qzeros.t(), model.bias, 64, x.dtype, "triton", None,
+                                                   "plus_one_mod_16")
+
+    x = torch.randn(4, 256, device="cuda", dtype=FP16)
+    torch._dynamo.reset()
+    out, code = run_and_get_code(torch.compile(linear), x)
+    assert TEMPLATE_MARK in "\n".join(code)
+    assert_close_to_eager(out, model, x)

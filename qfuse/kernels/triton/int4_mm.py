@@ -4,8 +4,7 @@
             transposed AutoGPTQ [K / 8, N] words too)
     q[n, k] = (words[n, k // 8] >> shifts[k % 8]) & 0xF         shifts: a stored int32 [8], or 4 * (k % 8)
     z[n, g] = 8, or (packed_zeros[n // 8, g] >> shifts[n % 8]) & 0xF, plus one by the zero convention
-    w[n, k] = (q - z) * scales[n, group(k)]                     rounded once to x's dtype, as eager rounds it
-              group(k) = k // group_size, or g_idx[k] (scales and zero points then gathered per column)
+    w[n, k] = (q - z) * scales[n, k // group_size]              rounded once to x's dtype, as eager rounds it
     out     = x @ w^T (fp32 accumulation; fp32 x in IEEE fp32, as eager's matmul) + bias
 
 (the formula of `qfuse::int4_weight_only_mm`, `qfuse.ops.int4_weight_only`). `(q - z) * s` is exact
@@ -33,6 +32,11 @@ and the cast to Inductor's code). It still reads the weight at 650-780 GB/s, a t
 HBM, as every other structure tried did (docs/benchmarks.md, gpu_weight_only): 1.3-1.5x the bf16
 matmul. Prefill runs on Inductor's own dequantize + mm instead (`qfuse.lowerings.int4_weight_only`):
 this kernel is 3.5-4x cuBLAS's time there.
+
+No `g_idx` (GPTQ's act order) here: the op sorts the weight's rows by group once for this eager
+launcher, and the lowering leaves act order to Inductor's code, because reading the stored words
+in K order needs every column's scale and zero point gathered: a version that did was 2.3x slower
+than Inductor's dequantize + mm at decode (73 against 32 µs a 4096 x 4096 AutoGPTQ linear, H100).
 """
 
 from __future__ import annotations
@@ -57,11 +61,10 @@ AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 128, 1, 4, 3), (16, 128, 128,
 
 
 @triton.jit
-def int4_weight_tile(W, SHIFTS, S, Z, G_IDX, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg,
-                     stride_zn, stride_zg, stride_gk, GROUP_SIZE: tl.constexpr, GROUPS_PER_STEP: tl.constexpr,
-                     HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr,
-                     ZERO_WRAP: tl.constexpr, HAS_G_IDX: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg, stride_zn,
+                     stride_zg, GROUP_SIZE: tl.constexpr, GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr,
+                     HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr, EVEN_K: tl.constexpr,
+                     DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The dequantized [BLOCK_N, BLOCK_K] tile w[offs_n, k0:k0 + BLOCK_K] in DTYPE (zero where k >= K)."""
     offs_word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     if EVEN_K:  # no mask along K: the loads stay 16-byte vectors
@@ -75,15 +78,9 @@ def int4_weight_tile(W, SHIFTS, S, Z, G_IDX, k0, K, offs_n, mask_n, stride_wn, s
     else:
         shift = nibble * 4
     q = (words[:, :, None] >> shift[None, None, :]) & 0xF
-    if HAS_G_IDX:  # each k its own group: scales and zero points gathered per column, [BLOCK_N, BLOCK_K, 1]
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        q = tl.reshape(q, (BLOCK_N, BLOCK_K, 1))
-        groups = tl.load(G_IDX + offs_k * stride_gk, mask=offs_k < K, other=0)
-        mask = mask_n[:, None] & (offs_k < K)[None, :]
-    else:  # whole groups (or one) in a step: [BLOCK_N, GROUPS_PER_STEP, BLOCK_K / GROUPS_PER_STEP]
-        q = tl.reshape(q, (BLOCK_N, GROUPS_PER_STEP, BLOCK_K // GROUPS_PER_STEP))
-        groups = k0 // GROUP_SIZE + tl.arange(0, GROUPS_PER_STEP)
-        mask = mask_n[:, None] & (groups * GROUP_SIZE < K)[None, :]
+    q = tl.reshape(q, (BLOCK_N, GROUPS_PER_STEP, BLOCK_K // GROUPS_PER_STEP))
+    groups = k0 // GROUP_SIZE + tl.arange(0, GROUPS_PER_STEP)
+    mask = mask_n[:, None] & (groups * GROUP_SIZE < K)[None, :]
     scale = tl.load(S + offs_n[:, None] * stride_sn + groups[None, :] * stride_sg, mask=mask, other=0.0)
     if HAS_ZEROS:
         if HAS_SHIFTS:
@@ -106,11 +103,11 @@ def int4_weight_tile(W, SHIFTS, S, Z, G_IDX, k0, K, offs_n, mask_n, stride_wn, s
 
 
 @triton.jit
-def int4_dot(X, W, SHIFTS, S, Z, G_IDX, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk,
-             stride_wn, stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, stride_gk, GROUP_SIZE: tl.constexpr,
+def int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk, stride_wn,
+             stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE: tl.constexpr,
              GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr,
-             ZERO_WRAP: tl.constexpr, HAS_G_IDX: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+             ZERO_WRAP: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr):
     """The float32 [BLOCK_M, BLOCK_N] tile of x @ w^T over k in [k_start, k_end) (before bias)."""
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
@@ -120,9 +117,9 @@ def int4_dot(X, W, SHIFTS, S, Z, G_IDX, offs_m, offs_n, mask_m, mask_n, K, k_sta
         else:
             x_t = tl.load(X + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm,
                           mask=(offs_k < K)[:, None] & mask_m[None, :], other=0.0)
-        w = int4_weight_tile(W, SHIFTS, S, Z, G_IDX, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg,
-                             stride_zn, stride_zg, stride_gk, GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS,
-                             ZERO_ADD, ZERO_WRAP, HAS_G_IDX, EVEN_K, x_t.dtype, BLOCK_N, BLOCK_K)
+        w = int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg,
+                             stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD,
+                             ZERO_WRAP, EVEN_K, x_t.dtype, BLOCK_N, BLOCK_K)
         if x_t.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
             acc = tl.dot(w, x_t, acc, input_precision="ieee")
         else:
@@ -139,12 +136,12 @@ def k_range(K, pid_k, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _int4_mm_kernel(X, W, SHIFTS, S, Z, G_IDX, BIAS, OUT, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk,
-                    stride_sn, stride_sg, stride_zn, stride_zg, stride_gk, stride_os, stride_om, stride_on,
-                    GROUP_SIZE: tl.constexpr, GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr,
-                    HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr, HAS_G_IDX: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _int4_mm_kernel(X, W, SHIFTS, S, Z, BIAS, OUT, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_sn,
+                    stride_sg, stride_zn, stride_zg, stride_os, stride_om, stride_on, GROUP_SIZE: tl.constexpr,
+                    GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                    ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+                    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr):
     """OUT[pid_k] = the split's partial x @ w^T (+ bias when there is one split)."""
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -152,23 +149,21 @@ def _int4_mm_kernel(X, W, SHIFTS, S, Z, G_IDX, BIAS, OUT, M, N, K, stride_xm, st
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m, mask_n = offs_m < M, offs_n < N
     k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
-    acc = int4_dot(X, W, SHIFTS, S, Z, G_IDX, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk,
-                   stride_wn, stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, stride_gk, GROUP_SIZE,
-                   GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, HAS_G_IDX, EVEN_K, BLOCK_M, BLOCK_N,
-                   BLOCK_K)
+    acc = int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk,
+                   stride_wn, stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP,
+                   HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(OUT + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
              acc.to(OUT.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def weight_meta(has_shifts: bool, has_zeros: bool, zero_convention: str, has_g_idx: bool) -> dict:
+def weight_meta(has_shifts: bool, has_zeros: bool, zero_convention: str) -> dict:
     """The constexprs that say how the stored weight reads (the op's formula, `qfuse.ops.int4_weight_only`)."""
     from qfuse.ops.int4_weight_only import ZERO_CONVENTIONS
 
     zero_add, zero_wrap = ZERO_CONVENTIONS[zero_convention]
-    return dict(HAS_SHIFTS=has_shifts, HAS_ZEROS=has_zeros, ZERO_ADD=zero_add, ZERO_WRAP=zero_wrap,
-                HAS_G_IDX=has_g_idx)
+    return dict(HAS_SHIFTS=has_shifts, HAS_ZEROS=has_zeros, ZERO_ADD=zero_add, ZERO_WRAP=zero_wrap)
 
 
 def step_meta(block_k: int, group_size: int, k: int) -> dict:
@@ -205,7 +200,7 @@ def fit_block_k(block_k: int, group_size: int, k: int) -> int:
 
 def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor | None, scales: torch.Tensor,
                    packed_zeros: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
-                   out_dtype: torch.dtype, config=None, splits: int | None = None, g_idx: torch.Tensor | None = None,
+                   out_dtype: torch.dtype, config=None, splits: int | None = None,
                    zero_convention: str = "stored") -> torch.Tensor:
     """x [M, K] @ w^T + bias as `out_dtype`, w the int4 weight of the module docstring."""
     m, k = x.shape
@@ -219,15 +214,13 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
     splits = splits or split_k(m, n, k, block_n, block_k, sms)
     out = torch.empty(splits, m, n, device=x.device, dtype=out_dtype if splits == 1 else torch.float32)
     zeros = packed_zeros if packed_zeros is not None else packed
-    group_of = g_idx if g_idx is not None else packed
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), splits)
     _int4_mm_kernel[grid](
-        x, packed, shifts if shifts is not None else packed, scales, zeros, group_of,
-        bias if bias is not None else scales, out, m, n, k, *x.stride(), *packed.stride(), *scales.stride(),
-        *zeros.stride(), group_of.stride(0), *out.stride(),
+        x, packed, shifts if shifts is not None else packed, scales, zeros, bias if bias is not None else scales, out,
+        m, n, k, *x.stride(), *packed.stride(), *scales.stride(), *zeros.stride(), *out.stride(),
         HAS_BIAS=bias is not None and splits == 1, SPLIT_K=splits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages, **step_meta(block_k, group_size, k),
-        **weight_meta(shifts is not None, packed_zeros is not None, zero_convention, g_idx is not None),
+        **weight_meta(shifts is not None, packed_zeros is not None, zero_convention),
     )
     if splits == 1:
         return out[0]
