@@ -1,27 +1,36 @@
 """int4_weight_only: a float linear whose weight is unpacked from int4 in the graph -> qfuse::int4_weight_only_mm.
 
-The form (GPTQ in [N, K] orientation, compressed-tensors "pack-quantized"; what their model code and
-unpack helpers trace to), walked up from the matmul's weight operand:
+The forms (GPTQ in [N, K] orientation, the classic AutoGPTQ [K, N] one, compressed-tensors
+"pack-quantized"; what their model code and unpack helpers trace to), walked up from the matmul's
+weight operand:
 
     q     = (P.unsqueeze(-1) >> S) & 0xF             P int32 [N, K / 8], S int32 [8]; `__rshift__` or
-                                                     `bitwise_right_shift`; views of q to [N, K / g, g]
+                                                     `bitwise_right_shift`, an integer cast before the
+                                                     mask; views of q to [N, K / g, g]
+          = (P.unsqueeze(1) >> S[:, None]) & 0xF     K-major (AutoGPTQ): P [K / 8, N], q [K, N]
     z     = 8                                        symmetric (uint4 with offset 8), or
-          = ((Z.unsqueeze(1) >> S.unsqueeze(1)) & 0xF) viewed [N, K / g, 1]   Z int32 [N / 8, K / g]
-    w     = ((q - z) * scales.unsqueeze(-1))         scales [N, K / g] in the activation's dtype,
-            viewed [N, K] (optionally cast to that same dtype); per channel (g = K): [N, K] * [N, 1]
-    out   = mm(x2d, w.t()) or addmm(bias, x2d, w.t())
+          = ((Z.unsqueeze(1) >> S[:, None]) & 0xF)   Z int32 [N / 8, K / g] (K-major: [K / g, N / 8]),
+                                                     plus one after the mask or before it (old GPTQ
+                                                     checkpoints store zero points minus one)
+    w     = (q - z) * s                              s the scales [N, K / g] in the activation's dtype:
+                                                     `.unsqueeze(-1)` against [N, K / g, g], per channel
+                                                     [N, 1], `repeat_interleave(g, 1)`, or gathered by
+                                                     GPTQ's act order `g_idx` (`s[:, g_idx]`; K-major
+                                                     `s[g_idx]`), z expanded the same way
+    out   = mm(x2d, w.t()) or addmm(bias, x2d, w.t()); K-major mm(x2d, w)
 
-The fused op takes P, S, the scales and Z themselves (its kernel unpacks and repacks them once per
-weight, so they must be stored tensors, not computed per call; S = `torch.arange(0, 32, 4)` made in
-the forward is the op's default) and `group_size` g; it computes the formula above for whatever S holds, so nothing about
-the values of S or the nibble order needs proving here, only the structure. compressed-tensors'
+The fused op takes P, S, the scales, Z and g_idx themselves (its kernel unpacks and repacks them
+once per weight, so they must be stored tensors, not computed per call; S = `torch.arange(0, 32, 4)`
+made in the forward is the op's default), the transposes of K-major ones (views), `group_size` g
+and the zero convention; it computes the formula above for whatever S and g_idx hold, so nothing
+about their values needs proving here, only the structure and the shapes. compressed-tensors'
 `unpack_from_int32` spells q differently: the words viewed as bytes, `byte & 0xF` and `byte >> 4`
 stacked and viewed as int8, minus 8 (then q - z is (q - 8) - (z - 8), its zero points unpacked from
 the transposed words the same way); that is nibble i at bits 4i, the op's `shifts` None.
 
-Near misses, named in debug mode: int4 forms this family does not take yet (a `g_idx` gather, the
-AutoGPTQ [K / 8, N] layout, AWQ's order, scales expanded by `repeat_interleave`, zero points stored
-minus one), scales in another dtype than the activation, a weight with another user.
+Near misses, named in debug mode: AWQ's layout (packed along N), scales in another dtype than the
+activation, scales or zero points expanded in a way the shapes do not prove, a weight with another
+user, stored tensors computed per call.
 """
 
 from __future__ import annotations
