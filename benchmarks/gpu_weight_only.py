@@ -2,7 +2,8 @@
 
 The model is a stack of `layers` GPTQ-form linears (int32 words [N, K / 8] unpacked by shifts and
 `& 0xF`, minus 8, times bf16 scales of groups of 128, `F.linear`; or, `--form autogptq`, AutoGPTQ's
-[K / 8, N] words with act order and zero points stored minus one), each with its own weight, all
+[K / 8, N] words with act order and zero points stored minus one; `--form awq`, AutoAWQ's [K, N / 8]
+words packed along N), each with its own weight, all
 applied to one bf16 activation (the outputs returned as a tuple, so nothing but the linears runs).
 The stack holds at least 128 MiB of int4 weights: every linear reads its weight from HBM, as a
 decoder's layers do (one linear alone would be served from an H100's 50 MiB L2). Rows are per linear
@@ -14,7 +15,7 @@ decoder's layers do (one linear alone would be served from an H100's 50 MiB L2).
     triton int4 kernel (eager)           qfuse's decode kernel alone (`triton_int4_mm`), GPU time only
     HBM floor                            int4 weight bytes / the bandwidth of a device-to-device copy
 
-    python benchmarks/gpu_weight_only.py [--quick] [--form gptq|autogptq] [--out FILE.json] [--plot FILE.png]
+    python benchmarks/gpu_weight_only.py [--quick] [--form gptq|autogptq|awq] [--out FILE.json] [--plot FILE.png]
     python benchmarks/gpu_weight_only.py --tune --ms 1,16   (the kernel's GPU time at each decode tile and split)
     python benchmarks/gpu_weight_only.py --table FILE.json
 """
@@ -101,7 +102,44 @@ class AutoGptqLinear(nn.Module):
                                                    "plus_one_mod_16")
 
 
-FORMS = {"gptq": GptqLinear, "autogptq": AutoGptqLinear}
+class AwqLinear(nn.Module):
+    """AutoAWQ's W4A16 GEMM linear as its torch dequantize writes it: words [K, N / 8] packed along N
+    in AWQ's interleaved order, undone by a gather over N, zero points [K / g, N / 8] the same way."""
+
+    REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]
+
+    def __init__(self, n: int, k: int, generator: torch.Generator):
+        super().__init__()
+        def words(values):  # int32 [R, C] of 0..15 -> [R, C / 8], packed along the columns
+            shifts = torch.arange(0, 32, 4, device="cuda")
+            packed = (values.view(values.shape[0], -1, 8).long() << shifts).sum(-1)
+            return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+        self.register_buffer("qweight", words(torch.randint(0, 16, (k, n), device="cuda", generator=generator)))
+        self.register_buffer("qzeros", words(torch.randint(0, 16, (k // GROUP, n), device="cuda", generator=generator)))
+        scales = torch.rand(k // GROUP, n, device="cuda", generator=generator) / (8 * math.sqrt(k))
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+
+    def unpack(self, packed):
+        shifts = torch.arange(0, 32, 4, device=packed.device)
+        values = torch.bitwise_right_shift(packed[:, :, None], shifts[None, None, :]).to(torch.int8)
+        values = values.view(values.shape[0], -1)
+        order = torch.arange(values.shape[-1], dtype=torch.int32, device=packed.device)
+        return torch.bitwise_and(values[:, order.view(-1, 8)[:, self.REVERSE_ORDER].view(-1)], 0xF)
+
+    def forward(self, x):
+        zeros = self.unpack(self.qzeros).repeat_interleave(GROUP, 0)
+        weight = (self.unpack(self.qweight) - zeros) * self.scales.repeat_interleave(GROUP, 0)
+        return torch.matmul(x, weight)
+
+    def kernel_call(self, x, config=None, splits=None):
+        from qfuse.kernels.triton.int4_mm import triton_int4_mm
+
+        shifts = torch.tensor([4 * i for i in self.REVERSE_ORDER], dtype=torch.int32, device=x.device)
+        return triton_int4_mm(x, self.qweight, shifts, self.scales.t(), self.qzeros.t(), None, GROUP, torch.bfloat16,
+                              config=config, splits=splits, packed_along_n=True)
+
+
+FORMS = {"gptq": GptqLinear, "autogptq": AutoGptqLinear, "awq": AwqLinear}
 
 
 class Stack(nn.Module):
@@ -226,7 +264,8 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true")
     parser.add_argument("--ms", default=None, help="comma-separated M values (default 1, 16, 1024, 4096)")
     parser.add_argument("--form", default="gptq", choices=list(FORMS),
-                        help="gptq: [N, K / 8] words, symmetric; autogptq: [K / 8, N], act order, zeros minus one")
+                        help="gptq: [N, K / 8] words, symmetric; autogptq: [K / 8, N], act order, zeros minus one; "
+                             "awq: [K, N / 8] packed along N, AutoAWQ's order gather")
     add_output_arguments(parser, "gpu_weight_only", plot=True, quick="M in {1, 1024}, N = K = 4096")
     args = parser.parse_args()
     if args.table:

@@ -2,7 +2,8 @@
 
 Decode (M <= 16, static, or the size hint of a dynamic M): a Triton template on the stored words.
 
-    partial = template(X [M, K], W int32 [N, K / 8], SHIFTS [8]?, S [N, K / g], Z int32 [N / 8, K / g]?)
+    partial = template(X [M, K], W int32 [N, K / 8] (AWQ: [K, N / 8]), SHIFTS [8]?, S [N, K / g],
+                       Z int32 [N / 8, K / g]?)
             = float32 [SPLIT_K * M, N]: x @ w^T over SPLIT_K ranges of K, w dequantized in registers
               (`qfuse.kernels.triton.int4_mm.int4_dot`; SPLIT_K from `int4_mm.split_k`)
     y       = (partial.reshape(SPLIT_K, M, N).sum(0) + bias).to(out_dtype)      Inductor's code, with
@@ -60,9 +61,11 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
     k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
     acc = int4_dot(
         X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, offs_m, offs_n, mask_m, mask_n,
-        K, k_start, k_end, {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("W", 0)}}, {{stride("W", 1)}},
+        K, k_start, k_end, {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("W", 1 if PACKED_ALONG_N else 0)}},
+        {{stride("W", 0 if PACKED_ALONG_N else 1)}},
         {{stride("S", 0)}}, {{stride("S", 1)}}, {{stride("Z", 0) if HAS_ZEROS else 0}}, {{stride("Z", 1) if HAS_ZEROS else 0}},
-        GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
+        GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PACKED_ALONG_N, EVEN_K, BLOCK_M,
+        BLOCK_N, BLOCK_K,
     )
 {% if HAS_BIAS %}
     acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -99,7 +102,7 @@ def lower_int4_weight_only_mm(*args, **kwargs):
         log.debug("qfuse: int4_weight_only_mm stays an extern call: %s", reason)
         record_lowering(f"extern call of qfuse::int4_weight_only_mm ({reason})")
         return extern_call(call)
-    n = int(call.packed.get_size()[0])
+    n = int(call.scales.get_size()[0])
     x2d = lower(aten.reshape.default, call.x, [rows, k])
     if hint > DECODE_ROWS or call.g_idx is not None:
         dynamic = not sympy.sympify(rows).is_number
@@ -128,7 +131,7 @@ def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, hint: int, n: int, k
     template = template_for_inputs(_SOURCE, "qfuse_int4_linear", tuple(inputs), grid=_split_k_grid)
     layout = ir.FixedLayout(x2d.get_device(), torch.float32, [splits * rows, n])
     meta = dict(HAS_BIAS=bias is not None, SPLIT_K=splits) | weight_meta(
-        call.shifts is not None, call.packed_zeros is not None, call.zero_convention)
+        call.shifts is not None, call.packed_zeros is not None, call.zero_convention, call.packed_along_n)
     out, how = select_tile(template, "qfuse_int4_linear", tuple(inputs.values()), layout, tiles,
                            lambda tile: meta | step_meta(tile[2], call.group_size, k))
     if splits == 1:
@@ -164,6 +167,8 @@ def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
         return lower(aten.unsqueeze.default, group_values, -1)
 
     q = lower(aten.bitwise_and.Scalar, shifted(lower(aten.unsqueeze.default, call.packed, -1), shifts), 0xF)
+    if call.packed_along_n:  # [K, N / 8, 8] -> [N, K]
+        q = lower(aten.permute.default, lower(aten.reshape.default, q, [k, n]), [1, 0])
     q = lower(aten.reshape.default, q, [n, groups, call.group_size] if call.g_idx is None else [n, k, 1])
     if call.packed_zeros is None:
         q = lower(aten.sub.Tensor, q, INT4_OFFSET)

@@ -1,9 +1,10 @@
 """`qfuse::int4_weight_only_mm`: a linear whose weight is int4, packed eight to an int32 along K (W4A16).
 
     int4_weight_only_mm(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, kernel,
-                        g_idx=None, zero_convention="stored")
+                        g_idx=None, zero_convention="stored", packed_along_n=False)
         q[n, k]  = (packed[n, k // 8] >> shifts[k % 8]) & 0xF                       unsigned 4-bit values
                    (shifts None: 0, 4, ..., 28, nibble i at bits 4i)
+                 = (packed[k, n // 8] >> shifts[n % 8]) & 0xF                       packed_along_n (AWQ)
         u[n, j]  = packed_zeros[n // 8, j] >> shifts[n % 8]                           the zero point's word
         z[n, j]  = 8 without packed_zeros, else by `zero_convention`:                 per group j
                    "stored" u & 0xF;  "plus_one" (u & 0xF) + 1;  "plus_one_mod_16" (u + 1) & 0xF
@@ -15,7 +16,9 @@ This is the int4 layout of GPTQ checkpoints in [N, K] orientation (GPTQModel's v
 compressed-tensors' "pack-quantized" W4A16 (llm-compressor): `packed` int32 [N, K / 8], `scales`
 [N, K / g] in the model dtype, `packed_zeros` int32 [N / 8, K / g] (asymmetric) or None (the uint4
 offset 8). The classic AutoGPTQ layout (`qweight` [K / 8, N], `scales` [K / g, N], `qzeros`
-[K / g, N / 8]) is the same formula on the transposes of its tensors (views, any strides). Old GPTQ
+[K / g, N / 8]) is the same formula on the transposes of its tensors (views, any strides). AWQ
+packs along N: `packed` int32 [K, N / 8] (`packed_along_n`), its interleaved channel order folded
+into `shifts`, its zero points and scales transposed as AutoGPTQ's. Old GPTQ
 checkpoints store the zero points minus one: AutoGPTQ adds one before its mask ("plus_one_mod_16"),
 other code after it ("plus_one", where a stored 15 is a zero point of 16). `g_idx` int32 [K] is
 GPTQ's activation order (desc_act): the group of each input channel.
@@ -55,7 +58,7 @@ DENSE = "dense"  # PreparedWeight.packing of a weight whose g_idx is no grouping
 
 
 def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
-                    zero_convention) -> tuple:
+                    zero_convention, packed_along_n) -> tuple:
     """The output shape, after checking dtypes and shapes (ValueError naming the problem)."""
     def fail(message):
         raise ValueError(f"qfuse::{_OP}: {message}")
@@ -64,11 +67,15 @@ def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, o
         fail(f"activation must be one of {FLOAT_ACTIVATION_DTYPES}, got {x.dtype}")
     if out_dtype not in OUT_DTYPES:
         fail(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    layout = "[K, N / 8]" if packed_along_n else "[N, K / 8]"
     if packed.dtype != torch.int32 or packed.dim() != 2:
-        fail(f"packed must be an int32 [N, K / 8] matrix, got {packed.dtype} of shape {tuple(packed.shape)}")
-    n, k = packed.shape[0], packed.shape[1] * NIBBLES_PER_WORD
+        fail(f"packed must be an int32 {layout} matrix, got {packed.dtype} of shape {tuple(packed.shape)}")
+    if packed_along_n:
+        k, n = packed.shape[0], packed.shape[1] * NIBBLES_PER_WORD
+    else:
+        n, k = packed.shape[0], packed.shape[1] * NIBBLES_PER_WORD
     if x.shape[-1] != k:
-        fail(f"activation has K={x.shape[-1]} but the packed weight holds K={k} (8 values per int32)")
+        fail(f"activation has K={x.shape[-1]} but the packed weight {layout} holds K={k}")
     if shifts is not None and (shifts.dtype != torch.int32 or tuple(shifts.shape) != (NIBBLES_PER_WORD,)):
         fail(f"shifts must be int32 [8], got {shifts.dtype} of shape {tuple(shifts.shape)}")
     if group_size <= 0 or k % group_size:
@@ -98,15 +105,15 @@ def zero_points(packed_zeros: Tensor, shifts: Tensor, zero_convention: str) -> T
 
 
 def unpack(packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: Tensor | None, group_size: int,
-           zero_convention: str = "stored"):
+           zero_convention: str = "stored", packed_along_n: bool = False):
     """(int8 [K, N] values q - 8 in [-8, 7], scales [K / g, N], int8 [K / g, N] zero points z - 8 or
     None): the weight in qfuse's int4 convention, exactly as the module docstring's formula reads it
     (its groups contiguous along K: the caller orders the rows of a `g_idx`, `group_order`)."""
-    n = packed.shape[0]
     if shifts is None:
         shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
-    q = ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(n, -1)
-    values = (q - INT4_OFFSET).to(torch.int8).t()
+    q = ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(packed.shape[0], -1)  # [N, K], or [K, N] along N
+    values = (q - INT4_OFFSET).to(torch.int8)
+    values = values if packed_along_n else values.t()
     zeros = None
     if packed_zeros is not None:
         zeros = (zero_points(packed_zeros, shifts, zero_convention) - INT4_OFFSET).to(torch.int8).t()
@@ -125,9 +132,11 @@ def group_order(g_idx: Tensor, group_size: int, groups: int) -> Tensor | None:
     return order if torch.equal(g_idx[order].to(grouped.dtype), grouped) else None
 
 
-def _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention) -> PreparedWeight:
+def _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
+                  packed_along_n) -> PreparedWeight:
     """The float [K, N] weight of the module docstring's formula (in the scales' dtype, one rounding)."""
-    values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention)
+    values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention,
+                                         packed_along_n)
     group = g_idx.long()
     difference = values.float() - (0 if zeros is None else zeros[group].float())
     weight = (difference * group_scales[group].float()).to(scales.dtype)
@@ -135,33 +144,36 @@ def _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_
 
 
 def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, group_size: int, g_idx=None,
-                         zero_convention: str = "stored") -> tuple:
+                         zero_convention: str = "stored", packed_along_n: bool = False) -> tuple:
     """(the kernel named `kernel`, its prepared form of this int4 weight), unpacked and prepared once."""
     implementation = get_kernel(kernel)
 
     def build() -> PreparedWeight:
         order = None if g_idx is None else group_order(g_idx, group_size, scales.shape[1])
         if g_idx is not None and order is None:
-            return _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention)
-        values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention)
+            return _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
+                                 packed_along_n)
+        values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention,
+                                             packed_along_n)
         if order is not None:
             values = values[order]
         prepared = implementation.prepare_int4_weight(values.contiguous(), group_scales.contiguous(),
                                                       None if zeros is None else zeros.contiguous())
         return prepared if order is None else dataclasses.replace(prepared, input_order=order)
 
-    label = (_OP, implementation.name, group_size, zero_convention)
+    label = (_OP, implementation.name, group_size, zero_convention, packed_along_n)
     return implementation, built_once(label, (packed, shifts, scales, packed_zeros, g_idx), build)
 
 
 @torch.library.custom_op("qfuse::int4_weight_only_mm", mutates_args=())
 def int4_weight_only_mm(x: Tensor, packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: Tensor | None,
                         bias: Tensor | None, group_size: int, out_dtype: torch.dtype, kernel: str,
-                        g_idx: Tensor | None = None, zero_convention: str = "stored") -> Tensor:
+                        g_idx: Tensor | None = None, zero_convention: str = "stored",
+                        packed_along_n: bool = False) -> Tensor:
     out_shape = _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
-                                zero_convention)
+                                zero_convention, packed_along_n)
     implementation, weight = prepared_int4_weight(kernel, packed, shifts, scales, packed_zeros, group_size, g_idx,
-                                                  zero_convention)
+                                                  zero_convention, packed_along_n)
     x2d = x.reshape(-1, x.shape[-1])
     if weight.packing == DENSE:
         out = x2d @ weight.data.to(x.dtype)
@@ -173,9 +185,9 @@ def int4_weight_only_mm(x: Tensor, packed: Tensor, shifts: Tensor | None, scales
 
 @int4_weight_only_mm.register_fake
 def _(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, kernel, g_idx=None,
-      zero_convention="stored"):
+      zero_convention="stored", packed_along_n=False):
     out_shape = _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
-                                zero_convention)
+                                zero_convention, packed_along_n)
     return x.new_empty(out_shape, dtype=out_dtype)
 
 

@@ -26,6 +26,7 @@ from qfuse.ops.verify import CheckCloseArgs, tolerance_for
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 from qfuse.passes.graph_utils import (
     PendingCall,
+    PendingConstant,
     aten,
     fake_value,
     insert_call,
@@ -43,7 +44,7 @@ from qfuse.schemes import QuantScheme
 if TYPE_CHECKING:
     from qfuse.config import QfuseConfig
 
-GraphValue = Node | PendingCall  # a graph value, or one a rewrite will insert
+GraphValue = Node | PendingCall | PendingConstant  # a graph value, or one a rewrite will insert
 Operand = GraphValue | float | int | None
 Scale = Operand | ScaleProduct
 
@@ -64,18 +65,19 @@ class PassContext:
 class Int4Weight:
     """The stored tensors of an int4 weight packed along K (`qfuse::int4_weight_only_mm`'s operands)."""
 
-    packed: GraphValue  # int32 [N, K / 8] (the transpose of a K-major [K / 8, N]: a pending view)
+    packed: GraphValue  # int32 [N, K / 8] (the transpose of a K-major [K / 8, N]: a pending view), AWQ [K, N / 8]
     shifts: GraphValue | None  # int32 [8], None: nibble i at bits 4i
     scales: GraphValue  # [N, K / group_size]
     packed_zeros: GraphValue | None  # int32 [N / 8, K / group_size], None: the uint4 offset 8
     group_size: int
     g_idx: Node | None = None  # [K], the group of each input channel (GPTQ's act order)
     zero_convention: str = "stored"  # how the zero points are stored (`qfuse.ops.int4_weight_only`)
+    packed_along_n: bool = False  # `packed` is [K, N / 8] (AWQ)
 
     @property
     def k_and_n(self) -> tuple[int, int]:
-        words_per_row = fake_value(self.packed).shape
-        return words_per_row[1] * 8, words_per_row[0]
+        rows, words = fake_value(self.packed).shape
+        return (rows, words * 8) if self.packed_along_n else (words * 8, rows)
 
 
 @dataclass
@@ -139,7 +141,7 @@ def _fused_op_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch
             shifts=materialize(graph, int4.shifts), scales=materialize(graph, int4.scales),
             packed_zeros=materialize(graph, int4.packed_zeros), bias=materialize(graph, linear.bias),
             group_size=int4.group_size, out_dtype=linear.out_dtype, kernel=kernel, g_idx=int4.g_idx,
-            zero_convention=int4.zero_convention,
+            zero_convention=int4.zero_convention, packed_along_n=int4.packed_along_n,
         )
     scale_b = _as_tensor_node(graph, linear.scale_b, torch.float32, device)
     if linear.scheme.is_weight_only:

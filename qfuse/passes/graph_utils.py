@@ -133,7 +133,7 @@ def converted_dtype(node: Node) -> torch.dtype | None:
 
 
 def _example(arg: Any) -> Any:
-    if isinstance(arg, PendingCall):
+    if isinstance(arg, (PendingCall, PendingConstant)):
         return arg.fake_value
     if isinstance(arg, Node):
         return arg.meta["val"]
@@ -185,9 +185,33 @@ class PendingCall:
         return _evaluate(self.graph, self.target, self.args, self.kwargs)
 
 
+@dataclass(eq=False)
+class PendingConstant:
+    """A tensor a rewrite computes at compile time from the graph's constants (AWQ's shifts in its
+    channel order), to be inserted as a constant of the graph's module (`materialize`)."""
+
+    value: torch.Tensor
+    graph: Graph
+    name: str  # a readable stem for the module attribute
+    node: Node | None = field(default=None, init=False)  # once inserted
+
+    @functools.cached_property
+    def fake_value(self) -> Any:
+        return graph_fake_mode(self.graph).from_tensor(self.value, static_shapes=True)
+
+
 def materialize(graph: Graph, value: Any) -> Any:
-    """`value` with its pending calls inserted at the graph's current insertion point (each once);
-    anything else (a node, a number, None) as it is."""
+    """`value` with its pending calls and constants inserted at the graph's current insertion point
+    (each once); anything else (a node, a number, None) as it is."""
+    if isinstance(value, PendingConstant):
+        if value.node is None:
+            module, index = graph.owning_module, 0
+            while hasattr(module, f"_qfuse_{value.name}_{index}"):
+                index += 1
+            module.register_buffer(f"_qfuse_{value.name}_{index}", value.value)
+            value.node = graph.get_attr(f"_qfuse_{value.name}_{index}")
+            value.node.meta["val"] = value.fake_value
+        return value.node
     if not isinstance(value, PendingCall):
         return value
     if value.node is None:

@@ -36,12 +36,14 @@ user, stored tensors computed per call.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch.fx import Graph, Node
 
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import CONVERT_OPS, VIEW_OPS, PendingCall, aten, dtype_of, prims, shape_of, static_int
+from qfuse.passes.graph_utils import (CONVERT_OPS, VIEW_OPS, PendingCall, PendingConstant, aten, dtype_of, prims,
+                                     shape_of, static_int)
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, INT4_OFFSET, Granularity, QuantScheme
 
 FAMILY = "int4_weight_only"
@@ -95,16 +97,72 @@ def _split_shift(shifted, axis: int) -> tuple[Node, Node] | None:
     return words.args[0], shifts
 
 
-def _nibbles(node, k_major: bool) -> tuple[Node, Node | None] | None:
-    """(words, shifts) when `node` is, under views, the unsigned 4-bit values of int32 `words` in
+class Nibbles(NamedTuple):
+    """Unsigned 4-bit values unpacked from stored int32 words: q = (words >> shifts) & 0xF."""
+
+    words: Node
+    shifts: Node | None  # None: nibble i at bits 4i (compressed-tensors' byte split)
+    along_n: bool = False  # words [K, N / 8] (AWQ), else packed along K
+    channel_order: Node | None = None  # the constant C of an AWQ channel order gather (`_channel_order`)
+
+
+def _masked_nibbles(node, axis: int, along_n: bool = False) -> Nibbles | None:
+    """`(P.unsqueeze(axis) >> S) & 0xF` (`node` is the mask), possibly with AWQ's channel order
+    gathered between the shift and the mask (`values[:, order]` of the [K, N] values)."""
+    inner, channel_order = _under_views(node.args[0]), None  # an integer cast before the mask keeps the low bits
+    if _is(inner, aten.index.Tensor) and len(inner.args[1]) == 2 and inner.args[1][0] is None:
+        channel_order = _channel_order(inner.args[1][1], shape_of(inner))
+        if channel_order is None:
+            return None
+        inner = _under_views(inner.args[0])
+    found = _split_shift(inner, axis)
+    if found is None:
+        return None
+    return Nibbles(*found, along_n=along_n, channel_order=channel_order)
+
+
+def _channel_order(order, values_shape) -> Node | None:
+    """C when `order` is `arange(N).view(-1, 8)[:, C].view(-1)`: channel n reads channel 8 (n // 8) +
+    C[n % 8] of its word (AWQ's `reverse_awq_order`), C an int [8] constant of the graph (a Python
+    list in the forward); else None."""
+    if len(values_shape or ()) != 2:
+        return None
+    n = static_int(values_shape[1])
+    gathered = _under_views(order)
+    if not (_is(gathered, aten.index.Tensor) and len(gathered.args[1]) == 2 and gathered.args[1][0] is None
+            and n is not None and n % 8 == 0 and shape_of(gathered) == (n // 8, 8)):
+        return None
+    base, constant = _under_views(gathered.args[0]), gathered.args[1][1]
+    if not (_is(base, prims.iota.default) and base.args[0] == n and base.kwargs.get("start") == 0
+            and base.kwargs.get("step") == 1 and shape_of(gathered.args[0]) == (n // 8, 8)):
+        return None
+    while _is(constant, aten.lift_fresh_copy.default, aten.clone.default):
+        constant = constant.args[0]
+    value = _constant_value(constant)
+    if value is None or tuple(value.shape) != (8,) or sorted(value.tolist()) != list(range(8)):
+        return None
+    return constant
+
+
+def _constant_value(node) -> torch.Tensor | None:
+    """The tensor of a graph constant (a get_attr that is no parameter: `_tensor_constant*`)."""
+    if not (isinstance(node, Node) and node.op == "get_attr"):
+        return None
+    value = getattr(node.graph.owning_module, node.target, None)
+    return value if isinstance(value, torch.Tensor) and not value.is_floating_point() else None
+
+
+def _nibbles(node, k_major: bool) -> Nibbles | None:
+    """The words and shifts when `node` is, under views, the unsigned 4-bit values of int32 `words` in
     row-major order: `(words.unsqueeze(-1) >> shifts) & 0xF` (GPTQ [N, K / 8]; K-major, AutoGPTQ's
-    [K / 8, N]: `(words.unsqueeze(1) >> shifts[:, None]) & 0xF`; an integer cast before the mask
-    keeps the low bits), or the bytes of `words` split into their low and high nibbles
-    (compressed-tensors' `unpack_from_int32`; shifts None: nibble i at bits 4i, the little-endian
-    byte order)."""
+    [K / 8, N]: `(words.unsqueeze(1) >> shifts[:, None]) & 0xF`, or AWQ's [K, N / 8] packed along N,
+    its channel order gathered or folded into the shifts), or the bytes of `words` split into their
+    low and high nibbles (compressed-tensors' `unpack_from_int32`; shifts None: nibble i at bits 4i,
+    the little-endian byte order)."""
     node = _under_views(node)
     if _is(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK:
-        return _split_shift(_under_views(node.args[0]), NIBBLE_AXIS[k_major])
+        along_k = _masked_nibbles(node, NIBBLE_AXIS[k_major])
+        return along_k if along_k is not None or not k_major else _masked_nibbles(node, -1, along_n=True)
     if not k_major and _is(node, aten.view.dtype) and node.args[1] == torch.int8 and _is(node.args[0], aten.cat.default):
         halves, dim = node.args[0].args[0], node.args[0].args[1] if len(node.args[0].args) > 1 else 0
         if len(halves) != 2 or dim not in (-1, 2):
@@ -115,33 +173,36 @@ def _nibbles(node, k_major: bool) -> tuple[Node, Node | None] | None:
             return None
         as_bytes = low.args[0]
         if _is(as_bytes, aten.view.dtype) and as_bytes.args[1] == torch.uint8 and dtype_of(as_bytes.args[0]) == torch.int32:
-            return as_bytes.args[0], None
+            return Nibbles(as_bytes.args[0], None)
     return None
 
 
-def _minus_offset(node, k_major: bool) -> tuple[Node, Node | None] | None:
-    """(words, shifts) when `node` is, under views, `nibbles - 8` (the signed values)."""
+def _minus_offset(node, k_major: bool) -> Nibbles | None:
+    """The words and shifts when `node` is, under views, `nibbles - 8` (the signed values)."""
     node = _under_views(node)
     if _is(node, aten.sub.Tensor) and node.args[1] == INT4_OFFSET:
         return _nibbles(node.args[0], k_major)
     return None
 
 
-def _gptq_zero_words(node, k_major: bool, nibbles_shape: tuple) -> tuple[Node, Node, str] | None:
-    """(Z, its shifts, the op's zero convention) when `node` is, under views, the unpacked zero
-    points `(Z.unsqueeze(1) >> shifts[:, None]) & 0xF` of shape `nibbles_shape` = [N / 8, 8, K / g]
-    (K-major: `(Z.unsqueeze(-1) >> shifts) & 0xF`, [K / g, N / 8, 8]), plus one after the mask
-    ("plus_one") or before it ("plus_one_mod_16", AutoGPTQ's)."""
+def _gptq_zero_words(node, k_major: bool, nibbles_shapes: tuple) -> tuple[Nibbles, str] | None:
+    """(Z's nibbles, the op's zero convention) when `node` is, under views, the unpacked zero
+    points `(Z.unsqueeze(1) >> shifts[:, None]) & 0xF` of one of `nibbles_shapes` ([N / 8, 8, K / g];
+    K-major: `(Z.unsqueeze(-1) >> shifts) & 0xF`, [K / g, N / 8, 8] or [K / g, N] with AWQ's channel
+    order), plus one after the mask ("plus_one") or before it ("plus_one_mod_16", AutoGPTQ's)."""
     node, convention = _under_views(node), "stored"
     if _is(node, aten.add.Tensor) and node.args[1] == 1:
         node, convention = _under_views(node.args[0]), "plus_one"
-    if not (_is(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK and shape_of(node) == nibbles_shape):
+    if not (_is(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK and shape_of(node) in nibbles_shapes):
         return None
     shifted = _under_views(node.args[0])
     if _is(shifted, aten.add.Tensor) and shifted.args[1] == 1 and convention == "stored":
         shifted, convention = _under_views(shifted.args[0]), "plus_one_mod_16"
-    found = _split_shift(shifted, ZERO_NIBBLE_AXIS[k_major])
-    return None if found is None else (*found, convention)
+        found = _split_shift(shifted, ZERO_NIBBLE_AXIS[k_major])
+        found = None if found is None else Nibbles(*found)
+    else:
+        found = _masked_nibbles(node, ZERO_NIBBLE_AXIS[k_major])
+    return None if found is None else (found, convention)
 
 
 def _group_source(node, k_major: bool) -> tuple[Node, Node | None, str]:
@@ -169,9 +230,9 @@ def _compressed_tensors_zero_words(node, n: int, groups: int) -> Node | None:
         return None
     signed = node.args[0]
     unpacked = _minus_offset(signed, k_major=False)
-    if unpacked is None or unpacked[1] is not None or tuple(shape_of(signed)) != (groups, n):
+    if unpacked is None or unpacked.shifts is not None or tuple(shape_of(signed)) != (groups, n):
         return None
-    transposed = unpacked[0]
+    transposed = unpacked.words
     while _is(transposed, aten.clone.default):
         transposed = transposed.args[0]
     if not (_is(transposed, aten.permute.default) and list(transposed.args[1]) == [1, 0]):
@@ -240,30 +301,53 @@ def _grouped_shapes(expansion: str, k_major: bool, n: int, k: int, groups: int) 
     return {grouped, per_channel} if groups == 1 else {grouped}
 
 
+def _same_nibble_order(first: Nibbles, second: Nibbles) -> bool:
+    """Whether two unpacks read the nibbles of a word in the same order: the same shifts (one stored
+    tensor, or both 0, 4, ..., 28 made in the forward) and the same channel order (or none)."""
+    same_shifts = first.shifts is second.shifts or (_is_standard_arange(first.shifts)
+                                                    and _is_standard_arange(second.shifts))
+    orders = (first.channel_order, second.channel_order)
+    same_order = orders[0] is orders[1] or (None not in orders
+                                            and torch.equal(*(_constant_value(order) for order in orders)))
+    return same_shifts and same_order
+
+
 def _values_and_zeros(values, k_major: bool, expansion: str, g_idx, n: int, groups: int):
-    """(words, shifts, zero words or None, zero convention) of the values operand `(q - z)`."""
+    """(the values' Nibbles, zero words or None, zero convention) of the values operand `(q - z)`."""
     signed = _minus_offset(values, k_major)
     if signed is not None:  # q - 8, symmetric (either unpack)
-        return (*signed, None, "stored")
+        return signed, None, "stored"
     difference = _under_views(values)
     if _is(difference, aten.sub.Tensor):
         minuend, subtrahend = difference.args[:2]
         unsigned, signed = _nibbles(minuend, k_major), _minus_offset(minuend, k_major)
-        if unsigned is not None and unsigned[1] is not None:  # GPTQ: q - z, both unsigned
+        if unsigned is not None and unsigned.shifts is not None:  # GPTQ / AWQ: q - z, both unsigned
             source, zero_g_idx, zero_expansion = _group_source(subtrahend, k_major)
-            nibbles_shape = (groups, n // 8, 8) if k_major else (n // 8, 8, groups)
-            zeros = _gptq_zero_words(source, k_major, nibbles_shape)
-            if (zero_expansion, zero_g_idx) == (expansion, g_idx) and zeros is not None and zeros[1] is unsigned[1]:
-                return unsigned[0], unsigned[1], zeros[0], zeros[2]
-        if signed is not None and signed[1] is None and expansion == "view":  # compressed-tensors: (q - 8) - (z - 8)
+            shapes = ((groups, n // 8, 8), (groups, n)) if k_major else ((n // 8, 8, groups),)
+            zeros = _gptq_zero_words(source, k_major, shapes)
+            if (zero_expansion, zero_g_idx) == (expansion, g_idx) and zeros is not None and _same_nibble_order(
+                    zeros[0], unsigned):
+                return unsigned, zeros[0].words, zeros[1]
+        if signed is not None and signed.shifts is None and expansion == "view":  # compressed-tensors: (q - 8) - (z - 8)
             zeros = _compressed_tensors_zero_words(subtrahend, n, groups)
             if zeros is not None:
-                return *signed, zeros, "stored"
+                return signed, zeros, "stored"
     if k_major and _nibbles(difference.args[0] if _is(difference, aten.sub.Tensor) else difference, k_major) is None:
-        raise NotFusable(f"{FOUND} the [K, N] weight's values are not unpacked along K from int32 [K / 8, N] words "
-                         "(AWQ's [K, N / 8] layout, packed along N, is not taken yet)")
+        raise NotFusable(f"{FOUND} the [K, N] weight's values are not unpacked by shift and mask from int32 words "
+                         "[K / 8, N] or [K, N / 8] (a channel order gathered over N must be "
+                         "`arange(N).view(-1, 8)[:, C].view(-1)` of a constant C, as AWQ's reverse order)")
     raise NotFusable(f"{FOUND} its zero point is neither the uint4 offset 8 nor int32 [N / 8, K / g] zero points "
                      "unpacked the same way (plus one before or after the mask included), grouped as its scales")
+
+
+def _shifts_in_channel_order(shifts, channel_order: Node) -> PendingConstant:
+    """The shifts that read AWQ's gathered channel order straight from the words: channel 8 j + i
+    is nibble C[i] of word j, at bits shifts[C[i]] (C the graph's constant, S 0, 4, ..., 28)."""
+    if not _is_standard_arange(shifts):
+        raise NotFusable(f"{FOUND} its channel order is gathered over stored shifts (only 0, 4, ..., 28 are "
+                         "folded into the op's shifts)")
+    order = _constant_value(channel_order).to(torch.int32)
+    return PendingConstant(order * 4, channel_order.graph, "awq_shifts")
 
 
 def _transposed(node, k_major: bool):
@@ -284,13 +368,15 @@ def _linear(anchor, x2d, bias, values, scale_factor, weight, k_major: bool) -> F
     if (tuple(shape_of(values)), tuple(shape_of(scale_factor))) not in _grouped_shapes(expansion, k_major, n, k, groups):
         raise NotFusable(f"{FOUND} it is not grouped as [N, K / g, g] values times [N, K / g, 1] scales, per "
                          "channel, by a g_idx gather or a repeat_interleave of the scales")
-    packed, shifts, packed_zeros, zero_convention = _values_and_zeros(values, k_major, expansion, g_idx, n, groups)
+    nibbles, packed_zeros, zero_convention = _values_and_zeros(values, k_major, expansion, g_idx, n, groups)
+    packed, shifts = nibbles.words, nibbles.shifts
     group_size = k // groups
-    packed_shape = (k // 8, n) if k_major else (n, k // 8)
+    packed_shape = (k, n // 8) if nibbles.along_n else (k // 8, n) if k_major else (n, k // 8)
     if dtype_of(packed) != torch.int32 or tuple(shape_of(packed)) != packed_shape:
         raise NotFusable(f"{FOUND} the packed weight is {dtype_of(packed)} {list(shape_of(packed))}, not int32 "
-                         f"{list(packed_shape)} (AWQ's layout, packed along N, is not taken yet)")
-    if shifts is not None and (dtype_of(shifts) != torch.int32 or math.prod(shape_of(shifts)) != 8):
+                         f"{list(packed_shape)}")
+    if shifts is not None and not _is_standard_arange(shifts) and (dtype_of(shifts) != torch.int32
+                                                                    or math.prod(shape_of(shifts)) != 8):
         raise NotFusable(f"{FOUND} the shifts are not an int32 [8] tensor")
     if g_idx is not None and (dtype_of(g_idx) not in (torch.int32, torch.int64) or tuple(shape_of(g_idx)) != (k,)):
         raise NotFusable(f"{FOUND} its g_idx is {dtype_of(g_idx)} {list(shape_of(g_idx))}, not an integer [{k}] vector")
@@ -310,13 +396,15 @@ def _linear(anchor, x2d, bias, values, scale_factor, weight, k_major: bool) -> F
         raise NotFusable(f"{FOUND} the bias is {dtype_of(bias)} {list(shape_of(bias))}, not [{n}] in the activation's dtype")
     if len(weight.users) > 1:
         raise NotFusable(f"{FOUND} the dequantized weight has {len(weight.users)} users")
-    if _is_standard_arange(shifts):
+    if nibbles.channel_order is not None:
+        shifts = _shifts_in_channel_order(shifts, nibbles.channel_order)
+    elif _is_standard_arange(shifts):
         shifts = None
     elif shifts is not None and tuple(shape_of(shifts)) != (8,):
         shifts = PendingCall(aten.reshape.default, (shifts, [8]))
     scheme = QuantScheme.weight_only(INT4_DTYPE, Granularity.PER_GROUP, x_dtype, weight_group_size=group_size)
-    int4 = Int4Weight(_transposed(packed, k_major), shifts, _transposed(scales, k_major),
-                      _transposed(packed_zeros, k_major), group_size, g_idx, zero_convention)
+    int4 = Int4Weight(_transposed(packed, k_major and not nibbles.along_n), shifts, _transposed(scales, k_major),
+                      _transposed(packed_zeros, k_major), group_size, g_idx, zero_convention, nibbles.along_n)
     return FusedLinear(
         anchor=anchor, family=FAMILY, pattern="int4 unpack + dequantize + float linear", a=x2d, b=packed,
         scheme=scheme, out_dtype=dtype_of(anchor), replaces=anchor, bias=bias, int4=int4,

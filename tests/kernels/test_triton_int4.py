@@ -5,7 +5,7 @@ points, groups of 32 and 128 and per channel, groups narrower than the K step, K
 the step, M = 0 / 1 / 17 and 3D through the op, stored shifts in another order, bias, the tile choice;
 GPTQ's act order through the op (rows sorted by group once), zero points stored minus one (plus one
 after the mask, a zero point of 16 included, or before it, AutoGPTQ's), AutoGPTQ's [K / 8, N]
-tensors read transposed.
+tensors read transposed, AWQ's [K, N / 8] words packed along N (masked K steps included).
 """
 
 import pytest
@@ -17,7 +17,7 @@ import qfuse.ops  # noqa: F401, E402  (registers torch.ops.qfuse)
 from qfuse.kernels.triton.int4_mm import (  # noqa: E402
     DECODE_ROWS, fit_block_k, pick_int4_config, split_k, step_meta, triton_int4_mm,
 )
-from tests.peers.weight_only_models import autogptq_int4, gptq_packed_int4  # noqa: E402
+from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -150,6 +150,21 @@ def test_autogptq_tensors_are_read_through_their_transposes():
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(10)).to(HALF).to(DEVICE)
     out = triton_int4_mm(x, model.qweight.t(), model.wf.reshape(8), model.scales.t(), model.qzeros.t(), model.bias, 64,
                          HALF, zero_convention="plus_one_mod_16")
+    eager = model(x)
+    reference = x.double() @ model.reference_weight.to(DEVICE).t() + model.bias.double()
+    scale = reference.abs().max()
+    assert (out.double() - reference).abs().max() <= TOLERANCE[HALF] * scale
+    assert (out.double() - eager.double()).abs().max() <= 2 * TOLERANCE[HALF] * scale
+
+
+@pytest.mark.parametrize("in_features, config", [(256, (16, 32, 64, 1, 4, 2)), (96, (16, 16, 64, 1, 2, 1))],
+                         ids=["even_k", "k_not_a_multiple_of_the_step"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_awq_words_packed_along_n(in_features, config, splits):
+    model = awq_int4(HALF, group_size=32, unpack_order="shifts", in_features=in_features).to(DEVICE)
+    x = torch.randn(3, in_features, generator=torch.Generator().manual_seed(11)).to(HALF).to(DEVICE)
+    out = triton_int4_mm(x, model.qweight, model.shifts, model.scales.t(), model.qzeros.t(), model.bias, 32, HALF,
+                         config=config, splits=splits, packed_along_n=True)
     eager = model(x)
     reference = x.double() @ model.reference_weight.to(DEVICE).t() + model.bias.double()
     scale = reference.abs().max()

@@ -2,14 +2,15 @@
 dequantize + mm on the stored words, on any device: checked here on the CPU against the peer GPTQ
 model's eager forward, symmetric and with zero points, stored and computed shifts, bias, static and
 dynamic M, GPTQ's act order (scales and zero points gathered by g_idx), zero points stored minus one
-and AutoGPTQ's transposed tensors (the decode template is GPU-only: tests/lowerings/test_int4_template.py)."""
+AutoGPTQ's transposed tensors and AWQ's words packed along N (the decode template is GPU-only:
+tests/lowerings/test_int4_template.py)."""
 
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
 from qfuse.lowerings import register_lowerings
-from tests.peers.weight_only_models import autogptq_int4, gptq_packed_int4
+from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4
 
 EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
 
@@ -46,7 +47,7 @@ def test_dynamic_m_with_a_prefill_hint():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("form", ["act_order_plus_one", "autogptq_plus_one_mod_16"])
+@pytest.mark.parametrize("form", ["act_order_plus_one", "autogptq_plus_one_mod_16", "awq_packed_along_n"])
 def test_act_order_and_zero_conventions_in_ir(form):
     assert register_lowerings()
     if form == "act_order_plus_one":
@@ -54,13 +55,18 @@ def test_act_order_and_zero_conventions_in_ir(form):
         model.qzeros[0, 0] |= 0xF  # a zero point of 16
         operands = (model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 64)
         g_idx, convention = model.g_idx, "plus_one"
-    else:
+    elif form == "autogptq_plus_one_mod_16":
         model = autogptq_int4(torch.float32, group_size=64, act_order=True)
         operands = (model.qweight.t(), model.wf.reshape(8), model.scales.t(), model.qzeros.t(), model.bias, 64)
         g_idx, convention = model.g_idx, "plus_one_mod_16"
+    else:
+        model = awq_int4(torch.float32, group_size=64, unpack_order="shifts")
+        operands = (model.qweight, model.shifts, model.scales.t(), model.qzeros.t(), model.bias, 64)
+        g_idx, convention = None, "stored"
 
     def linear(x):
-        return torch.ops.qfuse.int4_weight_only_mm(x, *operands, x.dtype, "triton", g_idx, convention)
+        return torch.ops.qfuse.int4_weight_only_mm(x, *operands, x.dtype, "triton", g_idx, convention,
+                                                   form == "awq_packed_along_n")
 
     x = torch.randn(40, 256)
     torch._dynamo.reset()

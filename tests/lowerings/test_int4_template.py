@@ -3,14 +3,15 @@ compressed-tensors forms compile to one template kernel that reads the stored wo
 of qfuse's op, no unpacked weight), with numerics equal to eager for symmetric and asymmetric
 weights, groups and per channel, bias, 3D, static and dynamic M, default mode, max-autotune and
 CUDA graphs; GPTQ's act order, zero points stored minus one and AutoGPTQ's [K / 8, N] layout at decode
-and prefill (act order: Inductor's own dequantize + mm at every M, lowerings/int4_weight_only.py)."""
+and prefill (act order: Inductor's own dequantize + mm at every M, lowerings/int4_weight_only.py); AWQ's
+words packed along N."""
 
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
 import qfuse
-from tests.peers.weight_only_models import autogptq_int4, gptq_packed_int4
+from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TEMPLATE_MARK = "from qfuse.kernels.triton.int4_mm import int4_dot"
@@ -130,3 +131,16 @@ def test_autogptq_without_act_order_reads_the_transposed_words_in_the_template()
     out, code = run_and_get_code(torch.compile(linear), x)
     assert TEMPLATE_MARK in "\n".join(code)
     assert_close_to_eager(out, model, x)
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+@pytest.mark.parametrize("unpack_order", ["index", "shifts"])
+def test_awq_runs_as_the_template_at_decode(unpack_order, rows):
+    model = awq_int4(FP16, group_size=64, unpack_order=unpack_order).cuda()
+    x = torch.randn(rows, 256, device="cuda", dtype=FP16)
+    with torch.no_grad():
+        out, code, report = compiled_code(model, x)
+        assert_close_to_eager(out, model, x)
+    (record,) = report.fused
+    assert EXTERN_CALL not in code
+    assert (TEMPLATE_MARK in code) == (rows <= 16), record.lowered

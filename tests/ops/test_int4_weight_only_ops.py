@@ -6,8 +6,8 @@ the `torch` kernel (ATen's `_weight_int4pack_mm_for_cpu`) against both, symmetri
 points, 2D and 3D, M = 0 / 1 / odd; the op following whatever shifts it is given; the weight
 unpacked and repacked once per weight; `torch.library.opcheck`; ValueErrors naming the problem;
 GPTQ's act order (`g_idx`: the weight's rows sorted by group once, the activation's columns gathered;
-any other `g_idx` a dense weight), zero points stored minus one (both conventions) and AutoGPTQ's
-[K / 8, N] tensors through their transposes.
+any other `g_idx` a dense weight), zero points stored minus one (both conventions), AutoGPTQ's
+[K / 8, N] tensors through their transposes and AWQ's [K, N / 8] words packed along N.
 """
 
 import pytest
@@ -16,7 +16,7 @@ import torch
 import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
 from qfuse.kernels.prepared import cached_weight_count
 from qfuse.ops.int4_weight_only import unpack
-from tests.peers.weight_only_models import autogptq_int4, gptq_packed_int4
+from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 OP = torch.ops.qfuse.int4_weight_only_mm
@@ -84,7 +84,7 @@ def test_opcheck():
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(x=torch.randn(2, 128)), "activation has K=128 but the packed weight holds K=256"),
+    (dict(x=torch.randn(2, 128)), "activation has K=128 but the packed weight [N, K / 8] holds K=256"),
     (dict(x=torch.randn(2, 256).to(torch.int8)), "activation must be one of"),
     (dict(shifts=torch.arange(8)), "shifts must be int32 [8]"),
     (dict(group_size=48), "group_size must divide K=256"),
@@ -164,3 +164,21 @@ def test_opcheck_with_g_idx():
     model = gptq_packed_int4(FP32, group_size=32, act_order=True, symmetric=False, zeros_minus_one=True)
     torch.library.opcheck(OP.default, (torch.randn(3, 256), model.qweight, model.shifts, model.scales, model.qzeros,
                                        model.bias, 32, FP32, "torch", model.g_idx, "plus_one"))
+
+
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+def test_awq_words_packed_along_n(kernel):
+    model = awq_int4(FP32, group_size=64, unpack_order="shifts")
+    x = torch.randn(2, 3, 256)
+    out = OP(x, model.qweight, model.shifts, model.scales.t(), model.qzeros.t(), model.bias, 64, FP32, kernel, None,
+             "stored", True)
+    eager = model(x)
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5 * eager.abs().max().item())
+    torch.testing.assert_close(out.double(), float64_reference(model, x), rtol=1e-5, atol=1e-5 * eager.abs().max().item())
+
+
+def test_awq_activation_of_the_wrong_k_names_the_layout():
+    model = awq_int4(FP32, group_size=64)
+    with pytest.raises(ValueError, match=r"the packed weight \[K, N / 8\] holds K=256"):
+        OP(torch.randn(2, 128), model.qweight, model.shifts, model.scales.t(), model.qzeros.t(), None, 64, FP32, "torch",
+           None, "stored", True)

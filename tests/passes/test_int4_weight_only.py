@@ -1,8 +1,10 @@
-"""int4_weight_only: int4 weights unpacked in the graph (GPTQ [N, K / 8], compressed-tensors
-pack-quantized) become one qfuse::int4_weight_only_mm on the stored words, and match eager.
+"""int4_weight_only: int4 weights unpacked in the graph (GPTQ [N, K / 8], AutoGPTQ [K / 8, N], AWQ
+[K, N / 8], compressed-tensors pack-quantized) become one qfuse::int4_weight_only_mm on the stored
+words, and match eager.
 
 The models are the peer forms of tests/peers/weight_only_models.py, written as GPTQ model code and
-compressed-tensors' own `unpack_from_int32` / `dequantize` write them. Covered: symmetric (uint4
+compressed-tensors' own `unpack_from_int32` / `dequantize` write them (and AutoGPTQ's and AutoAWQ's
+torch paths: act order, zero points stored minus one, AWQ's channel order). Covered: symmetric (uint4
 offset 8) and zero points, groups of 32 / 64 / 128 and per channel, bf16 / fp16 / fp32, 2D and 3D,
 bias or not, M = 1 and odd, a dynamic batch; the stored tensors reach the op (nothing is unpacked
 in the compiled graph); forms that must not be rewritten here, each with its reason.
@@ -52,9 +54,12 @@ FORMS = {
     "gptq-zeros-minus-one-g32": (wo.gptq_packed_int4, dict(group_size=32, symmetric=False, zeros_minus_one=True)),
     "autogptq-g64": (wo.autogptq_int4, dict(group_size=64)),
     "autogptq-act-order-g128": (wo.autogptq_int4, dict(group_size=128, act_order=True)),
+    "awq-g64": (wo.awq_int4, dict(group_size=64)),
+    "awq-order-in-shifts-g128": (wo.awq_int4, dict(group_size=128, unpack_order="shifts")),
 }
 ZERO_POINT_FORMS = {"gptq-zeros-g64", "gptq-zeros-channel", "ct-zeros-g64", "gptq-act-order-zeros-minus-one",
-                    "gptq-zeros-minus-one-g32", "autogptq-g64", "autogptq-act-order-g128"}
+                    "gptq-zeros-minus-one-g32", "autogptq-g64", "autogptq-act-order-g128", "awq-g64",
+                    "awq-order-in-shifts-g128"}
 
 
 @pytest.mark.parametrize("shape", [(1, 256), (5, 256), (2, 3, 256)], ids=["M1", "M5", "3D"])
@@ -91,6 +96,19 @@ def test_the_op_gets_the_stored_tensors():
     assert call.group_size == 32 and call.kernel == "torch"
 
 
+@pytest.mark.parametrize("unpack_order", ["index", "shifts"])
+def test_awq_reaches_the_op_packed_along_n_with_its_order_in_the_shifts(unpack_order):
+    """AutoAWQ's gather by `arange(N).view(-1, 8)[:, C]` becomes shifts 4 C, a constant of the graph;
+    the order folded into stored shifts is those shifts themselves."""
+    model = wo.awq_int4(FP32, group_size=64, unpack_order=unpack_order)
+    run = run_family(int4_weight_only, model, wo.example_input(256, FP32))
+    (fused,) = [node for node in run.graph.nodes if str(node.target) == INT4_OP]
+    call = Int4WeightOnlyMmArgs.of(fused)
+    assert call.packed_along_n and call.packed.op == "placeholder" and call.shifts.op in ("placeholder", "get_attr")
+    shifts = getattr(run.graph.owning_module, call.shifts.target) if call.shifts.op == "get_attr" else model.shifts
+    assert shifts.tolist() == [4 * nibble for nibble in wo.AWQ_UNPACK_ORDER]
+
+
 def test_compressed_tensors_unpack_has_no_shifts_tensor():
     """compressed-tensors splits bytes into nibbles: the op reads nibble i at bits 4i (shifts None)."""
     model = build(wo.compressed_tensors_w4a16, FP32, group_size=64)
@@ -112,9 +130,6 @@ def test_a_dynamic_batch_compiles_once_and_fuses():
 
 
 NEAR_MISSES = {
-    "awq": (wo.awq_int4, dict(), "AWQ's [K, N / 8] layout, packed along N, is not taken yet"),
-    "awq-order-in-shifts": (wo.awq_int4, dict(unpack_order="shifts"),
-                            "AWQ's [K, N / 8] layout, packed along N, is not taken yet"),
     "group-of-16": (wo.gptq_packed_int4, dict(group_size=16), "needs a weight group size that is a multiple of 32, got 16"),
     "n-not-multiple-of-16": (wo.gptq_packed_int4, dict(group_size=32, out_features=40), "N a multiple of 16"),
 }

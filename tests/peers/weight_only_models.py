@@ -417,15 +417,15 @@ def compressed_tensors_decompress_forward(model: CompressedTensorsPackedLinear):
 class AwqGemmLinear(nn.Module):
     """int4 AWQ linear, GEMM layout (AutoAWQ `WQLinear_GEMM` checkpoints), dequantized in torch.
 
-    Source: AutoAWQ's GEMM checkpoint format and its torch dequantize (used where its kernels are
-    missing): `qweight` int32 `[K, N / 8]` packed along N, eight consecutive output channels per
-    word in AWQ's interleaved order: nibble i (bits 4i..4i+3) holds channel 8j + [0, 2, 4, 6, 1, 3,
-    5, 7][i]; `qzeros` int32 `[K / g, N / 8]` packed the same way; `scales [K / g, N]`. Unpack with
-    `torch.bitwise_and(torch.bitwise_right_shift(qweight.unsqueeze(-1), shifts), 0xF)` (the function
-    calls AutoAWQ writes), then undo the order (`unpack_order="index"`: gather the
-    nibbles back with the inverse order [0, 4, 1, 5, 2, 6, 3, 7] over N, as AutoAWQ does;
-    `"shifts"`: the order folded into the shift amounts, `shifts = 4 * [0, 4, 1, 5, 2, 6, 3, 7]`,
-    as some runtimes write it). Group scales and zeros expand with `repeat_interleave(g, 0)`.
+    Source: AutoAWQ's GEMM checkpoint format and its torch dequantize (`dequantize_gemm`, used where
+    its kernels are missing): `qweight` int32 `[K, N / 8]` packed along N, eight consecutive output
+    channels per word in AWQ's interleaved order: nibble i (bits 4i..4i+3) holds channel 8j + [0, 2,
+    4, 6, 1, 3, 5, 7][i]; `qzeros` int32 `[K / g, N / 8]` packed the same way; `scales [K / g, N]`.
+    `unpack_order="index"` is AutoAWQ's spelling: shift by `arange(0, 32, 4)`, cast to int8, view as
+    `[K, N]`, undo the order with a gather over N by `arange(N).view(-1, 8)[:, [0, 4, 1, 5, 2, 6, 3,
+    7]].view(-1)` (the Python list a constant of the graph), then `& 0xF`. `"shifts"`: the order
+    folded into the shift amounts, `shifts = 4 * [0, 4, 1, 5, 2, 6, 3, 7]`, as vLLM's AWQ dequantize
+    kernel writes it. Group scales and zeros expand with `repeat_interleave(g, 0)`.
     Math: w[k, n] = (q[k, n] - z[k // g, n]) * s[k // g, n]; y = matmul(x, w) + bias.
     """
 
@@ -435,20 +435,23 @@ class AwqGemmLinear(nn.Module):
         self.register_buffer("qzeros", qzeros)  # int32 [K / g, N / 8]
         self.register_buffer("scales", scales)  # [K / g, N]
         self.register_buffer("bias", bias)
-        if unpack_order == "shifts":
-            shifts = [4 * nibble for nibble in AWQ_UNPACK_ORDER]
-        else:
-            shifts = list(INT4_SHIFTS)
-            out_features = scales.shape[-1]
-            channel_order = torch.arange(out_features).reshape(-1, 8)[:, list(AWQ_UNPACK_ORDER)].reshape(-1)
-            self.register_buffer("channel_order", channel_order)
-        self.register_buffer("shifts", torch.tensor(shifts, dtype=torch.int32))
+        self.register_buffer("shifts", torch.tensor([4 * nibble for nibble in AWQ_UNPACK_ORDER], dtype=torch.int32))
         self.group_size, self.unpack_order = group_size, unpack_order
 
+    def unpack_in_order(self, packed: torch.Tensor) -> torch.Tensor:
+        """AutoAWQ's `unpack_awq` + `reverse_awq_order` + mask, for the words or the zero points."""
+        shifts = torch.arange(0, 32, 4, device=packed.device)
+        values = torch.bitwise_right_shift(packed[:, :, None], shifts[None, None, :]).to(torch.int8)
+        values = values.view(values.shape[0], -1)
+        order = torch.arange(values.shape[-1], dtype=torch.int32, device=packed.device)
+        order = order.view(-1, 8)[:, list(AWQ_UNPACK_ORDER)].view(-1)
+        return torch.bitwise_and(values[:, order], 0xF)
+
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        if self.unpack_order == "index":
+            return self.unpack_in_order(packed)
         values = torch.bitwise_and(torch.bitwise_right_shift(packed.unsqueeze(-1), self.shifts), 0xF)
-        values = values.reshape(packed.shape[0], -1)
-        return values[:, self.channel_order] if self.unpack_order == "index" else values
+        return values.reshape(packed.shape[0], -1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, zeros = self.unpack(self.qweight), self.unpack(self.qzeros)

@@ -1,8 +1,9 @@
 """Triton W4A16: x @ w^T for an int4 weight packed eight to an int32 along K, dequantized in registers.
 
     words   packed [N, K / 8] int32, as GPTQ (v2) and compressed-tensors store it (any strides: the
-            transposed AutoGPTQ [K / 8, N] words too)
+            transposed AutoGPTQ [K / 8, N] words too), or [K, N / 8] packed along N (AWQ)
     q[n, k] = (words[n, k // 8] >> shifts[k % 8]) & 0xF         shifts: a stored int32 [8], or 4 * (k % 8)
+            = (words[k, n // 8] >> shifts[n % 8]) & 0xF         packed along N
     z[n, g] = 8, or (packed_zeros[n // 8, g] >> shifts[n % 8]) & 0xF, plus one by the zero convention
     w[n, k] = (q - z) * scales[n, k // group_size]              rounded once to x's dtype, as eager rounds it
     out     = x @ w^T (fp32 accumulation; fp32 x in IEEE fp32, as eager's matmul) + bias
@@ -63,21 +64,34 @@ AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 128, 1, 4, 3), (16, 128, 128,
 @triton.jit
 def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg, stride_zn,
                      stride_zg, GROUP_SIZE: tl.constexpr, GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr,
-                     HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr, EVEN_K: tl.constexpr,
-                     DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The dequantized [BLOCK_N, BLOCK_K] tile w[offs_n, k0:k0 + BLOCK_K] in DTYPE (zero where k >= K)."""
-    offs_word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    if EVEN_K:  # no mask along K: the loads stay 16-byte vectors
-        words = tl.load(W + offs_n[:, None] * stride_wn + offs_word[None, :] * stride_wk, mask=mask_n[:, None], other=0)
+                     HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr,
+                     PACKED_ALONG_N: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """The dequantized [BLOCK_N, BLOCK_K] tile w[offs_n, k0:k0 + BLOCK_K] in DTYPE (zero where k >= K).
+    Strides are per n and per k word: [N, K / 8] words, or [K, N / 8] when PACKED_ALONG_N (AWQ)."""
+    if PACKED_ALONG_N:  # each value's word loaded where it lies (eight neighbours share one), nibble n % 8
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        words = tl.load(W + offs_k[:, None] * stride_wk + (offs_n // 8)[None, :] * stride_wn,
+                        mask=(offs_k < K)[:, None] & mask_n[None, :], other=0)
+        if HAS_SHIFTS:
+            shift = tl.load(SHIFTS + offs_n % 8)
+        else:
+            shift = (offs_n % 8) * 4
+        q = tl.trans((words >> shift[None, :]) & 0xF)
     else:
-        words = tl.load(W + offs_n[:, None] * stride_wn + offs_word[None, :] * stride_wk,
-                        mask=mask_n[:, None] & (offs_word * 8 < K)[None, :], other=0)
-    nibble = tl.arange(0, 8)
-    if HAS_SHIFTS:
-        shift = tl.load(SHIFTS + nibble)
-    else:
-        shift = nibble * 4
-    q = (words[:, :, None] >> shift[None, None, :]) & 0xF
+        offs_word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        if EVEN_K:  # no mask along K: the loads stay 16-byte vectors
+            words = tl.load(W + offs_n[:, None] * stride_wn + offs_word[None, :] * stride_wk, mask=mask_n[:, None],
+                            other=0)
+        else:
+            words = tl.load(W + offs_n[:, None] * stride_wn + offs_word[None, :] * stride_wk,
+                            mask=mask_n[:, None] & (offs_word * 8 < K)[None, :], other=0)
+        nibble = tl.arange(0, 8)
+        if HAS_SHIFTS:
+            shift = tl.load(SHIFTS + nibble)
+        else:
+            shift = nibble * 4
+        q = (words[:, :, None] >> shift[None, None, :]) & 0xF
     q = tl.reshape(q, (BLOCK_N, GROUPS_PER_STEP, BLOCK_K // GROUPS_PER_STEP))
     groups = k0 // GROUP_SIZE + tl.arange(0, GROUPS_PER_STEP)
     mask = mask_n[:, None] & (groups * GROUP_SIZE < K)[None, :]
@@ -106,8 +120,8 @@ def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_w
 def int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk, stride_wn,
              stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE: tl.constexpr,
              GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr,
-             ZERO_WRAP: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr):
+             ZERO_WRAP: tl.constexpr, PACKED_ALONG_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The float32 [BLOCK_M, BLOCK_N] tile of x @ w^T over k in [k_start, k_end) (before bias)."""
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
@@ -119,7 +133,7 @@ def int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_e
                           mask=(offs_k < K)[:, None] & mask_m[None, :], other=0.0)
         w = int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg,
                              stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD,
-                             ZERO_WRAP, EVEN_K, x_t.dtype, BLOCK_N, BLOCK_K)
+                             ZERO_WRAP, PACKED_ALONG_N, EVEN_K, x_t.dtype, BLOCK_N, BLOCK_K)
         if x_t.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
             acc = tl.dot(w, x_t, acc, input_precision="ieee")
         else:
@@ -139,7 +153,8 @@ def k_range(K, pid_k, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
 def _int4_mm_kernel(X, W, SHIFTS, S, Z, BIAS, OUT, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_sn,
                     stride_sg, stride_zn, stride_zg, stride_os, stride_om, stride_on, GROUP_SIZE: tl.constexpr,
                     GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                    ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+                    ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr, PACKED_ALONG_N: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr):
     """OUT[pid_k] = the split's partial x @ w^T (+ bias when there is one split)."""
@@ -151,19 +166,20 @@ def _int4_mm_kernel(X, W, SHIFTS, S, Z, BIAS, OUT, M, N, K, stride_xm, stride_xk
     k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
     acc = int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk,
                    stride_wn, stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP,
-                   HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+                   HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PACKED_ALONG_N, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(OUT + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
              acc.to(OUT.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def weight_meta(has_shifts: bool, has_zeros: bool, zero_convention: str) -> dict:
+def weight_meta(has_shifts: bool, has_zeros: bool, zero_convention: str, packed_along_n: bool) -> dict:
     """The constexprs that say how the stored weight reads (the op's formula, `qfuse.ops.int4_weight_only`)."""
     from qfuse.ops.int4_weight_only import ZERO_CONVENTIONS
 
     zero_add, zero_wrap = ZERO_CONVENTIONS[zero_convention]
-    return dict(HAS_SHIFTS=has_shifts, HAS_ZEROS=has_zeros, ZERO_ADD=zero_add, ZERO_WRAP=zero_wrap)
+    return dict(HAS_SHIFTS=has_shifts, HAS_ZEROS=has_zeros, ZERO_ADD=zero_add, ZERO_WRAP=zero_wrap,
+                PACKED_ALONG_N=packed_along_n)
 
 
 def step_meta(block_k: int, group_size: int, k: int) -> dict:
@@ -201,10 +217,10 @@ def fit_block_k(block_k: int, group_size: int, k: int) -> int:
 def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor | None, scales: torch.Tensor,
                    packed_zeros: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
                    out_dtype: torch.dtype, config=None, splits: int | None = None,
-                   zero_convention: str = "stored") -> torch.Tensor:
+                   zero_convention: str = "stored", packed_along_n: bool = False) -> torch.Tensor:
     """x [M, K] @ w^T + bias as `out_dtype`, w the int4 weight of the module docstring."""
     m, k = x.shape
-    n = packed.shape[0]
+    n = scales.shape[0]
     if m == 0 or n == 0 or k == 0:
         out = torch.zeros(m, n, device=x.device, dtype=out_dtype)
         return out if bias is None or m == 0 else out.copy_(bias.to(out_dtype).expand(m, n))
@@ -217,10 +233,11 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), splits)
     _int4_mm_kernel[grid](
         x, packed, shifts if shifts is not None else packed, scales, zeros, bias if bias is not None else scales, out,
-        m, n, k, *x.stride(), *packed.stride(), *scales.stride(), *zeros.stride(), *out.stride(),
+        m, n, k, *x.stride(), *(packed.stride()[::-1] if packed_along_n else packed.stride()), *scales.stride(),
+        *zeros.stride(), *out.stride(),
         HAS_BIAS=bias is not None and splits == 1, SPLIT_K=splits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages, **step_meta(block_k, group_size, k),
-        **weight_meta(shifts is not None, packed_zeros is not None, zero_convention),
+        **weight_meta(shifts is not None, packed_zeros is not None, zero_convention, packed_along_n),
     )
     if splits == 1:
         return out[0]
