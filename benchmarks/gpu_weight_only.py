@@ -118,6 +118,8 @@ class AwqLinear(nn.Module):
         self.register_buffer("qzeros", words(torch.randint(0, 16, (k // GROUP, n), device="cuda", generator=generator)))
         scales = torch.rand(k // GROUP, n, device="cuda", generator=generator) / (8 * math.sqrt(k))
         self.register_buffer("scales", scales.to(torch.bfloat16))
+        self.register_buffer("shifts", torch.tensor([4 * i for i in self.REVERSE_ORDER], dtype=torch.int32,
+                                                    device="cuda"))  # the order folded in (for the kernel alone)
 
     def unpack(self, packed):
         shifts = torch.arange(0, 32, 4, device=packed.device)
@@ -134,8 +136,7 @@ class AwqLinear(nn.Module):
     def kernel_call(self, x, config=None, splits=None):
         from qfuse.kernels.triton.int4_mm import triton_int4_mm
 
-        shifts = torch.tensor([4 * i for i in self.REVERSE_ORDER], dtype=torch.int32, device=x.device)
-        return triton_int4_mm(x, self.qweight, shifts, self.scales.t(), self.qzeros.t(), None, GROUP, torch.bfloat16,
+        return triton_int4_mm(x, self.qweight, self.shifts, self.scales.t(), self.qzeros.t(), None, GROUP, torch.bfloat16,
                               config=config, splits=splits, packed_along_n=True)
 
 
