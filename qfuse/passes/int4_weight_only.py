@@ -42,8 +42,8 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import (CONVERT_OPS, VIEW_OPS, PendingCall, PendingConstant, aten, dtype_of, prims,
-                                     shape_of, static_int)
+from qfuse.passes.graph_utils import (CONVERT_OPS, VIEW_OPS, PendingCall, PendingConstant, aten, dtype_of, fake_value,
+                                     prims, shape_of, static_int)
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, INT4_OFFSET, Granularity, QuantScheme
 
 FAMILY = "int4_weight_only"
@@ -340,14 +340,15 @@ def _values_and_zeros(values, k_major: bool, expansion: str, g_idx, n: int, grou
                      "unpacked the same way (plus one before or after the mask included), grouped as its scales")
 
 
-def _shifts_in_channel_order(shifts, channel_order: Node) -> PendingConstant:
+def _shifts_in_channel_order(shifts, channel_order: Node, words: Node) -> PendingConstant:
     """The shifts that read AWQ's gathered channel order straight from the words: channel 8 j + i
-    is nibble C[i] of word j, at bits shifts[C[i]] (C the graph's constant, S 0, 4, ..., 28)."""
+    is nibble C[i] of word j, at bits shifts[C[i]] (C the graph's constant, S 0, 4, ..., 28), on the
+    words' device (the Python list of the order is a CPU constant even in a CUDA model)."""
     if not _is_standard_arange(shifts):
         raise NotFusable(f"{FOUND} its channel order is gathered over stored shifts (only 0, 4, ..., 28 are "
                          "folded into the op's shifts)")
-    order = _constant_value(channel_order).to(torch.int32)
-    return PendingConstant(order * 4, channel_order.graph, "awq_shifts")
+    order = _constant_value(channel_order).to(torch.int32, copy=True)
+    return PendingConstant(order * 4, channel_order.graph, "awq_shifts", device=fake_value(words).device)
 
 
 def _transposed(node, k_major: bool):
@@ -397,7 +398,7 @@ def _linear(anchor, x2d, bias, values, scale_factor, weight, k_major: bool) -> F
     if len(weight.users) > 1:
         raise NotFusable(f"{FOUND} the dequantized weight has {len(weight.users)} users")
     if nibbles.channel_order is not None:
-        shifts = _shifts_in_channel_order(shifts, nibbles.channel_order)
+        shifts = _shifts_in_channel_order(shifts, nibbles.channel_order, packed)
     elif _is_standard_arange(shifts):
         shifts = None
     elif shifts is not None and tuple(shape_of(shifts)) != (8,):

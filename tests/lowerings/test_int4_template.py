@@ -134,10 +134,11 @@ def test_autogptq_without_act_order_reads_the_transposed_words_in_the_template()
 
 
 @pytest.mark.parametrize("rows", [3, 40])
-@pytest.mark.parametrize("unpack_order", ["index", "shifts"])
-def test_awq_runs_as_the_template_at_decode(unpack_order, rows):
-    model = awq_int4(FP16, group_size=64, unpack_order=unpack_order).cuda()
-    x = torch.randn(rows, 256, device="cuda", dtype=FP16)
+@pytest.mark.parametrize("unpack_order, n, k", [("index", 128, 256), ("shifts", 128, 256), ("index", 2048, 1024)])
+def test_awq_runs_as_the_template_at_decode(unpack_order, n, k, rows):
+    """AutoAWQ's order gather: its shifts become a constant on the GPU (a CPU one read nan at 14336 columns)."""
+    model = awq_int4(FP16, group_size=64, unpack_order=unpack_order, in_features=k, out_features=n).cuda()
+    x = torch.randn(rows, k, device="cuda", dtype=FP16)
     with torch.no_grad():
         out, code, report = compiled_code(model, x)
         assert_close_to_eager(out, model, x)

@@ -69,15 +69,18 @@ def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_w
                      BLOCK_K: tl.constexpr):
     """The dequantized [BLOCK_N, BLOCK_K] tile w[offs_n, k0:k0 + BLOCK_K] in DTYPE (zero where k >= K).
     Strides are per n and per k word: [N, K / 8] words, or [K, N / 8] when PACKED_ALONG_N (AWQ)."""
-    if PACKED_ALONG_N:  # each value's word loaded where it lies (eight neighbours share one), nibble n % 8
+    nibble = tl.arange(0, 8)
+    if HAS_SHIFTS:
+        shift = tl.load(SHIFTS + nibble)
+    else:
+        shift = nibble * 4
+    if PACKED_ALONG_N:  # a [BLOCK_K, BLOCK_N / 8] tile of words, unpacked along N into [BLOCK_K, BLOCK_N]
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        words = tl.load(W + offs_k[:, None] * stride_wk + (offs_n // 8)[None, :] * stride_wn,
-                        mask=(offs_k < K)[:, None] & mask_n[None, :], other=0)
-        if HAS_SHIFTS:
-            shift = tl.load(SHIFTS + offs_n % 8)
-        else:
-            shift = (offs_n % 8) * 4
-        q = tl.trans((words >> shift[None, :]) & 0xF)
+        offs_word = tl.min(offs_n, axis=0) // 8 + tl.arange(0, BLOCK_N // 8)
+        mask_word = tl.max(tl.reshape(mask_n.to(tl.int32), (BLOCK_N // 8, 8)), axis=1) > 0
+        words = tl.load(W + offs_k[:, None] * stride_wk + offs_word[None, :] * stride_wn,
+                        mask=(offs_k < K)[:, None] & mask_word[None, :], other=0)
+        q = tl.trans(tl.reshape((words[:, :, None] >> shift[None, None, :]) & 0xF, (BLOCK_K, BLOCK_N)))
     else:
         offs_word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         if EVEN_K:  # no mask along K: the loads stay 16-byte vectors
@@ -86,11 +89,6 @@ def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_w
         else:
             words = tl.load(W + offs_n[:, None] * stride_wn + offs_word[None, :] * stride_wk,
                             mask=mask_n[:, None] & (offs_word * 8 < K)[None, :], other=0)
-        nibble = tl.arange(0, 8)
-        if HAS_SHIFTS:
-            shift = tl.load(SHIFTS + nibble)
-        else:
-            shift = nibble * 4
         q = (words[:, :, None] >> shift[None, None, :]) & 0xF
     q = tl.reshape(q, (BLOCK_N, GROUPS_PER_STEP, BLOCK_K // GROUPS_PER_STEP))
     groups = k0 // GROUP_SIZE + tl.arange(0, GROUPS_PER_STEP)
