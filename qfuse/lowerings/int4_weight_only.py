@@ -54,7 +54,7 @@ from qfuse.kernels.triton.int4_mm import int4_dot, k_range
 from qfuse.kernels.triton.scaled_mm import grouped_tile
 {{def_kernel(INPUTS)}}
     M = {{size("X", 0)}}
-    N = {{size("W", 0)}}
+    N = {{size("S", 0)}}
     K = {{size("X", 1)}}
 {{TILE_OFFSETS}}
     pid_k = tl.program_id(1)
