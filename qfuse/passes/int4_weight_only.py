@@ -8,6 +8,11 @@ weight operand:
                                                      `bitwise_right_shift`, an integer cast before the
                                                      mask; views of q to [N, K / g, g]
           = (P.unsqueeze(1) >> S[:, None]) & 0xF     K-major (AutoGPTQ): P [K / 8, N], q [K, N]
+          = ((P.unsqueeze(-1) >> S) viewed [K, N])[:, order] & 0xF
+                                                     AWQ: P [K, N / 8] packed along N; its channel order
+                                                     `arange(N).view(-1, 8)[:, C].view(-1)` of a constant
+                                                     C becomes the op's shifts S[C] (a compile-time
+                                                     constant), or is folded into stored shifts
     z     = 8                                        symmetric (uint4 with offset 8), or
           = ((Z.unsqueeze(1) >> S[:, None]) & 0xF)   Z int32 [N / 8, K / g] (K-major: [K / g, N / 8]),
                                                      plus one after the mask or before it (old GPTQ
@@ -17,7 +22,7 @@ weight operand:
                                                      [N, 1], `repeat_interleave(g, 1)`, or gathered by
                                                      GPTQ's act order `g_idx` (`s[:, g_idx]`; K-major
                                                      `s[g_idx]`), z expanded the same way
-    out   = mm(x2d, w.t()) or addmm(bias, x2d, w.t()); K-major mm(x2d, w)
+    out   = mm(x2d, w.t()) or addmm(bias, x2d, w.t()); K-major (AutoGPTQ, AWQ) mm(x2d, w)
 
 The fused op takes P, S, the scales, Z and g_idx themselves (its kernel unpacks and repacks them
 once per weight, so they must be stored tensors, not computed per call; S = `torch.arange(0, 32, 4)`
@@ -28,9 +33,9 @@ about their values needs proving here, only the structure and the shapes. compre
 stacked and viewed as int8, minus 8 (then q - z is (q - 8) - (z - 8), its zero points unpacked from
 the transposed words the same way); that is nibble i at bits 4i, the op's `shifts` None.
 
-Near misses, named in debug mode: AWQ's layout (packed along N), scales in another dtype than the
-activation, scales or zero points expanded in a way the shapes do not prove, a weight with another
-user, stored tensors computed per call.
+Near misses, named in debug mode: a channel order over N that is no constant permutation within
+words, scales in another dtype than the activation, scales or zero points expanded in a way the
+shapes do not prove, a weight with another user, stored tensors computed per call.
 """
 
 from __future__ import annotations

@@ -34,6 +34,10 @@ HBM, as every other structure tried did (docs/benchmarks.md, gpu_weight_only): 1
 matmul. Prefill runs on Inductor's own dequantize + mm instead (`qfuse.lowerings.int4_weight_only`):
 this kernel is 3.5-4x cuBLAS's time there.
 
+AWQ's words, packed along N, are loaded as stored too, a [BLOCK_K, BLOCK_N / 8] tile unpacked along N
+and transposed in registers: 2.8-3.8x Inductor at decode, but 57.7 µs at 14336 x 4096 where the
+GPTQ tile takes 32.8 (H100, docs/benchmarks.md).
+
 No `g_idx` (GPTQ's act order) here: the op sorts the weight's rows by group once for this eager
 launcher, and the lowering leaves act order to Inductor's code, because reading the stored words
 in K order needs every column's scale and zero point gathered: a version that did was 2.3x slower
