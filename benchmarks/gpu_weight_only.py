@@ -210,21 +210,25 @@ def case_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
 
 
 # Decode: (tile, K splits); the tile's BLOCK_M is 16 (`int4_mm.DECODE_ROWS`).
-TUNE_DECODE = [((16, bn, bk, 1, 4, 3), splits) for bn in (32, 64, 128) for bk in (256, 512) for splits in (1, 2, 4, 8)]
+TUNE_DECODE = {
+    "gptq": [((16, bn, bk, 1, 4, 3), splits) for bn in (32, 64, 128) for bk in (256, 512) for splits in (1, 2, 4, 8)],
+    "awq": [((16, bn, bk, 1, warps, 3), splits) for bn in (64, 128, 256) for bk in (64, 128, 256) for warps in (4, 8)
+            for splits in (1, 2, 4)],
+}
 
 
 def kernel_calls(stack: Stack, x: torch.Tensor, **tile):
     return [lambda linear=linear: linear.kernel_call(x, **tile) for linear in stack.linears]
 
 
-def tune_rows(m: int, n: int, k: int) -> list[dict]:
+def tune_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
     """GPU µs per linear of the kernel at each decode tile and split, on the stack (cold weights)."""
-    stack = gptq_stack(n, k)
+    stack = gptq_stack(n, k, form)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     rows = []
-    for tile, splits in TUNE_DECODE:
+    for tile, splits in TUNE_DECODE.get(form, TUNE_DECODE["gptq"]):
         us = graph_ms_per_call(kernel_calls(stack, x, config=tile, splits=splits)) * 1e3
-        rows.append({"m": m, "n": n, "k": k, "tile": list(tile), "splits": splits, "gpu_us": us})
+        rows.append({"m": m, "n": n, "k": k, "form": form, "tile": list(tile), "splits": splits, "gpu_us": us})
     rows.sort(key=lambda row: row["gpu_us"])
     progress(f"  best {rows[0]['tile']} x{rows[0]['splits']} {rows[0]['gpu_us']:.1f} us; worst {rows[-1]['gpu_us']:.1f}")
     return rows
@@ -278,7 +282,7 @@ def main() -> None:
     for n, k in shapes:
         for m in ms:
             progress(f"{'tune' if args.tune else 'w4a16'} M={m} N={n} K={k}")
-            rows += tune_rows(m, n, k) if args.tune else case_rows(m, n, k, args.form)
+            rows += tune_rows(m, n, k, args.form) if args.tune else case_rows(m, n, k, args.form)
             write(out, rows)
     if not args.tune:
         print(table(str(out)))
