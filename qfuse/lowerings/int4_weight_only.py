@@ -106,8 +106,10 @@ def lower_int4_weight_only_mm(*args, **kwargs):
     x2d = lower(aten.reshape.default, call.x, [rows, k])
     if hint > DECODE_ROWS or call.g_idx is not None:
         dynamic = not sympy.sympify(rows).is_number
-        why = (ACT_ORDER if call.g_idx is not None else "prefill"
-               + (f": a dynamic M, size hint {hint}" if dynamic else ""))
+        if call.g_idx is not None:
+            why = ACT_ORDER
+        else:
+            why = "prefill" + (f": a dynamic M, size hint {hint}" if dynamic else "")
         out = _dequantize_and_mm(call, x2d, n, int(k))
         record_lowering(f"Inductor's own dequantize + mm ({why}); the bias in the GEMM, the cast and what follows "
                         "in its fused pointwise code")

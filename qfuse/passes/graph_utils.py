@@ -190,15 +190,14 @@ class PendingConstant:
     """A tensor a rewrite computes at compile time from the graph's constants (AWQ's shifts in its
     channel order), to be inserted as a constant of the graph's module (`materialize`)."""
 
-    value: torch.Tensor  # made on the CPU at compile time
+    value: torch.Tensor  # on the device the graph's ops read it from
     graph: Graph
     name: str  # a readable stem for the module attribute
-    device: torch.device = torch.device("cpu")  # where the graph's ops read it
     node: Node | None = field(default=None, init=False)  # once inserted
 
     @functools.cached_property
     def fake_value(self) -> Any:
-        return graph_fake_mode(self.graph).from_tensor(self.value.to(self.device), static_shapes=True)
+        return graph_fake_mode(self.graph).from_tensor(self.value, static_shapes=True)
 
 
 def materialize(graph: Graph, value: Any) -> Any:
@@ -209,7 +208,7 @@ def materialize(graph: Graph, value: Any) -> Any:
             module, index = graph.owning_module, 0
             while hasattr(module, f"_qfuse_{value.name}_{index}"):
                 index += 1
-            module.register_buffer(f"_qfuse_{value.name}_{index}", value.value.to(value.device))
+            module.register_buffer(f"_qfuse_{value.name}_{index}", value.value)
             value.node = graph.get_attr(f"_qfuse_{value.name}_{index}")
             value.node.meta["val"] = value.fake_value
         return value.node

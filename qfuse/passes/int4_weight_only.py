@@ -352,8 +352,8 @@ def _shifts_in_channel_order(shifts, channel_order: Node, words: Node) -> Pendin
     if not _is_standard_arange(shifts):
         raise NotFusable(f"{FOUND} its channel order is gathered over stored shifts (only 0, 4, ..., 28 are "
                          "folded into the op's shifts)")
-    order = _constant_value(channel_order).to(torch.int32, copy=True)
-    return PendingConstant(order * 4, channel_order.graph, "awq_shifts", device=fake_value(words).device)
+    order = _constant_value(channel_order).to(device=fake_value(words).device, dtype=torch.int32)
+    return PendingConstant(order * 4, channel_order.graph, "awq_shifts")
 
 
 def _transposed(node, k_major: bool):
