@@ -1,21 +1,28 @@
-"""W4A16 on the GPU: qfuse's Triton int4 template against Inductor on the same GPTQ form, and bf16.
+"""Weight-only linears on the GPU: qfuse's Triton templates against Inductor on the same form, and bf16.
 
-The model is a stack of `layers` GPTQ-form linears (int32 words [N, K / 8] unpacked by shifts and
-`& 0xF`, minus 8, times bf16 scales of groups of 128, `F.linear`; or, `--form autogptq`, AutoGPTQ's
-[K / 8, N] words with act order and zero points stored minus one; `--form awq`, AutoAWQ's [K, N / 8]
-words packed along N), each with its own weight, all
-applied to one bf16 activation (the outputs returned as a tuple, so nothing but the linears runs).
-The stack holds at least 128 MiB of int4 weights: every linear reads its weight from HBM, as a
+The model is a stack of `layers` weight-only linears of one form, each with its own weight, all
+applied to one bf16 activation (the outputs returned as a tuple, so nothing but the linears runs):
+
+    gptq         int32 words [N, K / 8] unpacked by shifts and `& 0xF`, minus 8, times bf16 scales of
+                 groups of 128, `F.linear` (W4A16)
+    autogptq     AutoGPTQ's [K / 8, N] words with act order and zero points stored minus one
+    awq          AutoAWQ's [K, N / 8] words packed along N
+    fp8-block    an fp8 e4m3fn weight [N, K] with 128 x 128 block scales, dequantized in float32 the
+                 way vLLM's `block_quant_dequant` writes it (repeat_interleave), cast to bf16 (W8A16)
+    fp8-channel  an fp8 weight with one float32 scale per output channel (Marlin fp8's checkpoints)
+
+The stack holds at least 128 MiB of weights: every linear reads its weight from HBM, as a
 decoder's layers do (one linear alone would be served from an H100's 50 MiB L2). Rows are per linear
 (the stack's time / layers):
 
     inductor, inductor:max-autotune-no-cudagraphs (M >= 1024), qfuse     the GPTQ form compiled
     bf16 (inductor)                      a stack of bf16 nn.Linear of the same sizes, compiled
     ...:reduce-overhead (M <= 16)        the same with CUDA graphs
-    triton int4 kernel (eager)           qfuse's decode kernel alone (`triton_int4_mm`), GPU time only
-    HBM floor                            int4 weight bytes / the bandwidth of a device-to-device copy
+    triton kernel (eager)                qfuse's kernel alone (`triton_int4_mm` at decode, `triton_w8a16_mm`
+                                         at every M), GPU time only
+    HBM floor                            weight bytes / the bandwidth of a device-to-device copy
 
-    python benchmarks/gpu_weight_only.py [--quick] [--form gptq|autogptq|awq] [--out FILE.json] [--plot FILE.png]
+    python benchmarks/gpu_weight_only.py [--quick] [--form FORM] [--out FILE.json] [--plot FILE.png]
     python benchmarks/gpu_weight_only.py --tune --ms 1,16   (the kernel's GPU time at each decode tile and split)
     python benchmarks/gpu_weight_only.py --table FILE.json
 """
@@ -41,6 +48,8 @@ STACK_BYTES = 128 * 2**20
 
 class GptqLinear(nn.Module):
     """A GPTQ / compressed-tensors W4A16 linear as model code writes it (symmetric, uint4 offset 8)."""
+
+    BITS = 4
 
     def __init__(self, n: int, k: int, generator: torch.Generator):
         super().__init__()
@@ -68,6 +77,8 @@ class GptqLinear(nn.Module):
 class AutoGptqLinear(nn.Module):
     """The classic AutoGPTQ W4A16 linear as its torch path writes it: words [K / 8, N], zero points
     [K / g, N / 8] stored minus one (plus one before the mask), act order (a permuted `g_idx`)."""
+
+    BITS = 4
 
     def __init__(self, n: int, k: int, generator: torch.Generator):
         super().__init__()
@@ -106,6 +117,7 @@ class AwqLinear(nn.Module):
     """AutoAWQ's W4A16 GEMM linear as its torch dequantize writes it: words [K, N / 8] packed along N
     in AWQ's interleaved order, undone by a gather over N, zero points [K / g, N / 8] the same way."""
 
+    BITS = 4
     REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]
 
     def __init__(self, n: int, k: int, generator: torch.Generator):
@@ -140,7 +152,39 @@ class AwqLinear(nn.Module):
                               config=config, splits=splits, packed_along_n=True)
 
 
-FORMS = {"gptq": GptqLinear, "autogptq": AutoGptqLinear, "awq": AwqLinear}
+class Fp8WeightOnlyLinear(nn.Module):
+    """An fp8 e4m3fn weight dequantized in float32 and cast to bf16 in the forward (W8A16): 128 x 128
+    block scales expanded by repeat_interleave (vLLM's `block_quant_dequant`), or one per channel."""
+
+    BITS = 8
+
+    def __init__(self, n: int, k: int, generator: torch.Generator, blocks: bool = True):
+        super().__init__()
+        weight = (torch.randn(n, k, device="cuda", generator=generator) * 64).clamp(-448, 448)
+        self.register_buffer("weight", weight.to(torch.float8_e4m3fn))
+        shape = (-(-n // GROUP), -(-k // GROUP)) if blocks else (n, 1)
+        self.register_buffer("weight_scale", torch.rand(*shape, device="cuda", generator=generator) / (64 * math.sqrt(k)))
+        self.blocks = blocks
+
+    def forward(self, x):
+        n, k = self.weight.shape
+        scale = self.weight_scale
+        if self.blocks:
+            scale = scale.repeat_interleave(GROUP, 0).repeat_interleave(GROUP, 1)[:n, :k]
+        return F.linear(x, (self.weight.to(torch.float32) * scale).to(x.dtype))
+
+    def kernel_call(self, x, config=None, splits=None):
+        from qfuse.kernels.triton.w8a16_mm import triton_w8a16_mm
+
+        return triton_w8a16_mm(x, self.weight.t(), self.weight_scale.t(), None, torch.bfloat16, config=config,
+                               splits=splits)
+
+
+FORMS = {
+    "gptq": GptqLinear, "autogptq": AutoGptqLinear, "awq": AwqLinear, "fp8-block": Fp8WeightOnlyLinear,
+    "fp8-channel": lambda n, k, generator: Fp8WeightOnlyLinear(n, k, generator, blocks=False),
+}
+BITS = {"gptq": 4, "autogptq": 4, "awq": 4, "fp8-block": 8, "fp8-channel": 8}
 
 
 class Stack(nn.Module):
@@ -152,26 +196,29 @@ class Stack(nn.Module):
         return tuple(linear(x) for linear in self.linears)
 
 
-def layers_for(n: int, k: int) -> int:
-    return max(2, min(16, math.ceil(STACK_BYTES / (n * k // 2))))
+def weight_bytes(n: int, k: int, form: str) -> int:
+    return n * k * BITS[form] // 8
 
 
-def gptq_stack(n: int, k: int, form: str = "gptq") -> Stack:
+def layers_for(n: int, k: int, form: str = "gptq") -> int:
+    return max(2, min(16, math.ceil(STACK_BYTES / weight_bytes(n, k, form))))
+
+
+def quantized_stack(n: int, k: int, form: str = "gptq") -> Stack:
     generator = torch.Generator(device="cuda").manual_seed(0)
-    return Stack([FORMS[form](n, k, generator) for _ in range(layers_for(n, k))]).eval()
+    return Stack([FORMS[form](n, k, generator) for _ in range(layers_for(n, k, form))]).eval()
 
 
-def bf16_stack(n: int, k: int) -> Stack:
-    return Stack([nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
-                  for _ in range(layers_for(n, k))]).eval()
+def bf16_stack(n: int, k: int, layers: int) -> Stack:
+    return Stack([nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]).eval()
 
 
-def hbm_floor_us(n: int, k: int) -> float:
-    """int4 weight bytes / copy bandwidth (a device-to-device copy of 1 GiB reads and writes it)."""
+def hbm_floor_us(n: int, k: int, form: str) -> float:
+    """Weight bytes / copy bandwidth (a device-to-device copy of 1 GiB reads and writes it)."""
     src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     seconds = graph_ms_per_call([lambda: dst.copy_(src)]) / 1e3
-    return n * k / 2 / (2 * src.numel() / seconds) * 1e6
+    return weight_bytes(n, k, form) / (2 * src.numel() / seconds) * 1e6
 
 
 def variants_for(m: int) -> list[str]:
@@ -184,24 +231,24 @@ def variants_for(m: int) -> list[str]:
 
 
 def case_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
-    layers = layers_for(n, k)
+    layers = layers_for(n, k, form)
     label = {"m": m, "n": n, "k": k, "layers": layers, "form": form}
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     per_layer = ("per_call_us", "host_us", "gpu_us")
     rows = []
     with torch.no_grad():
-        stack = gptq_stack(n, k, form)
+        stack = quantized_stack(n, k, form)
         expected = stack(x)
         for variant in variants_for(m):
             rows.append(label | measure(stack, x, variant, expected))
-        floats = bf16_stack(n, k)
+        floats = bf16_stack(n, k, layers)
         for variant in ["inductor"] + (["inductor:reduce-overhead"] if m <= 16 else []):
             row = measure(floats, x, variant, floats(x))
             rows.append(label | row | {"variant": "bf16 " + variant})
-        if m <= 16:  # at prefill the compiled op runs Inductor's own dequantize + mm, not this kernel
+        if m <= 16 or BITS[form] == 8:  # int4 at prefill: 3.5-4x cuBLAS's time, so the op runs Inductor's mm
             kernel = graph_ms_per_call(kernel_calls(stack, x)) * 1e3
-            rows.append(label | {"variant": "triton int4 kernel (eager)", "gpu_us": kernel * layers})
-        rows.append(label | {"variant": "HBM floor", "gpu_us": hbm_floor_us(n, k) * layers})
+            rows.append(label | {"variant": "triton kernel (eager)", "gpu_us": kernel * layers})
+        rows.append(label | {"variant": "HBM floor", "gpu_us": hbm_floor_us(n, k, form) * layers})
     for row in rows:
         for key in per_layer:
             if row.get(key):
@@ -214,6 +261,8 @@ TUNE_DECODE = {
     "gptq": [((16, bn, bk, 1, 4, 3), splits) for bn in (32, 64, 128) for bk in (256, 512) for splits in (1, 2, 4, 8)],
     "awq": [((16, bn, bk, 1, warps, 3), splits) for bn in (64, 128, 256) for bk in (64, 128, 256) for warps in (4, 8)
             for splits in (1, 2, 4)],
+    "fp8-block": [((16, bn, bk, 1, warps, 3), splits) for bn in (32, 64, 128) for bk in (128, 256, 512)
+                  for warps in (4, 8) for splits in (1, 2, 4)],
 }
 
 
@@ -223,10 +272,10 @@ def kernel_calls(stack: Stack, x: torch.Tensor, **tile):
 
 def tune_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
     """GPU µs per linear of the kernel at each decode tile and split, on the stack (cold weights)."""
-    stack = gptq_stack(n, k, form)
+    stack = quantized_stack(n, k, form)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     rows = []
-    for tile, splits in TUNE_DECODE.get(form, TUNE_DECODE["gptq"]):
+    for tile, splits in TUNE_DECODE.get(form, TUNE_DECODE["fp8-block" if BITS[form] == 8 else "gptq"]):
         us = graph_ms_per_call(kernel_calls(stack, x, config=tile, splits=splits)) * 1e3
         rows.append({"m": m, "n": n, "k": k, "form": form, "tile": list(tile), "splits": splits, "gpu_us": us})
     rows.sort(key=lambda row: row["gpu_us"])
@@ -269,8 +318,7 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true")
     parser.add_argument("--ms", default=None, help="comma-separated M values (default 1, 16, 1024, 4096)")
     parser.add_argument("--form", default="gptq", choices=list(FORMS),
-                        help="gptq: [N, K / 8] words, symmetric; autogptq: [K / 8, N], act order, zeros minus one; "
-                             "awq: [K, N / 8] packed along N, AutoAWQ's order gather")
+                        help="the weight-only form (module docstring)")
     add_output_arguments(parser, "gpu_weight_only", plot=True, quick="M in {1, 1024}, N = K = 4096")
     args = parser.parse_args()
     if args.table:
@@ -281,14 +329,14 @@ def main() -> None:
     out, rows = out_path(args, "gpu_weight_only_tune" if args.tune else "gpu_weight_only"), []
     for n, k in shapes:
         for m in ms:
-            progress(f"{'tune' if args.tune else 'w4a16'} M={m} N={n} K={k}")
+            progress(f"{'tune' if args.tune else args.form} M={m} N={n} K={k}")
             rows += tune_rows(m, n, k, args.form) if args.tune else case_rows(m, n, k, args.form)
             write(out, rows)
     if not args.tune:
         print(table(str(out)))
         if args.plot:
             plot(args.plot, rows, x="m", y="per_call_us", series="variant", panels=("n", "k"),
-                 title="gpu_weight_only: W4A16 µs per linear per call, back to back")
+                 title=f"gpu_weight_only ({args.form}): µs per linear per call, back to back")
     print(f"wrote {out}")
 
 

@@ -31,14 +31,12 @@ import logging
 
 import sympy
 import torch
-from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
-from torch._inductor.select_algorithm import SymbolicGridFn
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.lowerings.ir import convert, extern_call, falls_back_to_extern_call, lower, record_lowering
-from qfuse.lowerings.triton_template import max_autotune, select_tile, template_for_inputs
+from qfuse.lowerings.triton_template import max_autotune, split_k_linear
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
 from qfuse.schemes import INT4_OFFSET
 
@@ -50,7 +48,8 @@ ACT_ORDER = ("a g_idx: act order gathers every column's scale and zero point, wh
 # INPUTS: X, W, S, and each of SHIFTS, Z, BIAS that the call has (`template_for_inputs`). The output
 # holds SPLIT_K row blocks of M rows: split pid_k stores its partial sums at rows pid_k * M + m.
 _SOURCE = r"""
-from qfuse.kernels.triton.int4_mm import int4_dot, k_range
+from qfuse.kernels.triton.int4_mm import int4_dot
+from qfuse.kernels.triton.weight_stream import k_range
 from qfuse.kernels.triton.scaled_mm import grouped_tile
 {{def_kernel(INPUTS)}}
     M = {{size("X", 0)}}
@@ -72,12 +71,6 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
 {% endif %}
     offs_m = offs_m + pid_k * M
 {{STORE_TILE}}"""
-
-
-@SymbolicGridFn
-def _split_k_grid(rows, n, meta, *, cdiv):
-    """One program per tile and K range; `rows` is SPLIT_K * M."""
-    return cdiv(rows, meta["SPLIT_K"] * meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], 1
 
 
 def why_not_lowered(call: Int4WeightOnlyMmArgs, decode: bool) -> str:
@@ -119,32 +112,20 @@ def lower_int4_weight_only_mm(*args, **kwargs):
 
 
 def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, hint: int, n: int, k: int):
-    from qfuse.kernels.triton.int4_mm import (AUTOTUNE_TILES, fit_block_k, pick_int4_config, split_k, step_meta,
-                                              weight_meta)
+    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, pick_int4_config, weight_meta
     from qfuse.kernels.triton.scaled_mm import multiprocessors
+    from qfuse.kernels.triton.weight_stream import fit_block_k, split_k, step_meta
 
-    sms = multiprocessors(x2d.get_device())
     tiles = [pick_int4_config(hint)] + (list(AUTOTUNE_TILES) if max_autotune() else [])
     tiles = list(dict.fromkeys((bm, bn, fit_block_k(bk, call.group_size, k), *rest) for bm, bn, bk, *rest in tiles))
-    splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], sms)
-    bias = call.bias if splits == 1 else None
-    named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros, "BIAS": bias}
-    inputs = {name: ir.ExternKernel.realize_input(node) for name, node in named.items() if node is not None}
-    template = template_for_inputs(_SOURCE, "qfuse_int4_linear", tuple(inputs), grid=_split_k_grid)
-    layout = ir.FixedLayout(x2d.get_device(), torch.float32, [splits * rows, n])
-    meta = dict(HAS_BIAS=bias is not None, SPLIT_K=splits) | weight_meta(
+    splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()))
+    named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
+             "BIAS": call.bias if splits == 1 else None}
+    meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits) | weight_meta(
         call.shifts is not None, call.packed_zeros is not None, call.zero_convention, call.packed_along_n)
-    out, how = select_tile(template, "qfuse_int4_linear", tuple(inputs.values()), layout, tiles,
-                           lambda tile: meta | step_meta(tile[2], call.group_size, k))
-    if splits == 1:
-        record_lowering(how + "; the int4 words dequantized in registers, bias inside, the output cast and what "
-                        "follows fused into its store")
-        return out
-    out = lower(aten.sum.dim_IntList, lower(aten.reshape.default, out, [splits, rows, n]), [0])
-    if call.bias is not None:
-        out = lower(aten.add.Tensor, out, convert(call.bias, torch.float32))
-    record_lowering(how + f"; K split in {splits}, the int4 words dequantized in registers; the sum of the splits, "
-                    "bias, cast and what follows in Inductor's fused code")
+    out, how = split_k_linear(_SOURCE, "qfuse_int4_linear", named, rows, n, splits, call.bias, tiles,
+                              lambda tile: meta | step_meta(tile[2], call.group_size, k))
+    record_lowering(how + "; the int4 words dequantized in registers")
     return out
 
 

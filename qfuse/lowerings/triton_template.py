@@ -34,10 +34,13 @@ import torch
 from torch._inductor import config as inductor_config
 from torch._inductor import ir
 from torch._inductor.kernel.mm_common import mm_args, mm_grid
-from torch._inductor.select_algorithm import TritonTemplate, autotune_select_algorithm
+from torch._inductor.select_algorithm import SymbolicGridFn, TritonTemplate, autotune_select_algorithm
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.triton import K_ALIGNMENT
+from qfuse.lowerings.ir import convert, lower
+
+aten = torch.ops.aten
 
 #: This program's tile of an [M, N] output: rows offs_m, columns offs_n (INDEX_DTYPE: Inductor's int32
 #: where every buffer fits, guarded for a dynamic M, else int64) and their masks.
@@ -176,3 +179,28 @@ def select_tile(template: TritonTemplate, name: str, inputs: tuple, layout, tile
     # benchmarking) would need an extern choice of the same function to fall back to, and there is none.
     selected = autotune_select_algorithm(name, choices, list(inputs), layout, return_multi_template=False)
     return selected, how
+
+
+@SymbolicGridFn
+def _split_k_grid(rows, n, meta, *, cdiv):
+    """One program per tile and K range; `rows` is SPLIT_K * M."""
+    return cdiv(rows, meta["SPLIT_K"] * meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], 1
+
+
+def split_k_linear(source: str, name: str, named_inputs: dict, rows, n: int, splits: int, bias, tiles, meta_for):
+    """(x @ w + bias as a float32 [M, N] buffer, how it was made) from a weight-streaming template
+    (`qfuse.kernels.triton.weight_stream`) whose program (tile, pid_k) stores its partial sums at rows
+    pid_k * M + m of a [SPLIT_K * M, N] output. `named_inputs`: the template's inputs by name (None:
+    absent; the bias is among them only with one split). With one split the output cast and what
+    follows fuse into the template's store; with several, Inductor's code adds the splits and the bias."""
+    inputs = {label: ir.ExternKernel.realize_input(node) for label, node in named_inputs.items() if node is not None}
+    template = template_for_inputs(source, name, tuple(inputs), grid=_split_k_grid)
+    device = next(iter(inputs.values())).get_device()
+    layout = ir.FixedLayout(device, torch.float32, [splits * rows, n])
+    out, how = select_tile(template, name, tuple(inputs.values()), layout, tiles, meta_for)
+    if splits == 1:
+        return out, how + "; bias inside, the output cast and what follows fused into its store"
+    out = lower(aten.sum.dim_IntList, lower(aten.reshape.default, out, [splits, rows, n]), [0])
+    if bias is not None:
+        out = lower(aten.add.Tensor, out, convert(bias, torch.float32))
+    return out, how + f"; K split in {splits}: the sum of the splits, bias, cast and what follows in Inductor's fused code"

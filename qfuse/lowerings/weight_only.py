@@ -1,6 +1,7 @@
-"""Inductor lowering of `qfuse::weight_only_scaled_mm` for the `torch` kernel's CPU int8 path.
+"""Inductor lowering of `qfuse::weight_only_scaled_mm`: the `torch` kernel's CPU int8 path here, the
+`triton` kernel's W8A16 in `qfuse.lowerings.w8a16`.
 
-The kernel computes a weight-only int8 linear with `aten._weight_int8pack_mm` (see
+The torch kernel computes a weight-only int8 linear with `aten._weight_int8pack_mm` (see
 `qfuse.kernels.torch_native`). Lowered into Inductor IR that is the same call, through Inductor's own
 lowering of that op (an extern ATen call, or under max-autotune also its C++ GEMM template), and the
 bias and output cast become pointwise IR that fuses with what follows: no Python op per call.
@@ -26,6 +27,7 @@ from torch._inductor import lowering as inductor_lowering
 
 from qfuse.kernels.torch_native import BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS
 from qfuse.lowerings.ir import convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel, record_lowering
+from qfuse.lowerings import w8a16
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
 aten = torch.ops.aten
@@ -54,11 +56,11 @@ def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
 @falls_back_to_extern_call(WeightOnlyScaledMmArgs)
 def lower_weight_only_scaled_mm(*args, **kwargs):
     call = WeightOnlyScaledMmArgs(*args, **kwargs)
-    reason = why_not_lowered(call)
+    reason = w8a16.why_not_lowered(call) if call.kernel == "triton" else why_not_lowered(call)
     if reason:
-        log.debug("qfuse: weight_only_scaled_mm stays an extern call: %s", reason)
-        record_lowering(f"extern call of qfuse::weight_only_scaled_mm ({reason})")
-        return extern_call(call)
+        return _extern_call(call, reason)
+    if call.kernel == "triton":
+        return w8a16.lower_w8a16(call)
     *lead, k = call.x.get_size()
     n = call.b.get_size()[1]
     x2d = lower(aten.reshape.default, call.x, [-1, k])
@@ -78,6 +80,12 @@ def lower_weight_only_scaled_mm(*args, **kwargs):
     out = lower(aten._weight_int8pack_mm.default, x2d, weight, scale)
     return _bias_and_cast(call, out, lead, n, "Inductor's lowering of aten._weight_int8pack_mm; bias and cast in "
                           "its fused pointwise code")
+
+
+def _extern_call(call: WeightOnlyScaledMmArgs, reason: str):
+    log.debug("qfuse: weight_only_scaled_mm stays an extern call: %s", reason)
+    record_lowering(f"extern call of qfuse::weight_only_scaled_mm ({reason})")
+    return extern_call(call)
 
 
 def _bias_and_cast(call: WeightOnlyScaledMmArgs, out, lead, n, how: str):

@@ -13,10 +13,15 @@ where q holds integers, as one of
                                                      integers in [lo, hi] within int8 / uint8
     q_fp8.to(float), x.to(fp8).to(float)             fp8 values
 
+and the dequantize may be computed in float32 and cast to the activation's dtype after. Scales
+must be one value, per row of the activation ([..., M, 1]) or per output channel of the weight
+([N, 1] for a stored [N, K] weight), or (weights only) one per 128 x 128 block, expanded to the
+weight by `repeat_interleave` or by a blocked view (`qfuse.passes.block_scales`: the dequantize of
+the fp8 block checkpoints, W8A16).
+
 Only the dequantize side matters for the math: whatever produced q, (q - zp) * s is the operand,
 so q cast to int8 (exact: integers in range) or the fp8 tensor goes into the integer / fp8 GEMM
-and zp, s become the fused op's zero point and scale. Scales must be one value, per row of the
-activation ([..., M, 1]) or per output channel of the weight ([N, 1] for a stored [N, K] weight).
+and zp, s become the fused op's zero point and scale.
 A weight computed from a float weight on every call (weight fake quant) is quantized anew each
 call, as the original graph does; kernels that repack their weight once decline it.
 
@@ -29,7 +34,8 @@ from __future__ import annotations
 import torch
 from torch.fx import Graph, Node
 
-from qfuse.passes.fused_linear import FusedLinear, PassContext, fuse_anchored_linears
+from qfuse.passes.block_scales import match_block_dequantize
+from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import aten, converted_dtype, dtype_of, same_size, shape_of
 from qfuse.passes.pt2e_linear import ANCHORS, Dequantized, analyze_dequantized_linear
 from qfuse.passes.quant_forms import constant_number, strip_round_and_clamps
@@ -90,8 +96,16 @@ def _scale_granularity(scale, operand: Node) -> tuple[Granularity, int | None] |
     return None
 
 
+def _quantized_values(value) -> tuple[Node, torch.dtype | None, str] | None:
+    return _integer_valued(value) or _fp8_round_trip(value)
+
+
 def match_fake_dequantize(node) -> Dequantized | None:
     """(q - zp) * s in plain torch ops, as described in the module docstring; else None."""
+    if _is_float_cast(node):  # dequantized in float32, then cast to the activation's dtype
+        node = node.args[0]
+    if (block := match_block_dequantize(node, _quantized_values)) is not None:
+        return block
     if not isinstance(node, Node) or node.target != aten.mul.Tensor:
         return None
     for value, scale in (node.args, node.args[::-1]):
@@ -100,13 +114,23 @@ def match_fake_dequantize(node) -> Dequantized | None:
             value, zero_point = value.args[0], _integer_zero_point(value.args[1])
             if zero_point is None:
                 continue
-        found = _integer_valued(value) or _fp8_round_trip(value)
+        found = _quantized_values(value)
         granularity = _scale_granularity(scale, node) if found is not None else None
         if granularity is None:
             continue
         q, cast_to, kind = found
         return Dequantized(q, scale, zero_point, granularity[0], kind, axis=granularity[1], cast_to=cast_to)
     return None
+
+
+def _is_float_cast(node) -> bool:
+    """A cast between float dtypes of a computed value (not a stored float weight's own cast)."""
+    if not isinstance(node, Node) or node.op != "call_function":
+        return False
+    target = converted_dtype(node)
+    source = node.args[0]
+    return (target is not None and target.is_floating_point and isinstance(source, Node)
+            and source.op == "call_function" and dtype_of(source) is not None and dtype_of(source).is_floating_point)
 
 
 def _integer_zero_point(value):
@@ -127,8 +151,28 @@ def _rounds(node, depth: int = 6) -> bool:
     return node.target == aten.round.default or any(_rounds(arg, depth - 1) for arg in node.all_input_nodes)
 
 
+def _weight_scaled_another_way(anchor: Node) -> str:
+    """Why the weight of a linear nothing matched looks dequantized but is not provably so: it is stored
+    quantized values times a scale of no shape above; '' when it does not look dequantized at all."""
+    weight = anchor.args[2] if anchor.target == aten.addmm.default else anchor.args[1]
+    if isinstance(weight, Node) and weight.target == aten.permute.default:
+        weight = weight.args[0]
+    if _is_float_cast(weight):
+        weight = weight.args[0]
+    if not isinstance(weight, Node) or weight.target != aten.mul.Tensor:
+        return ""
+    for values, scale in (weight.args, weight.args[::-1]):
+        found = _quantized_values(values)
+        if found is not None and isinstance(scale, Node):
+            return (f"the weight is {found[2]} times a scale of shape {list(shape_of(scale))}, neither one value, "
+                    "per channel, nor 128x128 blocks expanded to the weight")
+    return ""
+
+
 def analyze(anchor: Node) -> FusedLinear | None:
     linear = analyze_dequantized_linear(anchor, match_fake_dequantize, FAMILY)
+    if linear is None and (reason := _weight_scaled_another_way(anchor)):
+        raise NotFusable(reason)
     activation = anchor.args[1] if anchor.target == aten.addmm.default else anchor.args[0]
     if linear is not None and linear.scheme.is_weight_only and _rounds(activation):
         linear.note = ("the activation is rounded like a fake quant, but not provably into int8 / uint8 (no clamp "

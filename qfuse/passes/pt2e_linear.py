@@ -142,6 +142,8 @@ def can_fuse_activation(dq: Dequantized) -> Granularity:
         if dq.axis % rank != rank - 2 or shape_of(dq.scale)[-1] != 1:
             raise NotFusable(f"the activation is dequantized per channel along axis {dq.axis}, not per token")
         granularity = Granularity.PER_TOKEN
+    if granularity == Granularity.BLOCK:
+        raise NotFusable("the activation is dequantized per 128x128 block; activations take per-tensor / per-token scales")
     if dq.dtype not in (torch.int8, torch.uint8, FP8_DTYPE):
         raise NotFusable(f"the activation is dequantized from {dq.dtype}; qfuse fuses int8 / uint8 / fp8 Q/DQ")
     _check_zero_point(dq, "activation")
@@ -183,9 +185,11 @@ def activation_operand(dq: Dequantized, view_shape: list | None) -> tuple:
 
 
 def weight_operand(dq: Dequantized, transposed: bool) -> tuple:
-    """(the weight as a [K, N] operand, its scale as one value or [N])."""
+    """(the weight as a [K, N] operand, its scale as one value, [N] or per block [K / 128, N / 128])."""
     b = PendingCall(aten.permute.default, (dq.quantized, [1, 0])) if transposed else dq.quantized
     scale = dq.scale
+    if dq.granularity == Granularity.BLOCK:
+        return b, PendingCall(aten.permute.default, (scale, [1, 0])) if transposed else scale
     if isinstance(scale, Node) and len(shape_of(scale)) == 2:  # [N, 1] / [1, N] of a fake quant
         scale = PendingCall(aten.reshape.default, (scale, [-1]))
     return b, scale

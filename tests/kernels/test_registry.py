@@ -241,3 +241,25 @@ def test_int4_groups_narrower_than_the_least_k_step_are_declined_on_gpus():
     key = GemmKey(scheme, m=1, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda")
     choice = choose_kernel(key, H100)
     assert choice.kernel is None and "16" in choice.rejected["triton"]
+
+
+@pytest.mark.parametrize("weight_dtype, granularity", [(torch.int8, G.PER_CHANNEL), (FP8_DTYPE, G.PER_CHANNEL),
+                                                       (FP8_DTYPE, G.BLOCK), (FP8_DTYPE, G.PER_TENSOR)])
+@pytest.mark.parametrize("activation", [BF16, torch.float16, torch.float32])
+def test_w8a16_on_nvidia_gpus_is_the_triton_kernels(weight_dtype, granularity, activation):
+    scheme = QuantScheme.weight_only(weight_dtype, granularity, activation)
+    key = GemmKey(scheme, m=1, n=4096, k=4096, out_dtype=activation, bias_dtype=None, device_type="cuda")
+    assert choose_kernel(key, H100).kernel.name == "triton"
+
+
+def test_fp8_w8a16_needs_an_fp8_capable_gpu_and_int8_does_not():
+    fp8 = GemmKey(QuantScheme.weight_only(FP8_DTYPE, G.BLOCK, BF16), m=1, n=4096, k=4096, out_dtype=BF16,
+                  bias_dtype=None, device_type="cuda")
+    choice = choose_kernel(fp8, A100)
+    assert choice.kernel is None and "compute capability >= 89" in choice.rejected["triton"]
+    int8 = GemmKey(QuantScheme.weight_only(torch.int8, G.PER_CHANNEL, BF16), m=1, n=4096, k=4096, out_dtype=BF16,
+                   bias_dtype=None, device_type="cuda")
+    assert choose_kernel(int8, A100).kernel.name == "triton"
+    with_zero_point = GemmKey(int8.scheme, m=1, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda",
+                              weight_zero_point=True)
+    assert choose_kernel(with_zero_point, H100).kernel is None

@@ -14,9 +14,8 @@ import torch
 pytest.importorskip("triton")
 
 import qfuse.ops  # noqa: F401, E402  (registers torch.ops.qfuse)
-from qfuse.kernels.triton.int4_mm import (  # noqa: E402
-    DECODE_ROWS, fit_block_k, pick_int4_config, split_k, step_meta, triton_int4_mm,
-)
+from qfuse.kernels.triton.int4_mm import DECODE_ROWS, pick_int4_config, triton_int4_mm  # noqa: E402
+from qfuse.kernels.triton.weight_stream import fit_block_k, split_k, step_meta  # noqa: E402
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -15,6 +15,10 @@ helpers, transformers' `QuantizedLinear`).
     AutoGPTQ (classic)            int32 [K/8, N], zeros [K/g, N/8] - 1   same, [K, N] orientation, scales[g_idx]
     AWQ (GEMM)                    int32 [K, N/8], order 0 2 4 6 1 3 5 7  unpack, undo the order, (w - z) * s
     transformers Gemma quant      int8 [N, K] / uint8 [N, K/2] nibbles   int.to(dt) * scale [N, 1], F.linear
+    fp8 per channel (Marlin fp8)  fp8 [N, K], scale [N, 1] float32       F.linear(x, (w.float() * s).to(dt), b)
+    fp8 block (DeepSeek-V3 style) fp8 [N, K], weight_scale_inv           s.repeat_interleave(128, 0 / 1)[:N, :K]
+                                  [ceil(N/128), ceil(K/128)] float32     (vLLM / SGLang), or a [N/128, 128,
+                                                                         K/128, 128] view (HF style)
 
 Builders take `dtype` (the activation's and the float parameters'), return the model in eval mode
 and set `model.reference_weight` (all but `torchao_int4_weight_only`, which cannot build here): the
@@ -518,4 +522,60 @@ def transformers_gemma_quantized_linear(dtype: torch.dtype, num_bits: int = 8, i
             model.bias.copy_(torch.randn(out_features, generator=generator) / 4)
     model = model.to(dtype).eval()  # float parameters only: the packed integer weight stays as it is
     model.reference_weight = q.double() * model.weight_scale.double()
+    return model
+
+
+# --- 6. fp8 weight-only (W8A16: vLLM's Marlin fp8 row, the fp8 block checkpoints without fp8 activations)
+
+
+class Fp8WeightOnlyLinear(nn.Module):
+    """An fp8 e4m3fn weight dequantized in float32 in the forward, then cast to the activation's dtype.
+
+    Source: what a model that loads an fp8 checkpoint but has no fp8 GEMM runs (vLLM's Marlin fp8
+    kernel computes the same linear for GPUs without fp8 tensor cores). Scales:
+    - "channel": `weight_scale` [N, 1] (compressed-tensors' fp8 "channel" strategy);
+    - "block_repeat": `weight_scale_inv` [ceil(N / 128), ceil(K / 128)], expanded the way vLLM's and
+      SGLang's `block_quant_dequant` helpers write it: `repeat_interleave(128)` along both axes, then
+      sliced to [N, K];
+    - "block_view": the same scale against a `[N / 128, 128, K / 128, 128]` view of the weight, the way
+      transformers' fine-grained fp8 dequantize writes it (N and K multiples of 128).
+    """
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, scales: str) -> None:
+        super().__init__()
+        self.scales = scales
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", scale)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        n, k = self.weight.shape
+        if self.scales == "channel":
+            return self.weight.to(torch.float32) * self.weight_scale
+        if self.scales == "block_repeat":
+            expanded = self.weight_scale.repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)
+            return self.weight.to(torch.float32) * expanded[:n, :k]
+        blocks = self.weight.to(torch.float32).view(n // 128, 128, k // 128, 128)
+        return (blocks * self.weight_scale[:, None, :, None]).view(n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
+
+
+def fp8_weight_only(dtype: torch.dtype, scales: str = "block_repeat", in_features: int = 256, out_features: int = 384,
+                    bias: bool = True, seed: int = 0) -> Fp8WeightOnlyLinear:
+    """`Fp8WeightOnlyLinear` with random fp8 values and positive scales; `reference_weight` is the
+    float64 product of the stored fp8 values and their scales."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(out_features, in_features, generator=generator) * 64).clamp(-448, 448)
+    weight = weight.to(torch.float8_e4m3fn)
+    if scales == "channel":
+        scale = torch.rand(out_features, 1, generator=generator) / 256 + 1e-3
+        expanded = scale.double()
+    else:
+        blocks = (-(-out_features // 128), -(-in_features // 128))
+        scale = torch.rand(*blocks, generator=generator) / 256 + 1e-3
+        expanded = scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)[:out_features, :in_features]
+    model = Fp8WeightOnlyLinear(weight, scale, _bias(out_features, generator, dtype, bias), scales).eval()
+    model.reference_weight = weight.double() * expanded
     return model

@@ -2,8 +2,10 @@
 
 The kernels live beside this file and import Triton; this module does not, so the registry works
 where Triton is missing: `scaled_mm.py` (every scale granularity, any M; tiles per M bucket),
-`persistent_mm.py` (Hopper TMA, one program per multiprocessor: fp8 with row-wise scales at large M)
-and `quant.py` (one-pass quantizers, for `qfuse::quant_scaled_mm` when asked for by name). Under
+`persistent_mm.py` (Hopper TMA, one program per multiprocessor: fp8 with row-wise scales at large M),
+`quant.py` (one-pass quantizers, for `qfuse::quant_scaled_mm` when asked for by name), and the
+weight-only kernels on `weight_stream.py`'s main loop: `int4_mm.py` (W4A16) and `w8a16_mm.py` (int8 /
+fp8 weights, bf16 / fp16 / fp32 activations). Under
 torch.compile the scaled-mm's main loop enters Inductor's generated code as a Triton template
 (`qfuse.lowerings.triton_template`), where Inductor fuses the epilogue into it; the eager launchers
 here serve the op's extern call (K not a multiple of 16) and eager use. What it takes is the
@@ -55,6 +57,11 @@ class TritonKernel(Kernel):
         Capability("int4 weight-only dot, dequantized in registers (W4A16)", ("cuda",), FLOAT_ACTIVATION_DTYPES,
                    (INT4_DTYPE,), weight_scales=(Granularity.PER_GROUP,), weight_zero_point=True,
                    weight_group_multiple=16, min_capability=80),
+        Capability("int8 weight-only dot, converted in registers (W8A16)", ("cuda",), FLOAT_ACTIVATION_DTYPES,
+                   (torch.int8,), weight_scales=_ALL_WEIGHT_SCALES, min_capability=80),
+        Capability("fp8 e4m3fn weight-only dot, converted in registers (W8A16: Marlin's fp8 row)", ("cuda",),
+                   FLOAT_ACTIVATION_DTYPES, (FP8_DTYPE,), weight_scales=_ALL_WEIGHT_SCALES, min_capability=89,
+                   rocm=False),
     )
 
     def is_supported(self, platform: Platform) -> Verdict:
@@ -102,8 +109,12 @@ class TritonKernel(Kernel):
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
         if weight.packing not in (INT4_PACKING, INT4_ZEROS_MINUS_ONE):
-            raise NotImplementedError("kernel 'triton' has no weight-only GEMM for this weight: its weight-only row "
-                                      "takes int4 weights (qfuse::int4_weight_only_mm) only")
+            if weight.zero_point is not None:
+                raise ValueError("the triton kernel's W8A16 takes symmetric weights; use kernel='torch' for a weight "
+                                 "zero point")
+            from qfuse.kernels.triton.w8a16_mm import triton_w8a16_mm
+
+            return triton_w8a16_mm(x, weight.data, weight.scale, bias, out_dtype)
         from qfuse.kernels.triton.int4_mm import triton_int4_mm
 
         group_size = weight.k // weight.scale.shape[1]

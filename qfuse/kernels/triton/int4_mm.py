@@ -52,6 +52,8 @@ import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton.scaled_mm import grouped_tile, multiprocessors
+from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k, k_range,
+                                                split_k, step_meta, sum_splits)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 PREFILL_TILE = (128, 256, 128, 8, 8, 3)
@@ -59,8 +61,6 @@ PREFILL_TILE = (128, 256, 128, 8, 8, 3)
 # best of 24 (tile, split) pairs at each of the three shapes on an H100 (benchmarks/gpu_weight_only.py
 # --tune): 18.6 / 39.8 / 46.9 µs a linear at N x K = 4096 x 4096 / 14336 x 4096 / 4096 x 14336.
 DECODE_TILE = (DECODE_ROWS, 64, 256, 1, 4, 3)
-DECODE_PROGRAMS_PER_SM = 2
-MAX_SPLIT_K = 16
 # Extra decode tiles Inductor benchmarks under max-autotune (the template runs at decode only).
 AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 128, 1, 4, 3), (16, 128, 128, 1, 8, 3), (16, 64, 512, 1, 8, 3))
 
@@ -127,28 +127,12 @@ def int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_e
     """The float32 [BLOCK_M, BLOCK_N] tile of x @ w^T over k in [k_start, k_end) (before bias)."""
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            x_t = tl.load(X + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm, mask=mask_m[None, :], other=0.0)
-        else:
-            x_t = tl.load(X + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm,
-                          mask=(offs_k < K)[:, None] & mask_m[None, :], other=0.0)
+        x_t = activation_tile(X, k0 + tl.arange(0, BLOCK_K), offs_m, mask_m, K, stride_xm, stride_xk, EVEN_K)
         w = int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg,
                              stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD,
                              ZERO_WRAP, PACKED_ALONG_N, EVEN_K, x_t.dtype, BLOCK_N, BLOCK_K)
-        if x_t.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
-            acc = tl.dot(w, x_t, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, x_t, acc)
+        acc = accumulate(w, x_t, acc)
     return tl.trans(acc)
-
-
-@triton.jit
-def k_range(K, pid_k, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[k_start, k_end) of split `pid_k`: whole K steps, as even as they go."""
-    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_start = pid_k * steps * BLOCK_K
-    return k_start, tl.minimum(K, k_start + steps * BLOCK_K)
 
 
 @triton.jit
@@ -184,36 +168,9 @@ def weight_meta(has_shifts: bool, has_zeros: bool, zero_convention: str, packed_
                 PACKED_ALONG_N=packed_along_n)
 
 
-def step_meta(block_k: int, group_size: int, k: int) -> dict:
-    """The constexprs that depend on the K step: how many groups a step holds, whether K needs masks."""
-    groups_per_step = block_k // group_size if group_size < k and block_k > group_size else 1
-    return dict(GROUPS_PER_STEP=groups_per_step, EVEN_K=k % block_k == 0, GROUP_SIZE=group_size)
-
-
 def pick_int4_config(m: int) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for M rows."""
     return DECODE_TILE if m <= DECODE_ROWS else PREFILL_TILE
-
-
-def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_count: int) -> int:
-    """How many K ranges a call splits into: at decode, enough for `DECODE_PROGRAMS_PER_SM` programs
-    a multiprocessor (a power of two, at most one per K step); else 1."""
-    if m > DECODE_ROWS:
-        return 1
-    column_blocks = triton.cdiv(n, block_n)
-    wanted = triton.cdiv(DECODE_PROGRAMS_PER_SM * multiprocessor_count, column_blocks)
-    splits = 1
-    while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k)):
-        splits *= 2
-    return splits
-
-
-def fit_block_k(block_k: int, group_size: int, k: int) -> int:
-    """`block_k`, halved (to 16 at least) until it divides the group size or the group size divides it
-    (a step then holds whole groups, or lies in one); any step when one group spans K."""
-    while block_k > 16 and group_size < k and group_size % block_k and block_k % group_size:
-        block_k //= 2
-    return block_k
 
 
 def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor | None, scales: torch.Tensor,
@@ -224,8 +181,7 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
     m, k = x.shape
     n = scales.shape[0]
     if m == 0 or n == 0 or k == 0:
-        out = torch.zeros(m, n, device=x.device, dtype=out_dtype)
-        return out if bias is None or m == 0 else out.copy_(bias.to(out_dtype).expand(m, n))
+        return empty_result(m, n, bias, out_dtype, x.device)
     sms = multiprocessors(x.device)
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_int4_config(m)
     block_k = fit_block_k(block_k, group_size, k)
@@ -241,7 +197,4 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages, **step_meta(block_k, group_size, k),
         **weight_meta(shifts is not None, packed_zeros is not None, zero_convention, packed_along_n),
     )
-    if splits == 1:
-        return out[0]
-    total = out.sum(0)
-    return (total if bias is None else total + bias.float()).to(out_dtype)
+    return out[0] if splits == 1 else sum_splits(out, bias, out_dtype)

@@ -1,0 +1,91 @@
+"""What qfuse's weight-only Triton kernels share: the activation side of the main loop and split K.
+
+A weight-only linear at decode (M <= 16) is a stream of the weight from HBM: each kernel
+(`int4_mm`: int4 words; `w8a16_mm`: int8 / fp8 bytes) dequantizes its [BLOCK_N, BLOCK_K] weight
+tile in registers and multiplies it as the left operand, acc^T [BLOCK_N, BLOCK_M] += w @ x^T, the
+weight on the wide side of the tensor-core shape. The pieces here are that loop's other half:
+
+    activation_tile   x^T [BLOCK_K, BLOCK_M] of one K step (masked along K only when K needs it)
+    accumulate        acc += w @ x^T, in IEEE fp32 for an fp32 x (eager's fp32 matmul is not TF32)
+    k_range           split `pid_k`'s whole K steps
+    split_k           how many K ranges a decode call splits into, so that the few column blocks of
+                      a small N still reach every multiprocessor; their float32 partial sums
+                      [SPLIT_K, M, N] are added after (`sum_splits` in eager, Inductor's code in a template)
+    fit_block_k       a K step that holds whole scale groups along K or lies in one (int4 groups of g,
+    step_meta         fp8 blocks of 128), and the constexprs that say so
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from qfuse.kernels.base import DECODE_ROWS
+
+DECODE_PROGRAMS_PER_SM = 2
+MAX_SPLIT_K = 16
+
+
+@triton.jit
+def activation_tile(X, offs_k, offs_m, mask_m, K, stride_xm, stride_xk, EVEN_K: tl.constexpr):
+    """x[offs_m, offs_k] transposed: [BLOCK_K, BLOCK_M], zero outside M (and K)."""
+    if EVEN_K:
+        return tl.load(X + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm, mask=mask_m[None, :], other=0.0)
+    return tl.load(X + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm,
+                   mask=(offs_k < K)[:, None] & mask_m[None, :], other=0.0)
+
+
+@triton.jit
+def accumulate(w, x_t, acc):
+    """acc [BLOCK_N, BLOCK_M] + w [BLOCK_N, BLOCK_K] @ x_t [BLOCK_K, BLOCK_M] (w already in x's dtype)."""
+    if x_t.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
+        return tl.dot(w, x_t, acc, input_precision="ieee")
+    return tl.dot(w, x_t, acc)
+
+
+@triton.jit
+def k_range(K, pid_k, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[k_start, k_end) of split `pid_k`: whole K steps, as even as they go."""
+    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_start = pid_k * steps * BLOCK_K
+    return k_start, tl.minimum(K, k_start + steps * BLOCK_K)
+
+
+def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_count: int) -> int:
+    """How many K ranges a call splits into: at decode, enough for `DECODE_PROGRAMS_PER_SM` programs
+    a multiprocessor (a power of two, at most one per K step); else 1."""
+    if m > DECODE_ROWS:
+        return 1
+    column_blocks = triton.cdiv(n, block_n)
+    wanted = triton.cdiv(DECODE_PROGRAMS_PER_SM * multiprocessor_count, column_blocks)
+    splits = 1
+    while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k)):
+        splits *= 2
+    return splits
+
+
+def step_meta(block_k: int, group_size: int, k: int) -> dict:
+    """The constexprs that depend on the K step: how many groups a step holds, whether K needs masks."""
+    groups_per_step = block_k // group_size if group_size < k and block_k > group_size else 1
+    return dict(GROUPS_PER_STEP=groups_per_step, EVEN_K=k % block_k == 0, GROUP_SIZE=group_size)
+
+
+def fit_block_k(block_k: int, group_size: int, k: int) -> int:
+    """`block_k`, halved (to 16 at least) until it divides the group size or the group size divides it
+    (a step then holds whole groups, or lies in one); any step when one group spans K."""
+    while block_k > 16 and group_size < k and group_size % block_k and block_k % group_size:
+        block_k //= 2
+    return block_k
+
+
+def sum_splits(partial: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """The [M, N] result from the float32 partial sums [SPLIT_K, M, N] (bias not yet added)."""
+    total = partial.sum(0)
+    return (total if bias is None else total + bias.float()).to(out_dtype)
+
+
+def empty_result(m: int, n: int, bias: torch.Tensor | None, out_dtype: torch.dtype, device) -> torch.Tensor:
+    """The result of a call with nothing to sum (M, N or K = 0): zeros, plus the bias where there are rows."""
+    out = torch.zeros(m, n, device=device, dtype=out_dtype)
+    return out if bias is None or m == 0 else out.copy_(bias.to(out_dtype).expand(m, n))

@@ -1,0 +1,157 @@
+"""Inductor lowering of `qfuse::weight_only_scaled_mm` for the `triton` kernel (int8 / fp8 W8A16), by M.
+
+Decode (M <= 16, static, or the size hint of a dynamic M): a Triton template on the stored weight.
+
+    partial = template(X [M, K], B int8 / fp8 [K, N] (the w.t() view of a stored [N, K]), SB?, BIAS?)
+            = float32 [SPLIT_K * M, N]: x @ (b * scale_b) over SPLIT_K ranges of K, the weight
+              converted in registers (`qfuse.kernels.triton.w8a16_mm.w8a16_dot`)
+    y       = (partial.reshape(SPLIT_K, M, N).sum(0) + bias).to(out_dtype)      Inductor's code; with
+              one split the bias is inside the template and the cast and what follows fuse into its store
+
+The template reads the model's own weight and scale: nothing is converted, repacked or cached.
+Tiles: `w8a16_mm.pick_w8a16_config`, under max-autotune also `w8a16_mm.AUTOTUNE_TILES`.
+
+Prefill (M > 16): Inductor's own dequantize + mm, written here in IR from the same stored tensors:
+the weight converted to x's dtype (times its block scales, rounded once, as the eager kernel's tile),
+Inductor's GEMM (cuBLAS, or its autotuned templates under max-autotune), then one-value or per-column
+scales and the bias in the GEMM's fused epilogue. That is what Inductor compiles from the model's
+own code, so a prefill linear costs what it cost before qfuse took it.
+
+Prefill lowers on any device (tests run it on the CPU); the template needs CUDA. Stays an extern
+call of the op: a weight zero point (the kernel takes none: the registry does not pick it then),
+M = 0, decode on a device other than CUDA.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+from torch._inductor import ir
+from torch._inductor.virtualized import V
+from torch.utils._sympy.functions import FloorDiv
+
+from qfuse.kernels.base import DECODE_ROWS
+from qfuse.lowerings.ir import convert, known_equal, lower, numel, record_lowering
+from qfuse.lowerings.triton_template import max_autotune, split_k_linear
+from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+# INPUTS: X, B, and each of SB, BIAS that the call has (`template_for_inputs`). The output holds
+# SPLIT_K row blocks of M rows: split pid_k stores its partial sums at rows pid_k * M + m.
+_SOURCE = r"""
+from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias
+from qfuse.kernels.triton.w8a16_mm import w8a16_dot
+from qfuse.kernels.triton.weight_stream import k_range
+{{def_kernel(INPUTS)}}
+    M = {{size("X", 0)}}
+    N = {{size("B", 1)}}
+    K = {{size("X", 1)}}
+{{TILE_OFFSETS}}
+    pid_k = tl.program_id(1)
+    k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
+    acc = w8a16_dot(
+        X, B, {{"SB" if SCALE_B else "X"}}, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end,
+        {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("B", 0)}}, {{stride("B", 1)}},
+        {{stride("SB", 0) if SCALE_B else 0}}, {{stride("SB", 1) if SCALE_B else 0}},
+        SCALE_B, GROUPS_PER_STEP, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    acc = scale_and_bias(
+        acc, offs_m, offs_n, mask_m, mask_n, X, {{"SB" if SCALE_B else "X"}}, {{"BIAS" if HAS_BIAS else "X"}},
+        0, {{stride("SB", 1) if SCALE_B else 0}}, 0, SCALE_B, HAS_BIAS,
+    )
+    offs_m = offs_m + pid_k * M
+{{STORE_TILE}}"""
+
+
+def _rows_and_hint(call: WeightOnlyScaledMmArgs):
+    rows = sympy.Mul(*call.x.get_size()[:-1])
+    return rows, V.graph.sizevars.optimization_hint(rows, fallback=4096)
+
+
+def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
+    """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call."""
+    rows, hint = _rows_and_hint(call)
+    if call.azp_b is not None:
+        return "a weight zero point: the triton kernel takes symmetric weights only"
+    if V.graph.sizevars.statically_known_true(sympy.Eq(rows, 0)):
+        return "M is 0"
+    if not all(sympy.sympify(size).is_number for size in call.b.get_size()):
+        return "the weight's K and N are dynamic: the template's tiles and the block scales need them static"
+    if hint <= DECODE_ROWS and call.x.get_device().type != "cuda":
+        return "the Triton template runs on CUDA"
+    return ""
+
+
+def scale_as_matrix(call: WeightOnlyScaledMmArgs, k: int, n: int):
+    """(the scale as the kernel reads it, its kind): none, one value [1, 1], per column [1, N], or
+    per block [ceil(K / 128), ceil(N / 128)] (the shapes `qfuse::weight_only_scaled_mm` accepts)."""
+    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, NO_SCALE, TENSOR_SCALE, VECTOR_SCALE
+
+    scale = call.scale_b
+    if scale is None:
+        return None, NO_SCALE
+    scale = convert(scale, torch.float32)
+    if known_equal(numel(scale), 1):
+        return lower(aten.reshape.default, scale, [1, 1]), TENSOR_SCALE
+    if known_equal(numel(scale), n) and known_equal(scale.get_size()[-1], n):
+        return lower(aten.reshape.default, scale, [1, n]), VECTOR_SCALE
+    return scale, BLOCK_SCALE
+
+
+def lower_w8a16(call: WeightOnlyScaledMmArgs):
+    """The call in Inductor IR (`why_not_lowered` said it can be)."""
+    *lead, k = call.x.get_size()
+    k, n = int(k), int(call.b.get_size()[1])
+    rows, hint = _rows_and_hint(call)
+    x2d = lower(aten.reshape.default, call.x, [rows, k])
+    scale, kind = scale_as_matrix(call, k, n)
+    if hint > DECODE_ROWS:
+        dynamic = "" if sympy.sympify(rows).is_number else f": a dynamic M, size hint {hint}"
+        out = _dequantize_and_mm(call, x2d, scale, kind, k, n)
+        record_lowering(f"Inductor's own dequantize + mm (prefill{dynamic}); the scale, bias, cast and what follows "
+                        "in its fused pointwise code")
+    else:
+        out = _decode_template(call, x2d, scale, kind, rows, hint, k, n)
+    return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
+
+
+def _decode_template(call: WeightOnlyScaledMmArgs, x2d, scale, kind: int, rows, hint: int, k: int, n: int):
+    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, SCALE_GROUP, multiprocessors
+    from qfuse.kernels.triton.w8a16_mm import AUTOTUNE_TILES, kernel_meta, pick_w8a16_config
+    from qfuse.kernels.triton.weight_stream import fit_block_k, split_k
+
+    tiles = [pick_w8a16_config(hint)] + (list(AUTOTUNE_TILES) if max_autotune() else [])
+    if kind == BLOCK_SCALE:
+        tiles = [(bm, bn, fit_block_k(bk, SCALE_GROUP, k), *rest) for bm, bn, bk, *rest in tiles]
+    tiles = list(dict.fromkeys(tiles))
+    splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()))
+    named = {"X": x2d, "B": call.b, "SB": scale, "BIAS": call.bias if splits == 1 else None}
+    meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits)
+    out, how = split_k_linear(_SOURCE, "qfuse_w8a16_linear", named, rows, n, splits, call.bias, tiles,
+                              lambda tile: meta | kernel_meta(kind, tile[2], k))
+    record_lowering(how + f"; the {'int8' if call.b.get_dtype() == torch.int8 else 'fp8'} weight converted in registers")
+    return out
+
+
+def _dequantize_and_mm(call: WeightOnlyScaledMmArgs, x2d, scale, kind: int, k: int, n: int):
+    """x @ (b * scale_b) + bias in Inductor IR: block scales multiply the weight (float32, rounded once
+    to x's dtype, as the template's tile); one-value and per-column scales multiply the float32 result."""
+    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, SCALE_GROUP
+
+    dtype = x2d.get_dtype()
+    if kind == BLOCK_SCALE:
+        block_scale = scale.make_loader()
+        expanded = ir.Pointwise.create(
+            device=x2d.get_device(), dtype=torch.float32, ranges=[k, n],
+            inner_fn=lambda index: block_scale([FloorDiv(index[0], SCALE_GROUP), FloorDiv(index[1], SCALE_GROUP)]),
+        )
+        weight = convert(lower(aten.mul.Tensor, convert(call.b, torch.float32), expanded), dtype)
+    else:
+        weight = convert(call.b, dtype)
+    out = convert(lower(aten.mm.default, x2d, weight), torch.float32)
+    if kind != BLOCK_SCALE and scale is not None:
+        out = lower(aten.mul.Tensor, out, scale)
+    if call.bias is not None:
+        out = lower(aten.add.Tensor, out, convert(call.bias, torch.float32))
+    return out
