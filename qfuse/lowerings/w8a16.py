@@ -12,10 +12,11 @@ The template reads the model's own weight and scale: nothing is converted, repac
 Tiles: `w8a16_mm.pick_w8a16_config`, under max-autotune also `w8a16_mm.AUTOTUNE_TILES`.
 
 Prefill (M > 16): Inductor's own dequantize + mm, written here in IR from the same stored tensors:
-the weight converted to x's dtype (times its block scales, rounded once, as the eager kernel's tile),
-Inductor's GEMM (cuBLAS, or its autotuned templates under max-autotune), then one-value or per-column
-scales and the bias in the GEMM's fused epilogue. That is what Inductor compiles from the model's
-own code, so a prefill linear costs what it cost before qfuse took it.
+the weight times its scale in float32, rounded once to x's dtype (as the template's tile), then
+Inductor's GEMM (cuBLAS, or its autotuned templates under max-autotune), with a bias of x's dtype in
+the GEMM (addmm). That is what Inductor compiles from a model that dequantizes its weight, so a
+prefill linear costs what it cost before qfuse took it (a float32 result cast back to bf16 after
+the GEMM, an earlier version, cost 7% at M = 1024 on an H100).
 
 Prefill lowers on any device (tests run it on the CPU); the template needs CUDA. Stays an extern
 call of the op: a weight zero point (the kernel takes none: the registry does not pick it then),
@@ -109,8 +110,8 @@ def lower_w8a16(call: WeightOnlyScaledMmArgs):
     if hint > DECODE_ROWS:
         dynamic = "" if sympy.sympify(rows).is_number else f": a dynamic M, size hint {hint}"
         out = _dequantize_and_mm(call, x2d, scale, kind, k, n)
-        record_lowering(f"Inductor's own dequantize + mm (prefill{dynamic}); the scale, bias, cast and what follows "
-                        "in its fused pointwise code")
+        record_lowering(f"Inductor's own dequantize + mm (prefill{dynamic}); the cast and what follows in its fused "
+                        "pointwise code")
     else:
         out = _decode_template(call, x2d, scale, kind, rows, hint, k, n)
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
@@ -118,14 +119,14 @@ def lower_w8a16(call: WeightOnlyScaledMmArgs):
 
 def _decode_template(call: WeightOnlyScaledMmArgs, x2d, scale, kind: int, rows, hint: int, k: int, n: int):
     from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, SCALE_GROUP, multiprocessors
-    from qfuse.kernels.triton.w8a16_mm import AUTOTUNE_TILES, kernel_meta, pick_w8a16_config
+    from qfuse.kernels.triton.w8a16_mm import AUTOTUNE_TILES, DECODE_PROGRAMS_PER_SM, kernel_meta, pick_w8a16_config
     from qfuse.kernels.triton.weight_stream import fit_block_k, split_k
 
     tiles = [pick_w8a16_config(hint)] + (list(AUTOTUNE_TILES) if max_autotune() else [])
     if kind == BLOCK_SCALE:
         tiles = [(bm, bn, fit_block_k(bk, SCALE_GROUP, k), *rest) for bm, bn, bk, *rest in tiles]
     tiles = list(dict.fromkeys(tiles))
-    splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()))
+    splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()), DECODE_PROGRAMS_PER_SM)
     named = {"X": x2d, "B": call.b, "SB": scale, "BIAS": call.bias if splits == 1 else None}
     meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits)
     out, how = split_k_linear(_SOURCE, "qfuse_w8a16_linear", named, rows, n, splits, call.bias, tiles,
@@ -135,23 +136,25 @@ def _decode_template(call: WeightOnlyScaledMmArgs, x2d, scale, kind: int, rows, 
 
 
 def _dequantize_and_mm(call: WeightOnlyScaledMmArgs, x2d, scale, kind: int, k: int, n: int):
-    """x @ (b * scale_b) + bias in Inductor IR: block scales multiply the weight (float32, rounded once
-    to x's dtype, as the template's tile); one-value and per-column scales multiply the float32 result."""
+    """x @ (b * scale_b) + bias in Inductor IR, as Inductor compiles a model that dequantizes its weight:
+    w = b * scale_b in float32 (block scales gathered per element), rounded once to x's dtype (as the
+    template's tile), then Inductor's own mm, or addmm with a bias of x's dtype (bias in the GEMM)."""
     from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, SCALE_GROUP
 
     dtype = x2d.get_dtype()
+    weight = convert(call.b, torch.float32)
     if kind == BLOCK_SCALE:
         block_scale = scale.make_loader()
-        expanded = ir.Pointwise.create(
+        scale = ir.Pointwise.create(
             device=x2d.get_device(), dtype=torch.float32, ranges=[k, n],
             inner_fn=lambda index: block_scale([FloorDiv(index[0], SCALE_GROUP), FloorDiv(index[1], SCALE_GROUP)]),
         )
-        weight = convert(lower(aten.mul.Tensor, convert(call.b, torch.float32), expanded), dtype)
-    else:
-        weight = convert(call.b, dtype)
-    out = convert(lower(aten.mm.default, x2d, weight), torch.float32)
-    if kind != BLOCK_SCALE and scale is not None:
-        out = lower(aten.mul.Tensor, out, scale)
-    if call.bias is not None:
-        out = lower(aten.add.Tensor, out, convert(call.bias, torch.float32))
-    return out
+    if scale is not None:
+        weight = lower(aten.mul.Tensor, weight, scale)
+    weight = convert(weight, dtype)
+    if call.bias is None:
+        return lower(aten.mm.default, x2d, weight)
+    if call.bias.get_dtype() == dtype:
+        return lower(aten.addmm.default, call.bias, x2d, weight)
+    return lower(aten.add.Tensor, convert(lower(aten.mm.default, x2d, weight), torch.float32),
+                 convert(call.bias, torch.float32))

@@ -126,3 +126,14 @@ def test_a_weight_zero_point_is_refused_with_its_reason():
     with pytest.raises(ValueError, match="symmetric weights"):
         torch.ops.qfuse.weight_only_scaled_mm(x, b, scale, None, torch.ones(32, dtype=torch.int32, device=DEVICE),
                                               FP32, "triton")
+
+
+def test_decode_splits_k_only_where_the_column_blocks_leave_half_the_gpu_idle():
+    from qfuse.kernels.triton.w8a16_mm import DECODE_PROGRAMS_PER_SM
+    from qfuse.kernels.triton.weight_stream import split_k
+
+    _, block_n, block_k, *_ = DECODE_TILE
+    assert split_k(1, 4096, 4096, block_n, block_k, 132, DECODE_PROGRAMS_PER_SM) == 1  # 128 blocks: measured best
+    assert split_k(1, 14336, 4096, block_n, block_k, 132, DECODE_PROGRAMS_PER_SM) == 1
+    assert split_k(1, 1024, 4096, block_n, block_k, 132, DECODE_PROGRAMS_PER_SM) == 2  # 32 blocks for 132 SMs
+    assert split_k(1024, 1024, 4096, block_n, block_k, 132, DECODE_PROGRAMS_PER_SM) == 1  # prefill: never

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
 
-DECODE_PROGRAMS_PER_SM = 2
+DECODE_PROGRAMS_PER_SM = 2  # the int4 kernel's; each kernel measures its own (`split_k`)
 MAX_SPLIT_K = 16
 
 
@@ -52,13 +52,14 @@ def k_range(K, pid_k, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
     return k_start, tl.minimum(K, k_start + steps * BLOCK_K)
 
 
-def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_count: int) -> int:
-    """How many K ranges a call splits into: at decode, enough for `DECODE_PROGRAMS_PER_SM` programs
-    a multiprocessor (a power of two, at most one per K step); else 1."""
+def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_count: int,
+            programs_per_sm: float = DECODE_PROGRAMS_PER_SM) -> int:
+    """How many K ranges a call splits into: at decode, enough for `programs_per_sm` programs a
+    multiprocessor (a power of two, at most one per K step); else 1."""
     if m > DECODE_ROWS:
         return 1
     column_blocks = triton.cdiv(n, block_n)
-    wanted = triton.cdiv(DECODE_PROGRAMS_PER_SM * multiprocessor_count, column_blocks)
+    wanted = triton.cdiv(int(programs_per_sm * multiprocessor_count), column_blocks)
     splits = 1
     while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k)):
         splits *= 2
