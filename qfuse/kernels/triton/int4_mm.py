@@ -51,9 +51,9 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.kernels.triton.scaled_mm import grouped_tile, multiprocessors
-from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k, k_range,
-                                                split_k, step_meta, sum_splits)
+from qfuse.kernels.triton.scaled_mm import multiprocessors
+from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k, split_k,
+                                                split_k_tile, step_meta, sum_splits)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 PREFILL_TILE = (128, 256, 128, 8, 8, 3)
@@ -144,12 +144,8 @@ def _int4_mm_kernel(X, W, SHIFTS, S, Z, BIAS, OUT, M, N, K, stride_xm, stride_xk
                     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr):
     """OUT[pid_k] = the split's partial x @ w^T (+ bias when there is one split)."""
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m, mask_n = offs_m < M, offs_n < N
-    k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
+    offs_m, offs_n, mask_m, mask_n, pid_k, k_start, k_end = split_k_tile(M, N, K, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                                          GROUP_M)
     acc = int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk,
                    stride_wn, stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP,
                    HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PACKED_ALONG_N, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)

@@ -30,9 +30,9 @@ import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton.scaled_mm import (BLOCK_SCALE, NO_SCALE, SCALE_GROUP, TENSOR_SCALE, VECTOR_SCALE,
-                                            grouped_tile, multiprocessors, scale_and_bias)
-from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k, k_range,
-                                                split_k, step_meta, sum_splits)
+                                            multiprocessors, scale_and_bias)
+from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k, split_k,
+                                                split_k_tile, step_meta, sum_splits)
 
 _BLOCK, _GROUP = tl.constexpr(BLOCK_SCALE), tl.constexpr(SCALE_GROUP)
 
@@ -93,12 +93,8 @@ def _w8a16_mm_kernel(X, B, SB, BIAS, OUT, M, N, K, stride_xm, stride_xk, stride_
                      SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_M: tl.constexpr):
     """OUT[pid_k] = the split's partial x @ w, scaled (+ bias when there is one split)."""
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m, mask_n = offs_m < M, offs_n < N
-    k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
+    offs_m, offs_n, mask_m, mask_n, pid_k, k_start, k_end = split_k_tile(M, N, K, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                                          GROUP_M)
     acc = w8a16_dot(X, B, SB, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk, stride_bk,
                     stride_bn, stride_sbk, stride_sbn, SCALE_B, GROUPS_PER_STEP, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = scale_and_bias(acc, offs_m, offs_n, mask_m, mask_n, X, SB, BIAS, 0, stride_sbn, 0, SCALE_B, HAS_BIAS)

@@ -8,6 +8,7 @@ weight on the wide side of the tensor-core shape. The pieces here are that loop'
     activation_tile   x^T [BLOCK_K, BLOCK_M] of one K step (masked along K only when K needs it)
     accumulate        acc += w @ x^T, in IEEE fp32 for an fp32 x (eager's fp32 matmul is not TF32)
     k_range           split `pid_k`'s whole K steps
+    split_k_tile      an eager launch's program: its tile of the output, its split, its K range
     split_k           how many K ranges a decode call splits into, so that the few column blocks of
                       a small N still reach every multiprocessor; their float32 partial sums
                       [SPLIT_K, M, N] are added after (`sum_splits` in eager, Inductor's code in a template)
@@ -22,6 +23,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
+from qfuse.kernels.triton.scaled_mm import grouped_tile
 
 DECODE_PROGRAMS_PER_SM = 2  # the int4 kernel's; each kernel measures its own (`split_k`)
 MAX_SPLIT_K = 16
@@ -50,6 +52,19 @@ def k_range(K, pid_k, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
     steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
     k_start = pid_k * steps * BLOCK_K
     return k_start, tl.minimum(K, k_start + steps * BLOCK_K)
+
+
+@triton.jit
+def split_k_tile(M, N, K, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    """This program's tile of an eager launch on grid (tiles, SPLIT_K): rows, columns, their masks,
+    its split and the split's [k_start, k_end)."""
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
+    return offs_m, offs_n, offs_m < M, offs_n < N, pid_k, k_start, k_end
 
 
 def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_count: int,
