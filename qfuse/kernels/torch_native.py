@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from qfuse.kernels import int4_cpu
+from qfuse.kernels.array_ops import TORCH_OPS, ArrayOps
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.prepared import PreparedWeight
@@ -198,14 +199,22 @@ def int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):
     if a.is_cuda and rows < CUDA_INT_MM_MIN_ROWS:
         padded = torch.nn.functional.pad(a, (0, 0, 0, CUDA_INT_MM_MIN_ROWS - rows))
     acc = int8_matmul(padded, b)[:rows]
-    if azp_a is not None:
-        acc = acc - azp_a.to(torch.int32) * b.sum(dim=0, keepdim=True, dtype=torch.int32)
-    if azp_b is not None:
-        zero_b = azp_b.to(torch.int32)
-        acc = acc - a.sum(dim=1, keepdim=True, dtype=torch.int32) * zero_b
-        if azp_a is not None:
-            acc = acc + a.shape[1] * azp_a.to(torch.int32) * zero_b
+    zero_a, zero_b = (None if zero is None else zero.to(torch.int32) for zero in (azp_a, azp_b))
+    acc = zero_point_correction(acc, a, b, zero_a, zero_b, a.shape[1], TORCH_OPS)
     return _apply_epilogue(acc, scale_a, scale_b, bias, out_dtype)
+
+
+def zero_point_correction(acc, a, b, zero_a, zero_b, k, ops: ArrayOps):
+    """The int32 accumulator of (a - zero_a) @ (b - zero_b) from acc = a @ b: acc - zero_a colsum(b)
+    - rowsum(a) zero_b + K zero_a zero_b. zero_a [M, 1] or one value, zero_b [1, N] or one value (int32
+    or None); written once, for the eager kernel (`TORCH_OPS`) and its lowering (`lowerings.ir.IR_OPS`)."""
+    if zero_a is not None:
+        acc = ops.sub(acc, ops.mul(zero_a, ops.int32_sum(b, 0)))
+    if zero_b is not None:
+        acc = ops.sub(acc, ops.mul(ops.int32_sum(a, 1), zero_b))
+        if zero_a is not None:
+            acc = ops.add(acc, ops.mul(ops.mul(zero_a, zero_b), k))
+    return acc
 
 
 def _fp8_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype):

@@ -35,9 +35,9 @@ from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.lowerings.ir import convert, extern_call, falls_back_to_extern_call, lower, record_lowering
+from qfuse.lowerings.ir import IR_OPS, convert, extern_call, falls_back_to_extern_call, lower, record_lowering
 from qfuse.lowerings.triton_template import max_autotune, split_k_linear
-from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
+from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, apply_zero_convention
 from qfuse.schemes import INT4_OFFSET
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -134,8 +134,6 @@ def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
     once to x's dtype (the product is exact in float32), then Inductor's own mm / addmm. Grouped as
     [N, K / g, g] values against [N, K / g, 1] scales, or with a `g_idx` as [N, K, 1] against the
     scales and zero points gathered per column."""
-    from qfuse.ops.int4_weight_only import ZERO_CONVENTIONS
-
     groups = k // call.group_size
     device = x2d.get_device()
     shifts = call.shifts if call.shifts is not None else lower(
@@ -156,12 +154,8 @@ def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
     if call.packed_zeros is None:
         q = lower(aten.sub.Tensor, q, INT4_OFFSET)
     else:
-        add, wrap = ZERO_CONVENTIONS[call.zero_convention]
         words = shifted(lower(aten.unsqueeze.default, call.packed_zeros, 1), lower(aten.unsqueeze.default, shifts, -1))
-        if wrap:
-            zeros = lower(aten.bitwise_and.Scalar, lower(aten.add.Tensor, words, add), 0xF)
-        else:
-            zeros = lower(aten.add.Tensor, lower(aten.bitwise_and.Scalar, words, 0xF), add)
+        zeros = apply_zero_convention(words, call.zero_convention, IR_OPS)
         q = lower(aten.sub.Tensor, q, per_column(lower(aten.reshape.default, zeros, [n, groups])))  # [N / 8, 8, K / g]
     w = convert(lower(aten.mul.Tensor, convert(q, torch.float32), per_column(convert(call.scales, torch.float32))),
                 x2d.get_dtype())

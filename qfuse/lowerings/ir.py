@@ -6,6 +6,8 @@
     record_lowering(how)    how the op entered the generated code, into its LinearRecord
     extern_call(call)       the op itself as an extern call (the fallback that is always correct)
     falls_back_to_extern_call(Args)   a lowering whose failure becomes that extern call (qfuse.errors)
+    IR_OPS                  `qfuse.kernels.array_ops.ArrayOps` on IR: a kernel's integer math, stated
+                            once, builds the lowering's IR
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
 from qfuse.errors import contain_internal_error
+from qfuse.kernels.array_ops import ArrayOps
 from qfuse.ops import RECORD_KEY
 
-prims = torch.ops.prims
+aten, prims = torch.ops.aten, torch.ops.prims
 
 
 def lower(op, *args, **kwargs):
@@ -34,6 +37,15 @@ def convert(value, dtype: torch.dtype):
     if value.get_dtype() == dtype:
         return value
     return lower(prims.convert_element_type.default, value, dtype)
+
+
+IR_OPS = ArrayOps(
+    add=lambda left, right: lower(aten.add.Tensor, left, right),
+    sub=lambda left, right: lower(aten.sub.Tensor, left, right),
+    mul=lambda left, right: lower(aten.mul.Tensor, left, right),
+    bitwise_and=lambda value, mask: lower(aten.bitwise_and.Scalar, value, mask),
+    int32_sum=lambda value, dim: lower(aten.sum.dim_IntList, convert(value, torch.int32), [dim], True),
+)
 
 
 def numel(node) -> sympy.Expr:

@@ -40,8 +40,10 @@ from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
+from qfuse.kernels.torch_native import zero_point_correction
 from qfuse.lowerings import triton_template
-from qfuse.lowerings.ir import convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel, record_lowering
+from qfuse.lowerings.ir import (IR_OPS, convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel,
+                                record_lowering)
 from qfuse.lowerings.triton_template import why_not_template
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS, current_platform
@@ -108,17 +110,10 @@ def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
         if on_cpu and known_equal(b.get_size()[1], 1):
             b = ir.ExternKernel.require_exact_strides(b, [1, k])
         acc = lower(aten._int_mm.default, a2d, b)
-    if azp_a is not None:
-        column_sums = lower(aten.sum.dim_IntList, convert(b, torch.int32), [0], True)
-        zero_a = lower(aten.reshape.default, convert(azp_a, torch.int32), _scale_shape(azp_a, rows, [rows, 1]))
-        acc = lower(aten.sub.Tensor, acc, lower(aten.mul.Tensor, zero_a, column_sums))
-    if azp_b is not None:
-        row_sums = lower(aten.sum.dim_IntList, convert(a2d, torch.int32), [1], True)
-        zero_b = lower(aten.reshape.default, convert(azp_b, torch.int32), [1, -1])
-        acc = lower(aten.sub.Tensor, acc, lower(aten.mul.Tensor, row_sums, zero_b))
-        if azp_a is not None:
-            both = lower(aten.mul.Tensor, zero_a, zero_b)
-            acc = lower(aten.add.Tensor, acc, lower(aten.mul.Tensor, both, k))
+    zero_a = None if azp_a is None else lower(aten.reshape.default, convert(azp_a, torch.int32),
+                                               _scale_shape(azp_a, rows, [rows, 1]))
+    zero_b = None if azp_b is None else lower(aten.reshape.default, convert(azp_b, torch.int32), [1, -1])
+    acc = zero_point_correction(acc, a2d, b, zero_a, zero_b, k, IR_OPS)
     return convert(acc, torch.float32)
 
 

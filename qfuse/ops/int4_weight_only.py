@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from qfuse.kernels import get_kernel
+from qfuse.kernels.array_ops import TORCH_OPS, ArrayOps
 from qfuse.kernels.prepared import PreparedWeight, built_once
 from qfuse.ops.arguments import op_arguments
 from qfuse.ops.scaled_mm import OUT_DTYPES
@@ -96,12 +97,20 @@ def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, o
     return (*x.shape[:-1], n)
 
 
+def apply_zero_convention(shifted_words, zero_convention: str, ops: ArrayOps = TORCH_OPS):
+    """The zero point held in the low nibble of `shifted_words` (int32), by its convention: the nibble
+    itself, plus one after the mask, or plus one before it (mod 16). Written once for the eager op
+    (`TORCH_OPS`) and the lowering (`qfuse.lowerings.ir.IR_OPS`)."""
+    add, wrap = ZERO_CONVENTIONS[zero_convention]
+    if wrap:
+        return ops.bitwise_and(ops.add(shifted_words, add), 0xF)
+    return ops.add(ops.bitwise_and(shifted_words, 0xF), add)
+
+
 def zero_points(packed_zeros: Tensor, shifts: Tensor, zero_convention: str) -> Tensor:
     """z [N, K / g] of the module docstring (int32, in [0, 16])."""
-    add, wrap = ZERO_CONVENTIONS[zero_convention]
     words = packed_zeros.unsqueeze(1) >> shifts[:, None]  # [N / 8, 8, K / g]
-    z = (words + add) & 0xF if wrap else (words & 0xF) + add
-    return z.reshape(-1, packed_zeros.shape[-1])
+    return apply_zero_convention(words, zero_convention).reshape(-1, packed_zeros.shape[-1])
 
 
 def unpack(packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: Tensor | None, group_size: int,
