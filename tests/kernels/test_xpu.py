@@ -129,7 +129,8 @@ def test_forced_xpu_is_chosen_and_int4_keys_are_rejected_elsewhere_with_a_reason
         "torch": "torch computes int8 / uint8 x int8, fp8 x fp8, bf16 x int8 (weight-only), "
                  "bf16 / fp16 / fp32 x int4 (weight-only) on cpu, not int8 x int4"}
     assert choose_kernel(key(device_type="cuda"), H100, preference=("triton",)).rejected == {
-        "triton": "triton computes int8 x int8, fp8 x fp8, bf16 / fp16 / fp32 x int4 (weight-only) on cuda, "
+        "triton": "triton computes int8 x int8, fp8 x fp8, bf16 / fp16 / fp32 x int4 (weight-only), "
+                  "bf16 / fp16 / fp32 x int8 (weight-only), bf16 / fp16 / fp32 x fp8 (weight-only) on cuda, "
                   "not int8 x int4"}
 
 
