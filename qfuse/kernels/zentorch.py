@@ -77,6 +77,15 @@ included; median ms of calls interleaved with the other candidates, so weights c
     2        1       0.80     1.15      0.72          3.25     2.61
     2        32      1.66     2.03      4.36         11.0      4.81
     2        256     9.97    11.6      17.2          53.2     21.6
+
+Not used: zentorch's int4 weight-only GEMM (`zentorch_woq_linear`, issue #14; 2.2x Inductor at M =
+256 where ATen's int4pack is 0.9x, benchmarks/cpu_weight_only.py). Its reordered weights are cached
+by ZenDNN in a way `zentorch_clear_weight_cache()` does not reset: in one process, calls on new int4
+weights made after others were freed returned nan or wrong results (relative error about 1) for 14
+of 36 shape / group / zero-point combinations, with the clear before every call (this EPYC, zentorch
+2.13.0.2, scratch test, 2026-11-25); with every weight kept alive, all of them were right, and each
+failing combination was right in a fresh process. qfuse cannot keep every freed weight's storage
+alive, so the kernel would be silently wrong after a model is replaced.
 """
 
 from __future__ import annotations

@@ -1,0 +1,73 @@
+"""One rank of the tensor-parallel checks (tests/distributed/test_tensor_parallel.py), spawned by
+`torch.multiprocessing` on the gloo backend: builds the sharded block, runs it eagerly and compiled
+with backend="qfuse" (fullgraph: no graph break), and writes what it saw to `<out>/rank<r>.json`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tests.distributed.tp_models import TensorParallelMlp, float_mlp, tensor_parallel_llama
+
+
+@dataclass
+class Case:
+    sharded: nn.Module  # this rank's shard, quantized
+    unsharded_quantized: nn.Module
+    unsharded_float: nn.Module
+    run: Callable[[nn.Module], torch.Tensor]  # the module on the case's input
+
+
+def build_case(model: str, scheme: str, rank: int, world: int, group, tokens: int) -> Case:
+    """The "mlp" block on [tokens, 64] activations, or the two-layer "llama" on [1, 8] token ids."""
+    if model == "llama":
+        sharded, input_ids = tensor_parallel_llama(scheme, rank, world, group)
+        return Case(sharded, tensor_parallel_llama(scheme)[0], tensor_parallel_llama("float")[0],
+                    lambda module: module(input_ids).logits)
+    floats = float_mlp()
+    x = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(7))
+    return Case(TensorParallelMlp(floats, scheme, rank, world, group), TensorParallelMlp(floats, scheme),
+                TensorParallelMlp(floats, "float"), lambda module: module(x))
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return (actual.float() - expected.float()).abs().max().item() / expected.float().abs().max().item()
+
+
+def run_rank(rank: int, world: int, store_file: str, out_dir: str, model: str, scheme: str, tokens: int = 5) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
+    try:
+        import qfuse
+
+        torch._inductor.config.force_disable_caches = True
+        case = build_case(model, scheme, rank, world, dist.group.WORLD, tokens)
+        with torch.no_grad():
+            eager = case.run(case.sharded)
+            marker = qfuse.graphs_compiled()
+            compiled = case.run(torch.compile(case.sharded, backend="qfuse", fullgraph=True))
+            reports = qfuse.reports_since(marker)
+            unsharded_quantized, unsharded_float = case.run(case.unsharded_quantized), case.run(case.unsharded_float)
+        records = [record for report in reports for record in report.records]
+        result = {
+            "fused": sum(record.fused for record in records),
+            "linears": len(records),
+            "kernels": sorted({record.kernel for record in records if record.fused}),
+            "compiled_vs_eager": relative_error(compiled, eager),
+            "sharded_vs_float": relative_error(eager, unsharded_float),
+            "unsharded_vs_float": relative_error(unsharded_quantized, unsharded_float),
+            "ops_after": {key: value for report in reports for key, value in report.ops_after.items()
+                          if "qfuse" in key or "c10d" in key},
+        }
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as file:
+            json.dump(result, file)
+    finally:
+        dist.destroy_process_group()
