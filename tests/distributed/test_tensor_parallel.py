@@ -9,7 +9,6 @@ sharded block matches the unsharded float block within quantization error."""
 import json
 
 import pytest
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
