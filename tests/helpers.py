@@ -13,3 +13,26 @@ def compile_and_run(fn, *args, dynamic=None, **options):
     reports = qfuse.reports_since(marker)
     assert reports, "qfuse's pass did not run"
     return out, reports[-1]
+
+
+def compile_and_get_code(model, x, **compile_kwargs):
+    """Compile `model` with backend="qfuse" (and `compile_kwargs`: mode, dynamic), run it on `x`:
+    (output, the generated code, the report of its last graph)."""
+    from torch._inductor.utils import run_and_get_code
+
+    marker = qfuse.graphs_compiled()
+    torch._dynamo.reset()
+    out, code = run_and_get_code(torch.compile(model, backend="qfuse", **compile_kwargs), x)
+    return out, "\n".join(code), qfuse.reports_since(marker)[-1]
+
+
+#: One rounding of a result in each activation dtype (the templates' numerics against eager).
+ROUNDING = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}
+
+
+def assert_close_to_eager(out, model, x):
+    """`out` within two roundings of x's dtype (relative to the largest value) of `model(x)`."""
+    eager = model(x)
+    assert out.dtype == eager.dtype and out.shape == eager.shape
+    scale = eager.float().abs().max().item()
+    assert (out.float() - eager.float()).abs().max().item() <= 2 * ROUNDING[x.dtype] * scale

@@ -10,30 +10,13 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-import qfuse
+from tests.helpers import assert_close_to_eager, compile_and_get_code
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TEMPLATE_MARK = "from qfuse.kernels.triton.int4_mm import int4_dot"
 EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-
-
-def compiled_code(model, x, **compile_kwargs):
-    marker = qfuse.graphs_compiled()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="qfuse", **compile_kwargs)
-    out, code = run_and_get_code(compiled, x)
-    reports = qfuse.reports_since(marker)
-    return out, "\n".join(code), reports[-1]
-
-
-def assert_close_to_eager(out, model, x):
-    eager = model(x)
-    scale = eager.float().abs().max().item()
-    tolerance = {BF16: 2**-7, FP16: 2**-10, FP32: 1e-5}[x.dtype]
-    assert out.dtype == eager.dtype and out.shape == eager.shape
-    assert (out.float() - eager.float()).abs().max().item() <= 2 * tolerance * scale
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
@@ -44,7 +27,7 @@ def test_gptq_form_runs_as_the_template(dtype, symmetric, group_size):
     model = gptq_packed_int4(dtype, group_size=group_size, symmetric=symmetric, in_features=512, out_features=136).cuda()
     x = torch.randn(5, 512, device="cuda", dtype=dtype)
     with torch.no_grad():
-        out, code, report = compiled_code(model, x)
+        out, code, report = compile_and_get_code(model, x)
         assert_close_to_eager(out, model, x)
     assert TEMPLATE_MARK in code and EXTERN_CALL not in code
     (record,) = report.fused
@@ -57,7 +40,7 @@ def test_decode_is_the_template_and_prefill_inductors_dequantize_and_mm(shape):
     model = gptq_packed_int4(BF16, group_size=64, symmetric=False).cuda()
     x = torch.randn(*shape, device="cuda", dtype=BF16)
     with torch.no_grad():
-        out, code, report = compiled_code(model, x)
+        out, code, report = compile_and_get_code(model, x)
         assert_close_to_eager(out, model, x)
     (record,) = report.fused
     assert EXTERN_CALL not in code
@@ -81,7 +64,7 @@ def test_modes(mode):
     model = gptq_packed_int4(BF16, group_size=128, symmetric=False).cuda()
     x = torch.randn(16, 256, device="cuda", dtype=BF16)
     with torch.no_grad():
-        out, code, _ = compiled_code(model, x, mode=mode)
+        out, code, _ = compile_and_get_code(model, x, mode=mode)
         assert_close_to_eager(out, model, x)
     assert TEMPLATE_MARK in code and EXTERN_CALL not in code
 
@@ -94,7 +77,7 @@ def test_the_cast_and_next_op_fuse_into_the_store():
 
     x = torch.randn(8, 256, device="cuda", dtype=BF16)
     with torch.no_grad():
-        out, code, _ = compiled_code(block, x)
+        out, code, _ = compile_and_get_code(block, x)
         expected = torch.nn.functional.silu(model(x)) * 2
     assert code.count(".run(") == 1, code  # the template alone: the silu and the multiply are in its store
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
@@ -109,7 +92,7 @@ def test_act_order_and_autogptq_forms(form, rows):
         model = gptq_packed_int4(FP16, group_size=64, act_order=True, symmetric=False, zeros_minus_one=True).cuda()
     x = torch.randn(rows, 256, device="cuda", dtype=FP16)
     with torch.no_grad():
-        out, code, report = compiled_code(model, x)
+        out, code, report = compile_and_get_code(model, x)
         assert_close_to_eager(out, model, x)
     (record,) = report.fused
     assert EXTERN_CALL not in code
@@ -140,7 +123,7 @@ def test_awq_runs_as_the_template_at_decode(unpack_order, n, k, rows):
     model = awq_int4(FP16, group_size=64, unpack_order=unpack_order, in_features=k, out_features=n).cuda()
     x = torch.randn(rows, k, device="cuda", dtype=FP16)
     with torch.no_grad():
-        out, code, report = compiled_code(model, x)
+        out, code, report = compile_and_get_code(model, x)
         assert_close_to_eager(out, model, x)
     (record,) = report.fused
     assert EXTERN_CALL not in code

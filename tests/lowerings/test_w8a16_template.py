@@ -8,30 +8,13 @@ graphs, the next pointwise op fused into the store."""
 import pytest
 import torch
 
-import qfuse
+from tests.helpers import assert_close_to_eager, compile_and_get_code
 from tests.peers.weight_only_models import fp8_weight_only, hand_written_int8
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TEMPLATE_MARK = "from qfuse.kernels.triton.w8a16_mm import w8a16_dot"
 EXTERN_CALL = "torch.ops.qfuse.weight_only_scaled_mm.default("
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-
-
-def compiled_code(model, x, **compile_kwargs):
-    from torch._inductor.utils import run_and_get_code
-
-    marker = qfuse.graphs_compiled()
-    torch._dynamo.reset()
-    out, code = run_and_get_code(torch.compile(model, backend="qfuse", **compile_kwargs), x)
-    return out, "\n".join(code), qfuse.reports_since(marker)[-1]
-
-
-def assert_close_to_eager(out, model, x):
-    eager = model(x)
-    assert out.dtype == eager.dtype and out.shape == eager.shape
-    scale = eager.float().abs().max().item()
-    tolerance = {BF16: 2**-7, FP16: 2**-10, FP32: 1e-5}[x.dtype]
-    assert (out.float() - eager.float()).abs().max().item() <= 2 * tolerance * scale
 
 
 def cuda_model(dtype, scales, **sizes):
@@ -44,7 +27,7 @@ def test_fp8_forms_run_as_the_template_at_decode(dtype, scales):
     model = cuda_model(dtype, scales, in_features=512, out_features=384)
     x = torch.randn(5, 512, device="cuda", dtype=dtype)
     with torch.no_grad():
-        out, code, report = compiled_code(model, x)
+        out, code, report = compile_and_get_code(model, x)
         assert_close_to_eager(out, model, x)
     assert TEMPLATE_MARK in code and EXTERN_CALL not in code
     (record,) = report.fused
@@ -58,7 +41,7 @@ def test_decode_is_the_template_and_prefill_inductors_dequantize_and_mm(shape, s
     model = cuda_model(BF16, "block_repeat", **sizes)
     x = torch.randn(*shape, device="cuda", dtype=BF16)
     with torch.no_grad():
-        out, code, report = compiled_code(model, x)
+        out, code, report = compile_and_get_code(model, x)
         assert_close_to_eager(out, model, x)
     (record,) = report.fused
     assert EXTERN_CALL not in code
@@ -72,7 +55,7 @@ def test_int8_weight_only_runs_as_the_template():
     model = hand_written_int8(BF16, scale_after_matmul=False, in_features=256, out_features=128).cuda()
     x = torch.randn(2, 3, 256, device="cuda", dtype=BF16)
     with torch.no_grad():
-        out, code, report = compiled_code(model, x)
+        out, code, report = compile_and_get_code(model, x)
         assert_close_to_eager(out, model, x)
     (record,) = report.fused
     assert record.kernel == "triton" and TEMPLATE_MARK in code and EXTERN_CALL not in code, report.table()
@@ -92,7 +75,7 @@ def test_modes(mode):
     model = cuda_model(BF16, "block_repeat")
     x = torch.randn(16, 256, device="cuda", dtype=BF16)
     with torch.no_grad():
-        out, code, _ = compiled_code(model, x, mode=mode)
+        out, code, _ = compile_and_get_code(model, x, mode=mode)
         assert_close_to_eager(out, model, x)
     assert TEMPLATE_MARK in code and EXTERN_CALL not in code
 
@@ -105,7 +88,7 @@ def test_the_cast_and_next_op_fuse_into_the_store():
 
     x = torch.randn(8, 4096, device="cuda", dtype=BF16)
     with torch.no_grad():
-        out, code, report = compiled_code(block, x)
+        out, code, report = compile_and_get_code(block, x)
         expected = torch.nn.functional.silu(model(x)) * 2
     split = "K split" in report.fused[0].lowered  # the sum of the splits is one more kernel, with the silu in it
     assert code.count(".run(") == (2 if split else 1), code
