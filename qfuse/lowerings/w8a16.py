@@ -84,7 +84,7 @@ def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
     return ""
 
 
-def scale_as_matrix(call: WeightOnlyScaledMmArgs, k: int, n: int):
+def scale_as_matrix(call: WeightOnlyScaledMmArgs, n: int):
     """(the scale as the kernel reads it, its kind): none, one value [1, 1], per column [1, N], or
     per block [ceil(K / 128), ceil(N / 128)] (the shapes `qfuse::weight_only_scaled_mm` accepts)."""
     from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, NO_SCALE, TENSOR_SCALE, VECTOR_SCALE
@@ -106,7 +106,7 @@ def lower_w8a16(call: WeightOnlyScaledMmArgs):
     k, n = int(k), int(call.b.get_size()[1])
     rows, hint = _rows_and_hint(call)
     x2d = lower(aten.reshape.default, call.x, [rows, k])
-    scale, kind = scale_as_matrix(call, k, n)
+    scale, kind = scale_as_matrix(call, n)
     if hint > DECODE_ROWS:
         dynamic = "" if sympy.sympify(rows).is_number else f": a dynamic M, size hint {hint}"
         out = _dequantize_and_mm(call, x2d, scale, kind, k, n)

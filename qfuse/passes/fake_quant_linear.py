@@ -124,12 +124,12 @@ def match_fake_dequantize(node) -> Dequantized | None:
 
 
 def _is_float_cast(node) -> bool:
-    """A cast between float dtypes of a computed value (not a stored float weight's own cast)."""
+    """A cast of a computed float value to bf16 / fp32 (a stored weight's own cast is no dequantize).
+    Not to fp16: a product beyond fp16's range is inf in eager, and the fused op would not round it there."""
     if not isinstance(node, Node) or node.op != "call_function":
         return False
-    target = converted_dtype(node)
     source = node.args[0]
-    return (target is not None and target.is_floating_point and isinstance(source, Node)
+    return (converted_dtype(node) in (torch.bfloat16, torch.float32) and isinstance(source, Node)
             and source.op == "call_function" and dtype_of(source) is not None and dtype_of(source).is_floating_point)
 
 
@@ -152,11 +152,16 @@ def _rounds(node, depth: int = 6) -> bool:
 
 
 def _weight_scaled_another_way(anchor: Node) -> str:
-    """Why the weight of a linear nothing matched looks dequantized but is not provably so: it is stored
-    quantized values times a scale of no shape above; '' when it does not look dequantized at all."""
+    """Why the weight of a linear nothing matched looks dequantized but is not provably so ('' when it
+    does not look dequantized at all): stored quantized values times a scale of no shape above, or a
+    dequantize cast to float16 after it was computed in float32."""
     weight = anchor.args[2] if anchor.target == aten.addmm.default else anchor.args[1]
     if isinstance(weight, Node) and weight.target == aten.permute.default:
         weight = weight.args[0]
+    if isinstance(weight, Node) and converted_dtype(weight) == torch.float16 and isinstance(weight.args[0], Node):
+        if match_fake_dequantize(weight.args[0]) is not None:
+            return ("the weight is dequantized in float32 and cast to float16, where a value beyond float16's range "
+                    "is inf in eager: not rewritten (the fused op would not round it there)")
     if _is_float_cast(weight):
         weight = weight.args[0]
     if not isinstance(weight, Node) or weight.target != aten.mul.Tensor:

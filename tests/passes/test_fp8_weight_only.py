@@ -123,3 +123,17 @@ def test_scales_not_in_128_blocks_are_not_rewritten_as_blocks(how):
         (record,) = report.records
         assert not record.fused and "neither one value, per channel, nor 128x128 blocks" in record.reason, report.table()
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("scales", ["channel", "block_repeat"])
+def test_a_dequantize_cast_to_fp16_is_not_rewritten_and_says_why(scales):
+    """Eager rounds the float32 product to fp16 (inf beyond its range); the fused op would not."""
+    model = fp8_weight_only(torch.float16, scales)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(4)).to(torch.float16)
+    with torch.no_grad():
+        out, report = compile_and_run(model, x, kernel="reference")
+        expected = model(x)
+    (record,) = report.records
+    assert not record.fused and "cast to float16" in record.reason, report.table()
+    assert report.ops_after[WEIGHT_ONLY_OP] == 0
+    torch.testing.assert_close(out, expected)
