@@ -24,6 +24,7 @@ decoder's layers do (one linear alone would be served from an H100's 50 MiB L2).
 
     python benchmarks/gpu_weight_only.py [--quick] [--form FORM] [--out FILE.json] [--plot FILE.png]
     python benchmarks/gpu_weight_only.py --tune --ms 1,16   (the kernel's GPU time at each decode tile and split)
+    python benchmarks/gpu_weight_only.py --tune --form fp8-block --ms 1024   (8-bit forms: each prefill tile)
     python benchmarks/gpu_weight_only.py --table FILE.json
 """
 
@@ -36,11 +37,12 @@ from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
+import triton
 from torch import nn
 
 from gemm_cases import SHAPES
 from gpu_linear import measure
-from qfuse.bench import add_output_arguments, format_table, gpu_time, graph_ms_per_call, out_path, plot, progress, write
+from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, out_path, plot, progress, write
 
 GROUP = 128
 STACK_BYTES = 128 * 2**20
@@ -270,14 +272,25 @@ def kernel_calls(stack: Stack, x: torch.Tensor, **tile):
     return [lambda linear=linear: linear.kernel_call(x, **tile) for linear in stack.linears]
 
 
+# Prefill (M > 16), the 8-bit kernel only: (tile, 1 split) over the tensor-core tiles.
+TUNE_PREFILL = [((bm, bn, bk, 8, warps, stages), 1) for bm in (64, 128) for bn in (128, 256) for bk in (64, 128)
+                for warps in (4, 8) for stages in (3, 4) if not (bm == 128 and bn == 256 and warps == 4)]
+
+
 def tune_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
-    """GPU µs per linear of the kernel at each decode tile and split, on the stack (cold weights)."""
+    """GPU µs per linear of the kernel at each tile and split (decode) or tile (prefill, 8-bit forms),
+    on the stack (cold weights)."""
     stack = quantized_stack(n, k, form)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     rows = []
-    for tile, splits in TUNE_DECODE.get(form, TUNE_DECODE["fp8-block" if BITS[form] == 8 else "gptq"]):
-        us = graph_ms_per_call(kernel_calls(stack, x, config=tile, splits=splits)) * 1e3
-        rows.append({"m": m, "n": n, "k": k, "form": form, "tile": list(tile), "splits": splits, "gpu_us": us})
+    decode = TUNE_DECODE.get(form, TUNE_DECODE["fp8-block" if BITS[form] == 8 else "gptq"])
+    for tile, splits in decode if m <= 16 else TUNE_PREFILL:
+        row = {"m": m, "n": n, "k": k, "form": form, "tile": list(tile), "splits": splits}
+        try:
+            row["gpu_us"] = graph_ms_per_call(kernel_calls(stack, x, config=tile, splits=splits)) * 1e3
+        except triton.runtime.errors.OutOfResources as error:  # a tile that needs more shared memory: recorded
+            row["gpu_us"], row["failed"] = math.inf, str(error)
+        rows.append(row)
     rows.sort(key=lambda row: row["gpu_us"])
     progress(f"  best {rows[0]['tile']} x{rows[0]['splits']} {rows[0]['gpu_us']:.1f} us; worst {rows[-1]['gpu_us']:.1f}")
     return rows
