@@ -26,8 +26,8 @@ from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
 
 from qfuse.kernels.torch_native import BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS
-from qfuse.lowerings.ir import convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel, record_lowering
 from qfuse.lowerings import w8a16
+from qfuse.lowerings.ir import convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel, record_lowering
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
 aten = torch.ops.aten

@@ -22,16 +22,13 @@ from collections.abc import Callable
 
 from torch.fx import Node
 
-from qfuse.passes.graph_utils import VIEW_OPS, aten, shape_of, static_int
+from qfuse.passes.graph_utils import VIEW_OPS, aten, is_call, shape_of, static_int
 from qfuse.passes.pt2e_linear import Dequantized
 from qfuse.schemes import GROUP_SIZE, Granularity
 
 # q -> (q, the dtype to cast it to or None, kind) when q is a float tensor of quantized values
 QuantizedValues = Callable[[Node], tuple | None]
 
-
-def _is(node, *targets) -> bool:
-    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
 
 
 def _blocks(size: int) -> int:
@@ -41,15 +38,15 @@ def _blocks(size: int) -> int:
 def _repeated_axis(node) -> tuple[Node, int] | None:
     """(x, axis) when `node` = x.repeat_interleave(128, axis) of a 2D x, as traced:
     reshape(clone(expand(unsqueeze(x, axis + 1), ... 128 at axis + 1 ...)), [rows, columns])."""
-    if not _is(node, *VIEW_OPS) or len(shape_of(node)) != 2:
+    if not is_call(node, *VIEW_OPS) or len(shape_of(node)) != 2:
         return None
     expanded = node.args[0]
-    while _is(expanded, aten.clone.default):
+    while is_call(expanded, aten.clone.default):
         expanded = expanded.args[0]
-    if not _is(expanded, aten.expand.default):
+    if not is_call(expanded, aten.expand.default):
         return None
     unsqueezed = expanded.args[0]
-    if not _is(unsqueezed, aten.unsqueeze.default) or unsqueezed.args[1] not in (1, 2):
+    if not is_call(unsqueezed, aten.unsqueeze.default) or unsqueezed.args[1] not in (1, 2):
         return None
     axis = unsqueezed.args[1] - 1
     source = unsqueezed.args[0]
@@ -60,13 +57,13 @@ def _repeated_axis(node) -> tuple[Node, int] | None:
     return (source, axis) if list(shape_of(node)) == expected else None
 
 
-def _leading_slice(node) -> tuple[Node, int] | None:
-    """(x, axis) when `node` = x[..., :size] along one axis (a slice from 0, step 1)."""
-    if not _is(node, aten.slice.Tensor):
+def _leading_slice(node) -> Node | None:
+    """x when `node` = x[..., :size] along one axis (a slice from 0, step 1)."""
+    if not is_call(node, aten.slice.Tensor):
         return None
     args = list(node.args) + [0, None, None, 1][len(node.args) - 1:]
     start, step = args[2], args[4]
-    return (node.args[0], args[1] % 2) if (start in (0, None) and step == 1) else None
+    return node.args[0] if start in (0, None) and step == 1 else None
 
 
 def repeated_block_scale(scale, weight_shape) -> Node | None:
@@ -77,7 +74,7 @@ def repeated_block_scale(scale, weight_shape) -> Node | None:
     node, repeated = scale, set()
     while True:  # slices from 0 keep every element's block, wherever they sit in the chain
         if (sliced := _leading_slice(node)) is not None:
-            node = sliced[0]
+            node = sliced
             continue
         found = _repeated_axis(node)
         if found is None or found[1] in repeated:
@@ -92,7 +89,7 @@ def repeated_block_scale(scale, weight_shape) -> Node | None:
 
 def _viewed_block_dequantize(node, quantized_values: QuantizedValues) -> Dequantized | None:
     """`(q.view(N / 128, 128, K / 128, 128) * s[:, None, :, None]).view(N, K)`."""
-    if not _is(node, *VIEW_OPS) or len(shape_of(node)) != 2 or not _is(node.args[0], aten.mul.Tensor):
+    if not is_call(node, *VIEW_OPS) or len(shape_of(node)) != 2 or not is_call(node.args[0], aten.mul.Tensor):
         return None
     n, k = (static_int(size) for size in shape_of(node))
     if n is None or k is None or n % GROUP_SIZE or k % GROUP_SIZE:
@@ -100,7 +97,7 @@ def _viewed_block_dequantize(node, quantized_values: QuantizedValues) -> Dequant
     blocked = [n // GROUP_SIZE, GROUP_SIZE, k // GROUP_SIZE, GROUP_SIZE]
     product = node.args[0]
     for values, scale in (product.args, product.args[::-1]):
-        if not (_is(values, *VIEW_OPS) and [static_int(size) for size in shape_of(values)] == blocked
+        if not (is_call(values, *VIEW_OPS) and [static_int(size) for size in shape_of(values)] == blocked
                 and [static_int(size) for size in shape_of(values.args[0])] == [n, k]):
             continue
         compact = _compact_of_broadcast(scale, blocked)
@@ -116,7 +113,7 @@ def _compact_of_broadcast(scale, blocked: list[int]) -> Node | None:
     if not isinstance(scale, Node) or [static_int(size) for size in shape_of(scale) or ()] != [blocked[0], 1, blocked[2], 1]:
         return None
     node = scale
-    while _is(node, aten.unsqueeze.default, *VIEW_OPS) and len(shape_of(node.args[0])) >= 2:
+    while is_call(node, aten.unsqueeze.default, *VIEW_OPS) and len(shape_of(node.args[0])) >= 2:
         node = node.args[0]
     return node if [static_int(size) for size in shape_of(node)] == [blocked[0], blocked[2]] else None
 
@@ -125,7 +122,7 @@ def match_block_dequantize(node, quantized_values: QuantizedValues) -> Dequantiz
     """The block-scaled dequantize at `node` (module docstring), with q as `quantized_values` finds it."""
     if not isinstance(node, Node):
         return None
-    if _is(node, aten.mul.Tensor) and len(shape_of(node)) == 2:
+    if is_call(node, aten.mul.Tensor) and len(shape_of(node)) == 2:
         for values, scale in (node.args, node.args[::-1]):
             compact = repeated_block_scale(scale, shape_of(node))
             found = quantized_values(values) if compact is not None else None

@@ -123,14 +123,21 @@ def match_fake_dequantize(node) -> Dequantized | None:
     return None
 
 
-def _is_float_cast(node) -> bool:
-    """A cast of a computed float value to bf16 / fp32 (a stored weight's own cast is no dequantize).
-    Not to fp16: a product beyond fp16's range is inf in eager, and the fused op would not round it there."""
+def _float_cast_of_computed_value(node) -> torch.dtype | None:
+    """The target dtype when `node` casts a computed float value to another float dtype (a stored
+    weight's own cast is no dequantize), else None."""
     if not isinstance(node, Node) or node.op != "call_function":
-        return False
-    source = node.args[0]
-    return (converted_dtype(node) in (torch.bfloat16, torch.float32) and isinstance(source, Node)
-            and source.op == "call_function" and dtype_of(source) is not None and dtype_of(source).is_floating_point)
+        return None
+    target, source = converted_dtype(node), node.args[0]
+    computed_float = (isinstance(source, Node) and source.op == "call_function" and dtype_of(source) is not None
+                      and dtype_of(source).is_floating_point)
+    return target if computed_float and target is not None and target.is_floating_point else None
+
+
+def _is_float_cast(node) -> bool:
+    """A dequantize cast to bf16 / fp32 after it. Not to fp16: a product beyond fp16's range is inf
+    in eager, and the fused op would not round it there."""
+    return _float_cast_of_computed_value(node) in (torch.bfloat16, torch.float32)
 
 
 def _integer_zero_point(value):
@@ -158,10 +165,9 @@ def _weight_scaled_another_way(anchor: Node) -> str:
     weight = anchor.args[2] if anchor.target == aten.addmm.default else anchor.args[1]
     if isinstance(weight, Node) and weight.target == aten.permute.default:
         weight = weight.args[0]
-    if isinstance(weight, Node) and converted_dtype(weight) == torch.float16 and isinstance(weight.args[0], Node):
-        if match_fake_dequantize(weight.args[0]) is not None:
-            return ("the weight is dequantized in float32 and cast to float16, where a value beyond float16's range "
-                    "is inf in eager: not rewritten (the fused op would not round it there)")
+    if _float_cast_of_computed_value(weight) == torch.float16 and match_fake_dequantize(weight.args[0]) is not None:
+        return ("the weight is dequantized in float32 and cast to float16, where a value beyond float16's range "
+                "is inf in eager: not rewritten (the fused op would not round it there)")
     if _is_float_cast(weight):
         weight = weight.args[0]
     if not isinstance(weight, Node) or weight.target != aten.mul.Tensor:

@@ -29,6 +29,11 @@ CONVERT_OPS = (prims.convert_element_type.default, aten._to_copy.default)
 CONSTANT_OPS = (aten.full.default, aten.ones.default)
 
 
+def is_call(node: Any, *targets) -> bool:
+    """`node` is a call of one of `targets`."""
+    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+
+
 def fake_value(node: Any) -> torch.Tensor | None:
     """The FakeTensor a node (or a pending call) produces, or None (a Python scalar, a node without
     metadata)."""

@@ -48,7 +48,7 @@ from torch.fx import Graph, Node
 
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import (CONVERT_OPS, VIEW_OPS, PendingCall, PendingConstant, aten, dtype_of, fake_value,
-                                     prims, shape_of, static_int)
+                                     is_call, prims, shape_of, static_int)
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, INT4_OFFSET, Granularity, QuantScheme
 
 FAMILY = "int4_weight_only"
@@ -60,26 +60,23 @@ NIBBLE_AXIS = {False: -1, True: 1}  # where the 8 nibbles of a weight word go: [
 ZERO_NIBBLE_AXIS = {False: 1, True: -1}  # of a zero-point word: [N / 8, 8, K / g], K-major [K / g, N / 8, 8]
 
 
-def _is(node, *targets) -> bool:
-    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
-
 
 def _unsqueezed(node, *dims: int):
     """The tensor under `node` = unsqueeze(tensor, dim) for one of `dims`, else None."""
-    return node.args[0] if _is(node, aten.unsqueeze.default) and node.args[1] in dims else None
+    return node.args[0] if is_call(node, aten.unsqueeze.default) and node.args[1] in dims else None
 
 
 def _under_views(node):
     """`node` under any views, reshapes, unsqueezes, clones and float casts (they keep the values'
     row-major order; a clone only changes the layout, which a reshape does not read)."""
-    while _is(node, *VIEW_OPS, *CONVERT_OPS, aten.unsqueeze.default, aten.clone.default):
+    while is_call(node, *VIEW_OPS, *CONVERT_OPS, aten.unsqueeze.default, aten.clone.default):
         node = node.args[0]
     return node
 
 
 def _under_expand(node):
     """`node` under expands (a broadcast written out: `qweight.unsqueeze(1).expand(-1, 8, -1)`)."""
-    while _is(node, aten.expand.default):
+    while is_call(node, aten.expand.default):
         node = node.args[0]
     return node
 
@@ -87,17 +84,17 @@ def _under_expand(node):
 def _split_shift(shifted, axis: int) -> tuple[Node, Node] | None:
     """(P, S) when `shifted` is `P.unsqueeze(axis) >> S` with the 8 shifts of S along `axis` (S
     stored as [8], or viewed so, as AutoGPTQ's `wf` [1, 8]; both operands possibly expanded)."""
-    if not _is(shifted, *_RIGHT_SHIFTS) or shape_of(shifted) is None:
+    if not is_call(shifted, *_RIGHT_SHIFTS) or shape_of(shifted) is None:
         return None
     rank = len(shape_of(shifted))
     words, shift_operand = (_under_expand(arg) for arg in shifted.args[:2])
-    if not (_is(words, aten.unsqueeze.default) and words.args[1] % rank == axis % rank):
+    if not (is_call(words, aten.unsqueeze.default) and words.args[1] % rank == axis % rank):
         return None
     shift_shape = tuple(shape_of(shift_operand) or ())
     if (1,) * (rank - len(shift_shape)) + shift_shape != tuple(8 if dim == axis % rank else 1 for dim in range(rank)):
         return None
     shifts = shift_operand
-    while _is(shifts, aten.unsqueeze.default, aten.expand.default, *VIEW_OPS):
+    while is_call(shifts, aten.unsqueeze.default, aten.expand.default, *VIEW_OPS):
         shifts = shifts.args[0]
     return words.args[0], shifts
 
@@ -115,7 +112,7 @@ def _masked_nibbles(node, axis: int, along_n: bool = False) -> Nibbles | None:
     """`(P.unsqueeze(axis) >> S) & 0xF` (`node` is the mask), possibly with AWQ's channel order
     gathered between the shift and the mask (`values[:, order]` of the [K, N] values)."""
     inner, channel_order = _under_views(node.args[0]), None  # an integer cast before the mask keeps the low bits
-    if _is(inner, aten.index.Tensor) and len(inner.args[1]) == 2 and inner.args[1][0] is None:
+    if is_call(inner, aten.index.Tensor) and len(inner.args[1]) == 2 and inner.args[1][0] is None:
         channel_order = _channel_order(inner.args[1][1], shape_of(inner))
         if channel_order is None:
             return None
@@ -134,14 +131,14 @@ def _channel_order(order, values_shape) -> Node | None:
         return None
     n = static_int(values_shape[1])
     gathered = _under_views(order)
-    if not (_is(gathered, aten.index.Tensor) and len(gathered.args[1]) == 2 and gathered.args[1][0] is None
+    if not (is_call(gathered, aten.index.Tensor) and len(gathered.args[1]) == 2 and gathered.args[1][0] is None
             and n is not None and n % 8 == 0 and shape_of(gathered) == (n // 8, 8)):
         return None
     base, constant = _under_views(gathered.args[0]), gathered.args[1][1]
-    if not (_is(base, prims.iota.default) and base.args[0] == n and base.kwargs.get("start") == 0
+    if not (is_call(base, prims.iota.default) and base.args[0] == n and base.kwargs.get("start") == 0
             and base.kwargs.get("step") == 1 and shape_of(gathered.args[0]) == (n // 8, 8)):
         return None
-    while _is(constant, aten.lift_fresh_copy.default, aten.clone.default):
+    while is_call(constant, aten.lift_fresh_copy.default, aten.clone.default):
         constant = constant.args[0]
     value = _constant_value(constant)
     if value is None or tuple(value.shape) != (8,) or sorted(value.tolist()) != list(range(8)):
@@ -165,19 +162,19 @@ def _nibbles(node, k_major: bool) -> Nibbles | None:
     low and high nibbles (compressed-tensors' `unpack_from_int32`; shifts None: nibble i at bits 4i,
     the little-endian byte order)."""
     node = _under_views(node)
-    if _is(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK:
+    if is_call(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK:
         along_k = _masked_nibbles(node, NIBBLE_AXIS[k_major])
         return along_k if along_k is not None or not k_major else _masked_nibbles(node, -1, along_n=True)
-    if not k_major and _is(node, aten.view.dtype) and node.args[1] == torch.int8 and _is(node.args[0], aten.cat.default):
+    if not k_major and is_call(node, aten.view.dtype) and node.args[1] == torch.int8 and is_call(node.args[0], aten.cat.default):
         halves, dim = node.args[0].args[0], node.args[0].args[1] if len(node.args[0].args) > 1 else 0
         if len(halves) != 2 or dim not in (-1, 2):
             return None
         low, high = (_unsqueezed(half, 2) for half in halves)
-        if not (_is(low, aten.bitwise_and.Scalar) and low.args[1] == NIBBLE_MASK
-                and _is(high, aten.__rshift__.Scalar) and high.args[1] == 4 and low.args[0] is high.args[0]):
+        if not (is_call(low, aten.bitwise_and.Scalar) and low.args[1] == NIBBLE_MASK
+                and is_call(high, aten.__rshift__.Scalar) and high.args[1] == 4 and low.args[0] is high.args[0]):
             return None
         as_bytes = low.args[0]
-        if _is(as_bytes, aten.view.dtype) and as_bytes.args[1] == torch.uint8 and dtype_of(as_bytes.args[0]) == torch.int32:
+        if is_call(as_bytes, aten.view.dtype) and as_bytes.args[1] == torch.uint8 and dtype_of(as_bytes.args[0]) == torch.int32:
             return Nibbles(as_bytes.args[0], None)
     return None
 
@@ -185,7 +182,7 @@ def _nibbles(node, k_major: bool) -> Nibbles | None:
 def _minus_offset(node, k_major: bool) -> Nibbles | None:
     """The words and shifts when `node` is, under views, `nibbles - 8` (the signed values)."""
     node = _under_views(node)
-    if _is(node, aten.sub.Tensor) and node.args[1] == INT4_OFFSET:
+    if is_call(node, aten.sub.Tensor) and node.args[1] == INT4_OFFSET:
         return _nibbles(node.args[0], k_major)
     return None
 
@@ -196,12 +193,12 @@ def _gptq_zero_words(node, k_major: bool, nibbles_shapes: tuple) -> tuple[Nibble
     K-major: `(Z.unsqueeze(-1) >> shifts) & 0xF`, [K / g, N / 8, 8] or [K / g, N] with AWQ's channel
     order), plus one after the mask ("plus_one") or before it ("plus_one_mod_16", AutoGPTQ's)."""
     node, convention = _under_views(node), "stored"
-    if _is(node, aten.add.Tensor) and node.args[1] == 1:
+    if is_call(node, aten.add.Tensor) and node.args[1] == 1:
         node, convention = _under_views(node.args[0]), "plus_one"
-    if not (_is(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK and shape_of(node) in nibbles_shapes):
+    if not (is_call(node, aten.bitwise_and.Scalar) and node.args[1] == NIBBLE_MASK and shape_of(node) in nibbles_shapes):
         return None
     shifted = _under_views(node.args[0])
-    if _is(shifted, aten.add.Tensor) and shifted.args[1] == 1 and convention == "stored":
+    if is_call(shifted, aten.add.Tensor) and shifted.args[1] == 1 and convention == "stored":
         shifted, convention = _under_views(shifted.args[0]), "plus_one_mod_16"
         found = _split_shift(shifted, ZERO_NIBBLE_AXIS[k_major])
         found = None if found is None else Nibbles(*found)
@@ -216,11 +213,11 @@ def _group_source(node, k_major: bool) -> tuple[Node, Node | None, str]:
     after the group axis, expanded, reshaped; K-major along 0), or "view" (`S.unsqueeze(-1)` or S
     itself: the shapes decide)."""
     node = _under_views(node)
-    if _is(node, aten.index.Tensor):
+    if is_call(node, aten.index.Tensor):
         indices = list(node.args[1])
         if indices[:-1] == ([] if k_major else [None]) and isinstance(indices[-1], Node):
             return node.args[0], _under_views(indices[-1]), "gather"
-    if _is(node, aten.expand.default):
+    if is_call(node, aten.expand.default):
         group_axis = 0 if k_major else 1
         if _unsqueezed(node.args[0], group_axis + 1, group_axis - 2) is not None:
             return _under_views(node.args[0].args[0]), None, "repeat"
@@ -231,16 +228,16 @@ def _compressed_tensors_zero_words(node, n: int, groups: int) -> Node | None:
     """Z when `node` is, under views, `(nibbles of Z.t() viewed [K / g, N]) - 8`, transposed back
     (compressed-tensors' zero points, packed along N)."""
     node = _under_views(node)
-    if not (_is(node, aten.permute.default) and list(node.args[1]) == [1, 0]):
+    if not (is_call(node, aten.permute.default) and list(node.args[1]) == [1, 0]):
         return None
     signed = node.args[0]
     unpacked = _minus_offset(signed, k_major=False)
     if unpacked is None or unpacked.shifts is not None or tuple(shape_of(signed)) != (groups, n):
         return None
     transposed = unpacked.words
-    while _is(transposed, aten.clone.default):
+    while is_call(transposed, aten.clone.default):
         transposed = transposed.args[0]
-    if not (_is(transposed, aten.permute.default) and list(transposed.args[1]) == [1, 0]):
+    if not (is_call(transposed, aten.permute.default) and list(transposed.args[1]) == [1, 0]):
         return None
     return transposed.args[0]
 
@@ -248,9 +245,9 @@ def _compressed_tensors_zero_words(node, n: int, groups: int) -> Node | None:
 def _is_standard_arange(node) -> bool:
     """`torch.arange(0, 32, 4)` (an iota of 8 from 0 by 4 in the post-grad graph): nibble i at bits 4i,
     what the op assumes when it gets no shifts."""
-    if _is(node, prims.iota.default):
+    if is_call(node, prims.iota.default):
         return node.args[0] == 8 and node.kwargs.get("start") == 0 and node.kwargs.get("step") == 4
-    if _is(node, aten.arange.start_step):
+    if is_call(node, aten.arange.start_step):
         return tuple(node.args[:3]) == (0, 32, 4)
     return False
 
@@ -266,7 +263,7 @@ def _weight_operand(anchor: Node) -> tuple[Node, Node | None, Node | None, bool]
         return x2d, None, bias, False
     if anchor.kwargs.get("beta", 1) != 1 or anchor.kwargs.get("alpha", 1) != 1:
         raise NotFusable(f"{FOUND} the addmm scales its terms (alpha or beta)")
-    if _is(weight_t, aten.permute.default) and list(weight_t.args[1]) == [1, 0]:
+    if is_call(weight_t, aten.permute.default) and list(weight_t.args[1]) == [1, 0]:
         return x2d, weight_t.args[0], bias, False
     return x2d, weight_t, bias, True
 
@@ -275,7 +272,7 @@ def _finds_int4_unpack(node, depth: int = 12) -> bool:
     """Whether `node` or one of its inputs up to `depth` nodes up is a nibble mask (`& 0xF`)."""
     frontier, seen = {node} if isinstance(node, Node) else set(), set()
     for _ in range(depth):
-        if any(_is(item, aten.bitwise_and.Scalar) and item.args[1] == NIBBLE_MASK for item in frontier):
+        if any(is_call(item, aten.bitwise_and.Scalar) and item.args[1] == NIBBLE_MASK for item in frontier):
             return True
         seen |= frontier
         frontier = {arg for item in frontier for arg in item.all_input_nodes} - seen
@@ -288,7 +285,7 @@ def analyze(anchor: Node) -> FusedLinear | None:
     if weight is None:
         return None
     product = _under_views(weight)
-    if not _is(product, aten.mul.Tensor):
+    if not is_call(product, aten.mul.Tensor):
         raise NotFusable(f"{FOUND} it is not dequantized by one multiplication with its scales")
     values, scale_factor = product.args[:2]
     if not _finds_int4_unpack(values):
@@ -323,7 +320,7 @@ def _values_and_zeros(values, k_major: bool, expansion: str, g_idx, n: int, grou
     if signed is not None:  # q - 8, symmetric (either unpack)
         return signed, None, "stored"
     difference = _under_views(values)
-    if _is(difference, aten.sub.Tensor):
+    if is_call(difference, aten.sub.Tensor):
         minuend, subtrahend = difference.args[:2]
         unsigned, signed = _nibbles(minuend, k_major), _minus_offset(minuend, k_major)
         if unsigned is not None and unsigned.shifts is not None:  # GPTQ / AWQ: q - z, both unsigned
@@ -337,7 +334,7 @@ def _values_and_zeros(values, k_major: bool, expansion: str, g_idx, n: int, grou
             zeros = _compressed_tensors_zero_words(subtrahend, n, groups)
             if zeros is not None:
                 return signed, zeros, "stored"
-    if k_major and _nibbles(difference.args[0] if _is(difference, aten.sub.Tensor) else difference, k_major) is None:
+    if k_major and _nibbles(difference.args[0] if is_call(difference, aten.sub.Tensor) else difference, k_major) is None:
         raise NotFusable(f"{FOUND} the [K, N] weight's values are not unpacked by shift and mask from int32 words "
                          "[K / 8, N] or [K, N / 8] (a channel order gathered over N must be "
                          "`arange(N).view(-1, 8)[:, C].view(-1)` of a constant C, as AWQ's reverse order)")
