@@ -26,6 +26,21 @@ def compile_and_get_code(model, x, **compile_kwargs):
     return out, "\n".join(code), qfuse.reports_since(marker)[-1]
 
 
+def outputs_and_code_per_call(compiled, calls):
+    """Run `compiled(*args)` for each args of `calls` in turn, without resetting Dynamo: a list of
+    (output, the code Inductor generated during that call: '' where an earlier compile served it)."""
+    from unittest import mock
+
+    from torch._inductor.graph import GraphLowering
+
+    results = []
+    for args in calls:
+        code = []
+        with mock.patch.object(GraphLowering, "save_output_code", code.append):
+            results.append((compiled(*args), "\n".join(code)))
+    return results
+
+
 #: One rounding of a result in each activation dtype (the templates' numerics against eager).
 ROUNDING = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}
 

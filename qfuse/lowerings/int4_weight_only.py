@@ -1,6 +1,6 @@
 """Inductor lowering of `qfuse::int4_weight_only_mm` for the `triton` kernel, by M.
 
-Decode (M <= 16, static, or the size hint of a dynamic M): a Triton template on the stored words.
+Decode (M <= 16; a dynamic M guarded on it, `ir.rows_at_most`): a Triton template on the stored words.
 
     partial = template(X [M, K], W int32 [N, K / 8] (AWQ: [K, N / 8]), SHIFTS [8]?, S [N, K / g],
                        Z int32 [N / 8, K / g]?)
@@ -13,7 +13,7 @@ Decode (M <= 16, static, or the size hint of a dynamic M): a Triton template on 
 The template reads the model's own tensors: the words as the checkpoint packs them, the shifts it
 stores (or 0, 4, ..., 28 where the model computes them), its scales and packed zero points, so no
 weight is unpacked, repacked or cached, and Inductor launches the kernel itself.
-Tiles: `int4_mm.pick_int4_config` and `fit_block_k`; under max-autotune also `int4_mm.AUTOTUNE_TILES`
+Tiles: `int4_mm.DECODE_TILE` and `fit_block_k`; under max-autotune also `int4_mm.AUTOTUNE_TILES`
 (the split is the call's, shared by every tile: it decides the output's shape).
 
 Prefill (M > 16), and act order (a `g_idx`) at any M: Inductor's own dequantize + mm, written here
@@ -35,7 +35,7 @@ from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.lowerings.ir import IR_OPS, convert, extern_call, falls_back_to_extern_call, lower, record_lowering
+from qfuse.lowerings.ir import IR_OPS, convert, extern_call, falls_back_to_extern_call, lower, record_lowering, rows_at_most
 from qfuse.lowerings.triton_template import max_autotune, split_k_linear
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, apply_zero_convention
 from qfuse.schemes import INT4_OFFSET
@@ -73,13 +73,20 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
 {{STORE_TILE}}"""
 
 
-def why_not_lowered(call: Int4WeightOnlyMmArgs, decode: bool) -> str:
-    """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call."""
+def _is_decode(call: Int4WeightOnlyMmArgs, rows) -> bool:
+    """The decode template's call: no act order, M <= 16 (a dynamic M guarded on it, `rows_at_most`)."""
+    return call.g_idx is None and rows_at_most(rows, DECODE_ROWS)
+
+
+def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
+    """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call.
+    M is looked at (and a dynamic M guarded) only for a call that can be lowered at all."""
     if call.kernel != "triton":
         return f"kernel {call.kernel!r} runs as an extern call"
-    if V.graph.sizevars.statically_known_true(sympy.Eq(sympy.Mul(*call.x.get_size()[:-1]), 0)):
+    rows = sympy.Mul(*call.x.get_size()[:-1])
+    if V.graph.sizevars.statically_known_true(sympy.Eq(rows, 0)):
         return "M is 0"
-    if decode and call.x.get_device().type != "cuda":
+    if call.x.get_device().type != "cuda" and _is_decode(call, rows):
         return "the Triton template runs on CUDA"
     return ""
 
@@ -89,36 +96,36 @@ def lower_int4_weight_only_mm(*args, **kwargs):
     call = Int4WeightOnlyMmArgs(*args, **kwargs)
     *lead, k = call.x.get_size()
     rows = sympy.Mul(*lead)
-    hint = V.graph.sizevars.optimization_hint(rows, fallback=4096)
-    reason = why_not_lowered(call, decode=hint <= DECODE_ROWS and call.g_idx is None)
+    reason = why_not_lowered(call)
     if reason:
         log.debug("qfuse: int4_weight_only_mm stays an extern call: %s", reason)
         record_lowering(f"extern call of qfuse::int4_weight_only_mm ({reason})")
         return extern_call(call)
+    decode = _is_decode(call, rows)
     n = int(call.scales.get_size()[0])
     x2d = lower(aten.reshape.default, call.x, [rows, k])
-    if hint > DECODE_ROWS or call.g_idx is not None:
+    if not decode:
         dynamic = not sympy.sympify(rows).is_number
         if call.g_idx is not None:
             why = ACT_ORDER
         else:
-            why = "prefill" + (f": a dynamic M, size hint {hint}" if dynamic else "")
+            why = "prefill" + (f": a dynamic M, guarded above {DECODE_ROWS}" if dynamic else "")
         out = _dequantize_and_mm(call, x2d, n, int(k))
         record_lowering(f"Inductor's own dequantize + mm ({why}); the bias in the GEMM, the cast and what follows "
                         "in its fused pointwise code")
     else:
-        out = _decode_template(call, x2d, rows, hint, n, int(k))
+        out = _decode_template(call, x2d, rows, n, int(k))
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
 
 
-def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, hint: int, n: int, k: int):
-    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, pick_int4_config, weight_meta
+def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int):
+    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, DECODE_TILE, weight_meta
     from qfuse.kernels.triton.scaled_mm import multiprocessors
     from qfuse.kernels.triton.weight_stream import fit_block_k, split_k, step_meta
 
-    tiles = [pick_int4_config(hint)] + (list(AUTOTUNE_TILES) if max_autotune() else [])
+    tiles = [DECODE_TILE] + (list(AUTOTUNE_TILES) if max_autotune() else [])
     tiles = list(dict.fromkeys((bm, bn, fit_block_k(bk, call.group_size, k), *rest) for bm, bn, bk, *rest in tiles))
-    splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()))
+    splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()))
     named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
              "BIAS": call.bias if splits == 1 else None}
     meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits) | weight_meta(

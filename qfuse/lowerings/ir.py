@@ -3,6 +3,8 @@
     lower(op, *args)        Inductor's own lowering of an ATen op (IR in, IR out)
     convert(value, dtype)   a dtype cast in IR (none when the dtype already matches)
     numel / known_equal     sizes, compared only when Inductor can prove the answer
+    rows_at_most(rows, b)   M <= b, for choosing a path or a tile by M: a dynamic M by a guard, so
+                            that each M bucket gets its own compiled code
     record_lowering(how)    how the op entered the generated code, into its LinearRecord
     extern_call(call)       the op itself as an extern call (the fallback that is always correct)
     falls_back_to_extern_call(Args)   a lowering whose failure becomes that extern call (qfuse.errors)
@@ -54,6 +56,20 @@ def numel(node) -> sympy.Expr:
 
 def known_equal(left, right) -> bool:
     return V.graph.sizevars.statically_known_equals(left, right)
+
+
+def rows_at_most(rows, bound: int, without_hint: bool = False) -> bool:
+    """Whether the call's M (`rows`, all leading dims) is at most `bound`, for choosing a path or a tile by M.
+
+    A static M is compared. A dynamic M is compared at its size hint and the answer becomes a guard
+    (Dynamo checks it before each call): an M on the other side of `bound` makes Dynamo compile the
+    graph again, with that side's code. Each M bucket (decode, prefill) so runs code made for it, and
+    the choice costs no Python in the generated code; a model that only ever sees one bucket compiles
+    once. An M with no hint (unbacked: nothing to guard on) gets `without_hint`, which must name the
+    side whose code is correct at any M (the default, large: the prefill paths run any M)."""
+    sizevars = V.graph.sizevars
+    comparison = sympy.Le(rows, bound)
+    return bool(sizevars.guard_or_true(comparison) if without_hint else sizevars.guard_or_false(comparison))
 
 
 def record_lowering(how: str) -> None:

@@ -24,8 +24,14 @@ bias and the cast follow in pointwise IR, where they fuse with the consumer:
 
     int8 onednn  out = (qfuse.scaled_mm(a, b, None, scale_b, None, azp_a, azp_b, float32) * scale_a + bias).to(out_dtype)
 
+Where M is dynamic, kernel choice saw no M; the lowering picks per M bucket, guarded
+(`ir.rows_at_most`, so each bucket gets its own compiled code) where another kernel is measured
+faster: an fp8 decode M (<= 16) runs the Triton template instead of ATen's row-wise CUTLASS GEMM,
+an fp8 prefill M (> 128) on Hopper cuBLAS instead of the Triton template (`_kernel_for_m_bucket`).
+
 Cases it does not cover stay an extern call of the op (which is always correct): other kernels,
-per-group / block scales, CUDA int8 without a static M > 16 (cuBLAS rejects small M; the op pads),
+per-group / block scales, CUDA int8 at M <= 16 (cuBLAS rejects small M; the op pads; a dynamic M is
+guarded on that bound, `ir.rows_at_most`),
 an fp8 weight that is not column-major on CUDA.
 """
 
@@ -37,13 +43,13 @@ import sympy
 import torch
 from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
-from torch._inductor.virtualized import V
 
+from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
 from qfuse.kernels.torch_native import zero_point_correction
 from qfuse.lowerings import triton_template
 from qfuse.lowerings.ir import (IR_OPS, convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel,
-                                record_lowering)
+                                record_lowering, rows_at_most)
 from qfuse.lowerings.triton_template import why_not_template
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS, current_platform
@@ -89,8 +95,8 @@ def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
     if _scale_shape(scale_a, rows, [rows, 1]) is None or _scale_shape(scale_b, b.get_size()[1], [1, -1]) is None:
         return "per-group or block scales"
     on_cuda = a.get_device().type == "cuda"
-    if on_cuda and a.get_dtype() == torch.int8 and not V.graph.sizevars.statically_known_geq(rows, CUDA_INT_MM_MIN_ROWS):
-        return f"CUDA int8 GEMM needs at least {CUDA_INT_MM_MIN_ROWS} rows and M is not known to be that large"
+    if on_cuda and a.get_dtype() == torch.int8 and rows_at_most(rows, CUDA_INT_MM_MIN_ROWS - 1, without_hint=True):
+        return f"CUDA int8 GEMM needs at least {CUDA_INT_MM_MIN_ROWS} rows: the op pads M"
     if on_cuda and a.get_dtype() == FP8_DTYPE and not known_equal(b.get_stride()[0], 1):
         return "the fp8 weight is not column-major"
     return ""
@@ -201,7 +207,7 @@ def _why_not_triton_scales(scale_a, scale_b, rows, b) -> str:
     return ""
 
 
-def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
+def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype, prefix: str = ""):
     """The triton kernel as an Inductor template; the output cast (and what follows) in its store."""
     from qfuse.kernels.triton.scaled_mm import promote_every
 
@@ -209,7 +215,7 @@ def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
     (kind_a, sa), (kind_b, sb) = ((kind, None if shape is None else lower(aten.reshape.default, convert(scale, torch.float32), shape))
                                   for scale, (kind, shape) in zip((scale_a, scale_b), kinds))
     out, how = triton_template.scaled_linear(a2d, b, sa, kind_a, sb, kind_b, bias, promote_every(a2d.get_dtype(), out_dtype))
-    record_lowering(how + "; scales and bias inside it, the output cast and what follows fused into its store")
+    record_lowering(prefix + how + "; scales and bias inside it, the output cast and what follows fused into its store")
     return convert(out, out_dtype)
 
 
@@ -233,25 +239,56 @@ def lower_scaled_mm(*args, **kwargs):
     return lower(aten.reshape.default, _lowered_linear(call, rows, k), [*lead, n])
 
 
-def _lowered_linear(call: ScaledMmArgs, rows, k):
-    """The [rows, N] result of a call that `why_not_lowered` accepted, in Inductor IR."""
+def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
+    """(the kernel that runs this call's M bucket, why it is not the pass's choice, or ''). Kernel
+    choice saw no M where M is dynamic; in a bucket where another kernel is measured faster, and can
+    run the call as lowered here, the lowering takes it (the bucket guarded, `ir.rows_at_most`):
+    fp8 decode (M <= 16) from ATen's row-wise CUTLASS GEMM to the Triton template, fp8 prefill
+    (M > 128) from the Triton template to cuBLAS on Hopper. A static M was seen by kernel choice
+    (`Kernel.why_slower_here`), or the user forced the kernel: it stays."""
+    from qfuse.kernels.cutlass import fp8_decode_yields_to_triton
+    from qfuse.kernels.triton import FP8_TEMPLATE_MAX_ROWS, fp8_template_yields_to_cublas
+    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
+
+    if sympy.sympify(rows).is_number or call.a.get_dtype() != FP8_DTYPE:
+        return call.kernel, ""
+    platform = current_platform("cuda")
+    args = call.a, call.b, call.scale_a, call.scale_b, rows
+    if call.kernel == "cutlass" and not why_not_lowered(*args, "triton"):
+        reason = fp8_decode_yields_to_triton(platform)
+        if reason and rows_at_most(rows, DECODE_ROWS):
+            return "triton", f"M at most {DECODE_ROWS} (a dynamic M, guarded) {reason}"
+    if call.kernel == "triton" and not why_not_lowered(*args, "torch"):
+        kinds = _triton_scale_kinds(call.scale_a, call.scale_b, rows, call.a.get_size()[-1], call.b.get_size()[1])
+        reason = fp8_template_yields_to_cublas(any(kind == BLOCK_SCALE for kind, _ in kinds), platform)
+        if reason and not rows_at_most(rows, FP8_TEMPLATE_MAX_ROWS):
+            return "torch", f"M above {FP8_TEMPLATE_MAX_ROWS} (a dynamic M, guarded) {reason}"
+    return call.kernel, ""
+
+
+def _lowered_linear(call: ScaledMmArgs, rows, k, prefix: str = ""):
+    """The [rows, N] result of a call that `why_not_lowered` accepted, in Inductor IR. `prefix`: why
+    it is not the kernel the pass chose, before how it was lowered in the debug report."""
+    kernel, why_this_kernel = _kernel_for_m_bucket(call, rows)
+    if why_this_kernel:
+        return _lowered_linear(call._replace(kernel=kernel), rows, k, prefix=f"{why_this_kernel}: ")
     a2d = lower(aten.reshape.default, call.a, [rows, k])
     b, scale_a, scale_b, bias, out_dtype = call.b, call.scale_a, call.scale_b, call.bias, call.out_dtype
     if call.kernel == "triton":
-        return _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype)
+        return _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype, prefix)
     if call.kernel == "cutlass":
-        record_lowering("ATen row-wise _scaled_mm (CUTLASS), scales and bias inside the GEMM")
+        record_lowering(prefix + "ATen row-wise _scaled_mm (CUTLASS), scales and bias inside the GEMM")
         return _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows)
     if a2d.get_dtype() == FP8_DTYPE:
         fused = _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype)
         if fused is not None:
-            record_lowering("ATen _scaled_mm (cuBLAS), scales and bias inside the GEMM")
+            record_lowering(prefix + "ATen _scaled_mm (cuBLAS), scales and bias inside the GEMM")
             return fused
     if a2d.get_dtype() == torch.int8:
         out = _int8_accumulator(a2d, b, call.azp_a, call.azp_b, rows, k)
     else:
         out = _fp8_accumulator(a2d, b)
-    record_lowering("Inductor's own GEMM lowering; scales, bias and cast in its fused pointwise code")
+    record_lowering(prefix + "Inductor's own GEMM lowering; scales, bias and cast in its fused pointwise code")
     return _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype)
 
 

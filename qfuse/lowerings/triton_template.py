@@ -18,7 +18,7 @@ epilogue that loads another [M, N] tile (a residual add) then holds half of it a
 H100 that took the int8 down projection of a Llama MLP block with its residual add from 563 to
 414 µs at M = 4096, and changed no single linear by more than 2% (docs/benchmarks.md). Tiles:
 
-    default mode   one choice: `pick_config`'s tile for M (static M exact; a dynamic M by its size hint)
+    default mode   one choice: `pick_config`'s tile for M (a dynamic M guarded on its bucket, `ir.rows_at_most`)
     max-autotune   every tile of `AUTOTUNE_TILES` and `pick_config`'s; Inductor benchmarks them
 
 `why_not_template` says when the kernel stays an extern call of the op instead (K not a multiple of
@@ -38,7 +38,7 @@ from torch._inductor.select_algorithm import SymbolicGridFn, TritonTemplate, aut
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.triton import K_ALIGNMENT
-from qfuse.lowerings.ir import convert, lower
+from qfuse.lowerings.ir import convert, lower, rows_at_most
 
 aten = torch.ops.aten
 
@@ -132,10 +132,11 @@ def max_autotune() -> bool:
 
 def _tiles(rows, n: int, is_fp8: bool, blocked: bool, device) -> list[tuple[int, int, int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) choices for this call."""
-    from qfuse.kernels.triton.scaled_mm import AUTOTUNE_TILES, SCALE_GROUP, multiprocessors, pick_config
+    from qfuse.kernels.triton.scaled_mm import AUTOTUNE_TILES, SCALE_GROUP, multiprocessors, pick_config, tile_buckets
 
     hint = V.graph.sizevars.optimization_hint(rows, fallback=4096)
-    tiles = [pick_config(hint, n, is_fp8, blocked, multiprocessors(device))]
+    m = next((bound for bound in tile_buckets(is_fp8) if rows_at_most(rows, bound)), hint)
+    tiles = [pick_config(m, n, is_fp8, blocked, multiprocessors(device))]
     if max_autotune():
         tiles += [tile for tile in AUTOTUNE_TILES if tile not in tiles and not (blocked and SCALE_GROUP % tile[2])]
     return tiles

@@ -1,6 +1,6 @@
 """Inductor lowering of `qfuse::weight_only_scaled_mm` for the `triton` kernel (int8 / fp8 W8A16), by M.
 
-Decode (M <= 16, static, or the size hint of a dynamic M): a Triton template on the stored weight.
+Decode (M <= 16; a dynamic M guarded on it, `ir.rows_at_most`): a Triton template on the stored weight.
 
     partial = template(X [M, K], B int8 / fp8 [K, N] (the w.t() view of a stored [N, K]), SB?, BIAS?)
             = float32 [SPLIT_K * M, N]: x @ (b * scale_b) over SPLIT_K ranges of K, the weight
@@ -9,7 +9,7 @@ Decode (M <= 16, static, or the size hint of a dynamic M): a Triton template on 
               one split the bias is inside the template and the cast and what follows fuse into its store
 
 The template reads the model's own weight and scale: nothing is converted, repacked or cached.
-Tiles: `w8a16_mm.pick_w8a16_config`, under max-autotune also `w8a16_mm.AUTOTUNE_TILES`.
+Tiles: `w8a16_mm.DECODE_TILE`, under max-autotune also `w8a16_mm.AUTOTUNE_TILES`.
 
 Prefill (M > 16): Inductor's own dequantize + mm, written here in IR from the same stored tensors:
 the weight times its scale in float32, rounded once to x's dtype (as the template's tile), then
@@ -32,7 +32,7 @@ from torch._inductor.virtualized import V
 from torch.utils._sympy.functions import FloorDiv
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.lowerings.ir import convert, known_equal, lower, numel, record_lowering
+from qfuse.lowerings.ir import convert, known_equal, lower, numel, record_lowering, rows_at_most
 from qfuse.lowerings.triton_template import max_autotune, split_k_linear
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
@@ -65,21 +65,25 @@ from qfuse.kernels.triton.weight_stream import k_range
 {{STORE_TILE}}"""
 
 
-def _rows_and_hint(call: WeightOnlyScaledMmArgs):
-    rows = sympy.Mul(*call.x.get_size()[:-1])
-    return rows, V.graph.sizevars.optimization_hint(rows, fallback=4096)
+def _rows(call: WeightOnlyScaledMmArgs):
+    return sympy.Mul(*call.x.get_size()[:-1])
+
+
+def _is_decode(rows) -> bool:
+    """M <= 16: the decode template's rows (a dynamic M guarded on it, `rows_at_most`)."""
+    return rows_at_most(rows, DECODE_ROWS)
 
 
 def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
     """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call."""
-    rows, hint = _rows_and_hint(call)
+    rows = _rows(call)
     if call.azp_b is not None:
         return "a weight zero point: the triton kernel takes symmetric weights only"
     if V.graph.sizevars.statically_known_true(sympy.Eq(rows, 0)):
         return "M is 0"
     if not all(sympy.sympify(size).is_number for size in call.b.get_size()):
         return "the weight's K and N are dynamic: the template's tiles and the block scales need them static"
-    if hint <= DECODE_ROWS and call.x.get_device().type != "cuda":
+    if call.x.get_device().type != "cuda" and _is_decode(rows):
         return "the Triton template runs on CUDA"
     return ""
 
@@ -104,29 +108,29 @@ def lower_w8a16(call: WeightOnlyScaledMmArgs):
     """The call in Inductor IR (`why_not_lowered` said it can be)."""
     *lead, k = call.x.get_size()
     k, n = int(k), int(call.b.get_size()[1])
-    rows, hint = _rows_and_hint(call)
+    rows = _rows(call)
     x2d = lower(aten.reshape.default, call.x, [rows, k])
     scale, kind = scale_as_matrix(call, n)
-    if hint > DECODE_ROWS:
-        dynamic = "" if sympy.sympify(rows).is_number else f": a dynamic M, size hint {hint}"
+    if not _is_decode(rows):
+        dynamic = "" if sympy.sympify(rows).is_number else f": a dynamic M, guarded above {DECODE_ROWS}"
         out = _dequantize_and_mm(call, x2d, scale, kind, k, n)
         record_lowering(f"Inductor's own dequantize + mm (prefill{dynamic}); the cast and what follows in its fused "
                         "pointwise code")
     else:
-        out = _decode_template(call, x2d, scale, kind, rows, hint, k, n)
+        out = _decode_template(call, x2d, scale, kind, rows, k, n)
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
 
 
-def _decode_template(call: WeightOnlyScaledMmArgs, x2d, scale, kind: int, rows, hint: int, k: int, n: int):
+def _decode_template(call: WeightOnlyScaledMmArgs, x2d, scale, kind: int, rows, k: int, n: int):
     from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, SCALE_GROUP, multiprocessors
-    from qfuse.kernels.triton.w8a16_mm import AUTOTUNE_TILES, DECODE_PROGRAMS_PER_SM, kernel_meta, pick_w8a16_config
+    from qfuse.kernels.triton.w8a16_mm import AUTOTUNE_TILES, DECODE_PROGRAMS_PER_SM, DECODE_TILE, kernel_meta
     from qfuse.kernels.triton.weight_stream import fit_block_k, split_k
 
-    tiles = [pick_w8a16_config(hint)] + (list(AUTOTUNE_TILES) if max_autotune() else [])
+    tiles = [DECODE_TILE] + (list(AUTOTUNE_TILES) if max_autotune() else [])
     if kind == BLOCK_SCALE:
         tiles = [(bm, bn, fit_block_k(bk, SCALE_GROUP, k), *rest) for bm, bn, bk, *rest in tiles]
     tiles = list(dict.fromkeys(tiles))
-    splits = split_k(hint, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()), DECODE_PROGRAMS_PER_SM)
+    splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()), DECODE_PROGRAMS_PER_SM)
     named = {"X": x2d, "B": call.b, "SB": scale, "BIAS": call.bias if splits == 1 else None}
     meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits)
     out, how = split_k_linear(_SOURCE, "qfuse_w8a16_linear", named, rows, n, splits, call.bias, tiles,

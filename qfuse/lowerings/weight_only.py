@@ -9,7 +9,8 @@ bias and output cast become pointwise IR that fuses with what follows: no Python
     out = (float32(aten._weight_int8pack_mm(x2d bf16, b^T, scale_b [N] as bf16)) + bias).to(out_dtype)
 
 Above M = 64 rows (`INT8PACK_MAX_ROWS`, measured) it lowers to Inductor's own dequantize + bf16 mm
-instead, the faster there; with a dynamic M the op stays an extern call and picks by M at run time.
+instead, the faster there; a dynamic M is guarded on that bound (`ir.rows_at_most`), so each side of
+it gets its own compiled code.
 A call with a weight zero point stays an extern call too: the eager kernel drops an all-zero one (PT2E's
 symmetric weights) at run time, which generated code cannot decide at compile time.
 
@@ -27,7 +28,8 @@ from torch._inductor import lowering as inductor_lowering
 
 from qfuse.kernels.torch_native import BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS
 from qfuse.lowerings import w8a16
-from qfuse.lowerings.ir import convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel, record_lowering
+from qfuse.lowerings.ir import (convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel, record_lowering,
+                                rows_at_most)
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
 aten = torch.ops.aten
@@ -45,9 +47,6 @@ def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
     k, n = call.b.get_size()
     if not known_equal(sympy.Mod(k, BF16_INT8PACK_K_MULTIPLE), 0):
         return f"K is not a multiple of {BF16_INT8PACK_K_MULTIPLE}"
-    rows = sympy.Mul(*call.x.get_size()[:-1])
-    if not sympy.sympify(rows).is_number:
-        return "M is dynamic: the op picks _weight_int8pack_mm or a dequantized bf16 mm by M at run time"
     if call.scale_b is not None and not (known_equal(numel(call.scale_b), 1) or known_equal(numel(call.scale_b), n)):
         return "the weight scale is neither one value nor one per output channel"
     return ""
@@ -64,7 +63,7 @@ def lower_weight_only_scaled_mm(*args, **kwargs):
     *lead, k = call.x.get_size()
     n = call.b.get_size()[1]
     x2d = lower(aten.reshape.default, call.x, [-1, k])
-    if int(sympy.Mul(*lead)) > INT8PACK_MAX_ROWS:  # prefill: Inductor's dequantize + bf16 mm is faster
+    if not rows_at_most(sympy.Mul(*lead), INT8PACK_MAX_ROWS):  # prefill: Inductor's dequantize + bf16 mm is faster
         weight = convert(call.b, torch.float32)
         if call.scale_b is not None:
             weight = lower(aten.mul.Tensor, weight, lower(aten.reshape.default, convert(call.scale_b, torch.float32), [1, -1]))

@@ -1,7 +1,7 @@
 """`qfuse::int4_weight_only_mm` on the `triton` kernel at prefill (M > 16) lowers to Inductor's own
 dequantize + mm on the stored words, on any device: checked here on the CPU against the peer GPTQ
 model's eager forward, symmetric and with zero points, stored and computed shifts, bias, static and
-dynamic M, GPTQ's act order (scales and zero points gathered by g_idx), zero points stored minus one
+dynamic M (one compile per M bucket), GPTQ's act order (scales and zero points gathered by g_idx), zero points stored minus one
 AutoGPTQ's transposed tensors and AWQ's words packed along N (the decode template is GPU-only:
 tests/lowerings/test_int4_template.py)."""
 
@@ -10,6 +10,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from qfuse.lowerings import register_lowerings
+from tests.helpers import outputs_and_code_per_call
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4
 
 EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
@@ -37,14 +38,24 @@ def test_prefill_is_inductors_dequantize_and_mm(dtype, symmetric, stored_shifts)
     torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
 
 
-def test_dynamic_m_with_a_prefill_hint():
+@pytest.mark.skipif(torch.cuda.is_available(), reason=(
+    "the decode bucket's extern call runs the Triton kernel on CPU tensors, which only Triton's interpreter "
+    "takes; on a GPU tests/lowerings/test_int4_template.py checks the buckets"))
+def test_dynamic_m_compiles_once_per_m_bucket():
+    """A dynamic M is guarded on 16 rows: above, Inductor's dequantize + mm; at most 16, the decode
+    template, which needs CUDA: here an extern call of the op. Each bucket is compiled once."""
     assert register_lowerings()
     model = gptq_packed_int4(torch.float32, group_size=64, symmetric=False)
-    compiled = torch.compile(op_call(model, model.shifts), dynamic=True)
+    compiled = torch.compile(op_call(model, model.shifts))
     torch._dynamo.reset()
-    for m in (40, 3, 100):
-        x = torch.randn(m, 256)
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-4)
+    calls = [(torch.randn(m, 256),) for m in (40, 3, 100, 7)]
+    torch._dynamo.mark_dynamic(calls[0][0], 0)
+    results = outputs_and_code_per_call(compiled, calls)
+    for (out, _), (x,) in zip(results, calls):
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-4)
+    codes = [code for _, code in results]
+    assert [bool(code) for code in codes] == [True, True, False, False]
+    assert EXTERN_CALL not in codes[0] and EXTERN_CALL in codes[1]
 
 
 @pytest.mark.parametrize("form", ["act_order_plus_one", "autogptq_plus_one_mod_16", "awq_packed_along_n"])

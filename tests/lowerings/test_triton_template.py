@@ -1,6 +1,6 @@
 """The `triton` kernel as an Inductor template (GPU only; run on the GPU machine): no extern call of
 qfuse's op in the generated code, the epilogue fused into the template's store, numerics equal to the
-eager op for every scale kind, static and dynamic M, odd sizes, default mode and max-autotune."""
+eager op for every scale kind, static and dynamic M (a tile and an fp8 kernel per M bucket), odd sizes, default mode and max-autotune."""
 
 import re
 
@@ -10,7 +10,8 @@ from torch._inductor.utils import run_and_get_code
 
 import qfuse
 from qfuse.schemes import FP8_DTYPE
-from tests.passes.test_reference_linear import fp8_scaled_mm, fp8_weight, int_mm_linear, operands
+from tests.helpers import outputs_and_code_per_call
+from tests.passes.test_reference_linear import dynamic_fp8, fp8_scaled_mm, fp8_weight, int_mm_linear, operands
 from tests.test_cuda import FP8_CAPABLE, on_cpu, on_cuda as cuda
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -66,6 +67,62 @@ def test_dynamic_m_takes_every_batch_size():
     for rows in (40, 1, 5, 33, 2):
         out = compiled(x[:rows], w, w_scale, bias)
         torch.testing.assert_close(out, eager_int8(x[:rows], w, w_scale, bias), rtol=1e-4, atol=1e-4)
+
+
+def tile_rows(code: str) -> list[int]:
+    """BLOCK_M of every qfuse template in the generated code."""
+    return [int(rows) for rows in re.findall(r"BLOCK_M : tl.constexpr = (\d+)", code)]
+
+
+def per_bucket(fn, rows_list, *weights, **options):
+    """Compile `fn` with qfuse, M dynamic from the first call; per call: (output, its x, the code
+    compiled for it: '' where an earlier compile served it), and the reports of the compiles."""
+    marker = qfuse.graphs_compiled()
+    compiled = torch.compile(fn, backend="qfuse", options=options or None)
+    calls = [(torch.randn(rows, 256, device="cuda"), *weights) for rows in rows_list]
+    torch._dynamo.mark_dynamic(calls[0][0], 0)
+    results = outputs_and_code_per_call(compiled, calls)
+    return [(out, call[0], code) for (out, code), call in zip(results, calls)], qfuse.reports_since(marker)
+
+
+def test_dynamic_m_gets_the_tile_of_its_bucket():
+    """A dynamic M is guarded on the tile table's bounds (16 and 128 rows): one compile per bucket,
+    each with its own tile."""
+    _, w, w_scale, bias = cuda(*operands((1, 256), n=136))
+    results, _ = per_bucket(int_mm_linear, (5, 64, 300, 9, 100, 2000), w, w_scale, bias, kernel="triton")
+    for out, x, _ in results:
+        torch.testing.assert_close(out, eager_int8(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+    codes = [code for _, _, code in results]
+    assert [bool(code) for code in codes] == [True, True, True, False, False, False]
+    assert [tile_rows(code) for code in codes[:3]] == [[16], [64], [128]]
+
+
+@pytest.mark.skipif(not FP8_CAPABLE or torch.cuda.get_device_capability() < (9, 0), reason="Hopper's fp8 choices")
+@pytest.mark.parametrize("out", ["bf16", "fp32"])
+def test_dynamic_m_fp8_runs_the_faster_kernel_of_each_bucket(out):
+    """Kernel choice sees no M when M is dynamic (bf16 out: ATen's row-wise CUTLASS GEMM; fp32 out: the
+    Triton template); the lowering gives decode (M <= 16) the Triton template, prefill (M > 128) cuBLAS
+    on Hopper, as kernel choice does for a static M."""
+    x, w, w_scale, bias = operands((1, 256), n=144)
+    _, w, w_scale, bias = cuda(x, fp8_weight(w), w_scale, bias)
+    form = fp8_scaled_mm if out == "bf16" else _fp8_float32
+    results, reports = per_bucket(form, (5, 300, 9), w, w_scale, bias)
+    for result, x, _ in results:
+        expected = form(x, w, w_scale, bias).float()
+        assert (result.float() - expected).norm() / expected.norm() < 1e-2
+    assert [bool(code) for _, _, code in results] == [True, True, False]
+    decode, prefill = (report.fused[0] for report in reports)
+    assert TEMPLATE_MARK in results[0][2] and TEMPLATE_MARK not in results[1][2]
+    assert decode.lowered.startswith("M at most 16" if out == "bf16" else "Triton template"), decode.lowered
+    assert prefill.lowered.startswith("ATen" if out == "bf16" else "M above 128"), prefill.lowered
+
+
+def _fp8_float32(x, w, w_scale, bias):
+    """fp8_scaled_mm without the bf16 cast (ATen's row-wise CUTLASS GEMM writes bf16 only)."""
+    q, s = dynamic_fp8(x.reshape(-1, x.shape[-1]))
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    y = torch._scaled_mm(q, w.to(FP8_DTYPE).t(), one, one, out_dtype=torch.float32)
+    return (y * s * w_scale + bias).reshape(*x.shape[:-1], -1)
 
 
 def _op(a, b, scale_a, scale_b, bias, out_dtype):

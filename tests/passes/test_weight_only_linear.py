@@ -7,14 +7,14 @@ applied after it (`(x @ w.t().to(x.dtype)) * s`, torchao's int8 weight-only fall
 code, for bf16 activations with K a multiple of 16 (fp32 ran 4x slower than Inductor's own code at
 M = 16, benchmarks/cpu_weight_only.py; torch 2.13's bf16 kernel crashes on other K): the rest is
 recognised and reported with the reason. Checked against eager on odd shapes (M = 0, 1, 17, K = 1,
-3D), with dynamic M, and with forms that must not be rewritten.
+3D), with dynamic M (one compile per side of the 64-row bound), and with forms that must not be rewritten.
 """
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import compile_and_run
+from tests.helpers import compile_and_run, outputs_and_code_per_call
 
 N = 48
 WEIGHT_ONLY_OP = "qfuse.weight_only_scaled_mm.default"
@@ -80,15 +80,23 @@ def test_weight_only_linears_fuse_and_match_eager(form, family, shape, dtype):
     torch.testing.assert_close(out.float(), expected.float(), rtol=TOLERANCE[dtype], atol=tolerance)
 
 
-def test_dynamic_m():
-    """A dynamic M keeps the op an extern call, which picks its GEMM by M at run time."""
+def test_dynamic_m_compiles_once_per_m_bucket():
+    """A dynamic M is guarded on the 64-row bound (`qfuse.lowerings.ir.rows_at_most`): M <= 64 gets
+    code with _weight_int8pack_mm, M > 64 code with Inductor's dequantize + bf16 mm, each compiled once;
+    neither calls the op (no Python per call)."""
     args = operands((5, 64), torch.bfloat16)
-    compiled = torch.compile(dequantized_weight, backend="qfuse", dynamic=True)
+    compiled = torch.compile(dequantized_weight, backend="qfuse")
+    calls = [(torch.randn(rows, 64).to(torch.bfloat16), *args[1:]) for rows in (5, 100, 33, 2, 200)]
+    torch._dynamo.mark_dynamic(calls[0][0], 0)  # M only: a dynamic weight size is not fused
     with torch.no_grad():
-        for rows in (5, 1, 100, 33, 2):
-            x = torch.randn(rows, 64).to(torch.bfloat16)
-            out, expected = compiled(x, *args[1:]).float(), dequantized_weight(x, *args[1:]).float()
-            torch.testing.assert_close(out, expected, rtol=3e-2, atol=3e-2 * expected.abs().max().item())
+        results = outputs_and_code_per_call(compiled, calls)
+    for (out, _), call in zip(results, calls):
+        expected = dequantized_weight(*call).float()
+        torch.testing.assert_close(out.float(), expected, rtol=3e-2, atol=3e-2 * expected.abs().max().item())
+    codes = [code for _, code in results]
+    assert [bool(code) for code in codes] == [True, True, False, False, False]  # one compile per bucket
+    assert "_weight_int8pack_mm" in codes[0] and "_weight_int8pack_mm" not in codes[1]
+    assert not any(f"torch.ops.{WEIGHT_ONLY_OP}(" in code for code in codes)
 
 
 def scale_per_row_of_the_activation(x, w, scale, bias):

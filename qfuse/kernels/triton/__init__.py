@@ -37,6 +37,17 @@ K_ALIGNMENT = 16
 #: Above this M (known at compile time) cuBLAS beats the fp8 template on Hopper: the eager kernel
 #: switches to its TMA loop there too (`persistent_mm.MIN_M`).
 FP8_TEMPLATE_MAX_ROWS = 128
+def fp8_template_yields_to_cublas(blocked: bool, platform: Platform) -> str:
+    """Why an fp8 linear above FP8_TEMPLATE_MAX_ROWS rows runs faster on cuBLAS's `_scaled_mm` than on
+    the template on this GPU, or '' (block scales: cuBLAS has none here; not Hopper: not measured).
+    Kernel choice asks it for a static M, the lowering (`qfuse.lowerings.scaled_mm`) for a dynamic one."""
+    if blocked or platform.capability < 90 or platform.is_rocm:
+        return ""
+    return ("on Hopper the template's fp8 main loop (no TMA) is slower than cuBLAS's _scaled_mm, which the "
+            "torch kernel calls (Llama MLP block at M = 4096 on an H100: 535-666 against 377-415 µs a linear; "
+            "docs/benchmarks.md, gpu_linear)")
+
+
 INT4_PACKING = "int4_words_nk"  # `qfuse.kernels.int4_words` along K, [N, K / 8]
 INT4_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 stored minus one
 _ALL_ACTIVATION_SCALES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)
@@ -73,12 +84,10 @@ class TritonKernel(Kernel):
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
         scheme = key.scheme
-        if (key.m is not None and key.m > FP8_TEMPLATE_MAX_ROWS and scheme.activation_dtype == FP8_DTYPE
-                and platform.capability >= 90 and not platform.is_rocm
-                and Granularity.BLOCK != scheme.weight_granularity and Granularity.PER_GROUP != scheme.activation_granularity):
-            return (f"at M = {key.m} on Hopper the template's fp8 main loop (no TMA) is slower than cuBLAS's "
-                    "_scaled_mm, which the torch kernel calls (Llama MLP block at M = 4096 on an H100: 535-666 "
-                    "against 377-415 µs a linear; docs/benchmarks.md, gpu_linear)")
+        blocked = Granularity.BLOCK == scheme.weight_granularity or Granularity.PER_GROUP == scheme.activation_granularity
+        if key.m is not None and key.m > FP8_TEMPLATE_MAX_ROWS and scheme.activation_dtype == FP8_DTYPE:
+            if reason := fp8_template_yields_to_cublas(blocked, platform):
+                return f"at M = {key.m} {reason}"
         return super().why_slower_here(key, platform)
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:

@@ -179,6 +179,11 @@ def _scaled_mm_kernel(
                       stride_cm, stride_cn, stride_sam, stride_sbn, SCALE_A, SCALE_B, HAS_BIAS)
 
 
+def tile_buckets(is_fp8: bool) -> list[int]:
+    """The M bounds at which `pick_config` changes tile, ascending (M above the last: the last tile)."""
+    return [DECODE_M, *sorted(CONFIGS["fp8" if is_fp8 else "int8"])[:-1]]
+
+
 def pick_config(m: int, n: int, is_fp8: bool, blocked: bool, multiprocessor_count: int) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for an [M, K] x [K, N] call."""
     label = "fp8" if is_fp8 else "int8"
