@@ -89,9 +89,10 @@ def test_dynamic_m_gets_the_tile_of_its_bucket():
     """A dynamic M is guarded on the tile table's bounds (16 and 128 rows): one compile per bucket,
     each with its own tile."""
     _, w, w_scale, bias = cuda(*operands((1, 256), n=136))
-    results, _ = per_bucket(int_mm_linear, (5, 64, 300, 9, 100, 2000), w, w_scale, bias, kernel="triton")
-    for out, x, _ in results:
-        torch.testing.assert_close(out, eager_int8(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
+    results, _ = per_bucket(int_mm_linear, (5, 64, 300, 9, 100, 500), w, w_scale, bias, kernel="triton")
+    for out, x, _ in results:  # a norm: among 10**5 activations a few round to the other int8 (eager runs on the CPU)
+        expected = eager_int8(x, w, w_scale, bias)
+        assert (out - expected).norm() / expected.norm() < 1e-3
     codes = [code for _, _, code in results]
     assert [bool(code) for code in codes] == [True, True, True, False, False, False]
     assert [tile_rows(code) for code in codes[:3]] == [[16], [64], [128]]
@@ -100,9 +101,9 @@ def test_dynamic_m_gets_the_tile_of_its_bucket():
 @pytest.mark.skipif(not FP8_CAPABLE or torch.cuda.get_device_capability() < (9, 0), reason="Hopper's fp8 choices")
 @pytest.mark.parametrize("out", ["bf16", "fp32"])
 def test_dynamic_m_fp8_runs_the_faster_kernel_of_each_bucket(out):
-    """Kernel choice sees no M when M is dynamic (bf16 out: ATen's row-wise CUTLASS GEMM; fp32 out: the
-    Triton template); the lowering gives decode (M <= 16) the Triton template, prefill (M > 128) cuBLAS
-    on Hopper, as kernel choice does for a static M."""
+    """Kernel choice sees no M when M is dynamic; the lowering gives decode (M <= 16) the Triton template,
+    prefill (M > 128) ATen's _scaled_mm on Hopper (cuBLAS, or its row-wise CUTLASS GEMM for a bf16
+    output), as kernel choice does for a static M."""
     x, w, w_scale, bias = operands((1, 256), n=144)
     _, w, w_scale, bias = cuda(x, fp8_weight(w), w_scale, bias)
     form = fp8_scaled_mm if out == "bf16" else _fp8_float32
@@ -113,8 +114,8 @@ def test_dynamic_m_fp8_runs_the_faster_kernel_of_each_bucket(out):
     assert [bool(code) for _, _, code in results] == [True, True, False]
     decode, prefill = (report.fused[0] for report in reports)
     assert TEMPLATE_MARK in results[0][2] and TEMPLATE_MARK not in results[1][2]
-    assert decode.lowered.startswith("M at most 16" if out == "bf16" else "Triton template"), decode.lowered
-    assert prefill.lowered.startswith("ATen" if out == "bf16" else "M above 128"), prefill.lowered
+    assert "Triton template" in decode.lowered, decode.lowered
+    assert "_scaled_mm" in prefill.lowered and "Triton template" not in prefill.lowered, prefill.lowered
 
 
 def _fp8_float32(x, w, w_scale, bias):

@@ -16,8 +16,8 @@ from tests.kernels.test_triton_w8a16 import float64_reference
 EXTERN_CALL = "torch.ops.qfuse.weight_only_scaled_mm.default("
 FP8 = torch.float8_e4m3fn
 ON_A_GPU_MACHINE = pytest.mark.skipif(torch.cuda.is_available(), reason=(
-    "the decode bucket's extern call runs the Triton kernel on CPU tensors, which only Triton's interpreter "
-    "takes; on a GPU tests/lowerings/test_w8a16_template.py checks the buckets"))
+    "the extern call runs the Triton kernel on CPU tensors, which only Triton's interpreter takes; on a GPU "
+    "tests/lowerings/test_w8a16_template.py checks the same on CUDA"))
 
 
 def weight_and_scale(*args):
@@ -71,6 +71,7 @@ def test_dynamic_m_compiles_once_per_m_bucket():
     assert EXTERN_CALL not in codes[0] and EXTERN_CALL in codes[1]
 
 
+@ON_A_GPU_MACHINE
 def test_dynamic_weight_sizes_stay_an_extern_call():
     assert register_lowerings()
     b, scale = weight_and_scale(FP8, "block", 256, 136)
