@@ -8,7 +8,7 @@ every later M. Here each model is compiled with M marked dynamic at a first M (1
 host time (`qfuse.bench.time_call`) and its GPU time (`gpu_time`, one CUDA graph of calls), beside
 the same model compiled by qfuse for that M alone (static). `graphs` counts the compiles so far.
 
-    python benchmarks/gpu_dynamic_m.py [--models int8-mlp,fp8-mlp,gptq] [--ms 16,1024,4096] [--out FILE.json]
+    python benchmarks/gpu_dynamic_m.py [--models int8-mlp,fp8-mlp,gptq] [--ms 16,1024,4096] [--quick] [--out FILE.json]
     python benchmarks/gpu_dynamic_m.py --table FILE.json
 
 Models: the Llama MLP block of `gpu_linear` (int8 and fp8 W8A8, hidden 4096, intermediate 14336)
@@ -115,14 +115,15 @@ def main() -> None:
     parser.add_argument("--models", default="int8-mlp,fp8-mlp,gptq")
     parser.add_argument("--ms", default="16,1024,4096")
     parser.add_argument("--table", default=None, help="print the markdown table of a result file and stop")
-    add_output_arguments(parser, "gpu_dynamic_m")
+    add_output_arguments(parser, "gpu_dynamic_m", quick="the GPTQ linear at M in {16, 1024}")
     args = parser.parse_args()
     if args.table:
         print(table(args.table))
         return
-    ms = [int(m) for m in args.ms.split(",")]
+    models, ms = ("gptq", "16,1024") if args.quick else (args.models, args.ms)
+    ms = [int(m) for m in ms.split(",")]
     rows = []
-    for name in args.models.split(","):
+    for name in models.split(","):
         rows += model_rows(name, ms)
         write(out_path(args, "gpu_dynamic_m"), rows)
     print(table(str(out_path(args, "gpu_dynamic_m"))))
