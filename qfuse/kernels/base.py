@@ -56,6 +56,8 @@ class GemmKey:
     weight_zero_point: bool = False  # the weight carries a zero point (asymmetric PT2E weights)
     per_call_weight: bool = False  # the weight is quantized anew on every call (a fake-quantized float weight)
     m: int | None = None  # rows of the activation (M, all leading dims), None when symbolic
+    weight_scale_dtype: torch.dtype | None = None  # an int4 weight's group scales (None: not recorded)
+    cuda_graphs: bool = False  # the graph replays as CUDA graphs (mode="reduce-overhead"): an op's Python runs at capture only
 
 
 class Kernel(abc.ABC):

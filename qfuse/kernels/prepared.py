@@ -14,12 +14,16 @@ The cache never holds the weight's own storage (that would keep a deleted model'
 when the prepared weight is the input weight itself (the kernel had nothing to do), the entry only
 records that, and later calls rebuild the (trivial) prepared form from the inputs they are given.
 
+On CUDA a weight is prepared in a helper thread (`outside_cuda_graph_pools`), so that under CUDA
+graphs it is no tensor of a graph's memory pool.
+
 Padding helpers shared by kernels that need aligned sizes (zero padding is exact: the extra
 products are zero): `padded_weight` once, `padded_activation` per call.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +72,7 @@ def prepare_once(kernel, b: torch.Tensor, scale: torch.Tensor | None, zero_point
     if prepared is _AS_GIVEN:
         return kernel.prepare_weight(b, scale, zero_point)
     if prepared is None:
-        prepared = kernel.prepare_weight(b, scale, zero_point)
+        prepared = outside_cuda_graph_pools(lambda: kernel.prepare_weight(b, scale, zero_point), b)
         opaque = prepared.data.layout != torch.strided  # e.g. a packed MKLDNN tensor: never the input
         as_given = not opaque and StorageWeakRef(prepared.data.untyped_storage()) == key[1][0]
         _remember(key, _AS_GIVEN if as_given else prepared)
@@ -84,9 +88,41 @@ def built_once(label: tuple, tensors: tuple[torch.Tensor | None, ...], build) ->
     key = (label, *(_tensor_key(tensor) for tensor in tensors))
     prepared = _CACHE.get(key)
     if prepared is None:
-        prepared = build()
+        prepared = outside_cuda_graph_pools(build, next(tensor for tensor in tensors if tensor is not None))
         _remember(key, prepared)
     return prepared
+
+
+def outside_cuda_graph_pools(build, weight: torch.Tensor):
+    """`build()`, its CUDA allocations kept out of a CUDA graph's memory pool.
+
+    While Inductor's CUDA graph trees (mode="reduce-overhead") warm up or record a graph, every
+    allocation of the calling thread goes to that graph's pool, and a prepared weight cached past
+    the call would be a pool tensor no graph output accounts for (an error at the next recording).
+    A helper thread allocates from the ordinary pool; this thread waits for it, and for its kernels.
+    Preparing during a capture itself would put the preparation into the graph: refused (the graph
+    trees warm every graph up before they record it, so the weight is ready by then)."""
+    if weight.device.type != "cuda":
+        return build()
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("qfuse prepares a weight on its first call, which must not be inside a CUDA graph "
+                           "capture: run the model once before capturing it")
+    result: dict = {}
+
+    def run():
+        try:
+            with torch.cuda.device(weight.device):
+                result["value"] = build()
+                torch.cuda.current_stream().synchronize()
+        except BaseException as error:  # noqa: BLE001 (handed to the waiting thread, which raises it)
+            result["error"] = error
+
+    helper = threading.Thread(target=run, name="qfuse-prepare-weight")
+    helper.start()
+    helper.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def _remember(key: tuple, entry) -> None:

@@ -22,9 +22,11 @@ on CPU the int8 weight-only linear (W8A16, a float activation):
                  weight is dequantized and a bf16 mm runs (faster there, measured)
     int4 weight-only  aten._weight_int4pack_mm_for_cpu on the weight repacked once, group sizes 32 /
                  64 / 128 / 256, N a multiple of 16; zero points with float32 activations only
-                 (`qfuse.kernels.int4_cpu`, which says why)
+                 (`qfuse.kernels.int4_cpu`, which says why); on NVIDIA GPUs ATen's tinygemm
+                 aten._weight_int4pack_mm, bf16, symmetric weights with bf16 scales, taken at M = 1
+                 under CUDA graphs only (`qfuse.kernels.int4_tinygemm`, which says why)
 
-Not here (the registry moves on to another kernel): block scales, int4 on GPUs. On
+Not here (the registry moves on to another kernel): block scales. On
 ROCm the int8 path is the same torch._int_mm (hipBLASLt); it was not run on ROCm hardware. ROCm
 fp8 (e4m3fnuz) is the aiter kernel's.
 """
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from qfuse.kernels import int4_cpu
+from qfuse.kernels import int4_cpu, int4_tinygemm
 from qfuse.kernels.array_ops import TORCH_OPS, ArrayOps
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
@@ -53,6 +55,16 @@ _INT8_ROW = dict(activation_dtypes=_INT8_ACTIVATIONS, weight_dtypes=(torch.int8,
 _FP8_ROW = dict(activation_dtypes=(FP8_DTYPE,), weight_dtypes=(FP8_DTYPE,))
 
 
+def _tinygemm_can_implement(key: GemmKey) -> Verdict:
+    """What the CUDA int4 row's table cannot say (`qfuse.kernels.int4_tinygemm`)."""
+    if key.scheme.weight_group_size not in int4_tinygemm.GROUP_SIZES:
+        return False, f"_weight_int4pack_mm takes groups of {int4_tinygemm.GROUP_SIZES}, not {key.scheme.weight_group_size}"
+    if key.weight_scale_dtype != int4_tinygemm.SCALE_DTYPE:
+        return False, (f"_weight_int4pack_mm holds the group scales in bf16, and these are "
+                       f"{'of no recorded dtype' if key.weight_scale_dtype is None else dtype_name(key.weight_scale_dtype)}")
+    return OK
+
+
 class TorchKernel(Kernel):
     name = "torch"
     capabilities = (
@@ -68,6 +80,10 @@ class TorchKernel(Kernel):
         Capability("int4 weight-only torch._weight_int4pack_mm_for_cpu", ("cpu",), FLOAT_ACTIVATION_DTYPES, (INT4_DTYPE,),
                    weight_scales=(Granularity.PER_GROUP,), weight_zero_point=True,
                    weight_group_multiple=min(int4_cpu.GROUP_SIZES), n_multiple=int4_cpu.N_MULTIPLE),
+        Capability("int4 weight-only torch._weight_int4pack_mm (tinygemm)", ("cuda",), (torch.bfloat16,), (INT4_DTYPE,),
+                   weight_scales=(Granularity.PER_GROUP,), weight_group_multiple=min(int4_tinygemm.GROUP_SIZES),
+                   k_multiple=int4_tinygemm.K_MULTIPLE, n_multiple=int4_tinygemm.N_MULTIPLE,
+                   min_capability=int4_tinygemm.MIN_CAPABILITY, rocm=False),
     )
 
     def is_supported(self, platform: Platform) -> Verdict:
@@ -79,6 +95,8 @@ class TorchKernel(Kernel):
         scheme = key.scheme
         if scheme.weight_dtype != INT4_DTYPE:
             return OK
+        if key.device_type == "cuda":
+            return _tinygemm_can_implement(key)
         if scheme.weight_group_size not in int4_cpu.GROUP_SIZES:
             return False, (f"_weight_int4pack_mm_for_cpu takes groups of {int4_cpu.GROUP_SIZES}, "
                            f"not {scheme.weight_group_size}")
@@ -90,7 +108,17 @@ class TorchKernel(Kernel):
                            f"where {dtype_name(scheme.activation_dtype)} would round it (kernels/int4_cpu.py)")
         return OK
 
+    def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
+        if key.scheme.weight_dtype == INT4_DTYPE and key.device_type == "cuda" and not (key.m == 1 and key.cuda_graphs):
+            return ("ATen's tinygemm runs as the op's extern call, whose Python costs more per call than the Triton "
+                    "decode template's GPU time; it is faster only at M = 1 under CUDA graphs (kernels/int4_tinygemm.py)")
+        return super().why_slower_here(key, platform)
+
     def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
+        if values.device.type == "cuda":
+            if zero_point is not None:
+                raise ValueError("the torch kernel's CUDA int4 GEMM (tinygemm) takes symmetric weights only")
+            return int4_tinygemm.pack(values, scale)
         return int4_cpu.pack(values, scale, zero_point)
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
@@ -98,6 +126,8 @@ class TorchKernel(Kernel):
         `weight_only_int8_mm`), or an int4 weight packed by `prepare_int4_weight` (`int4_cpu.int4pack_mm`)."""
         if weight.packing == int4_cpu.PACKING:
             return int4_cpu.int4pack_mm(x, weight, bias, out_dtype)
+        if weight.packing == int4_tinygemm.PACKING:
+            return int4_tinygemm.int4pack_mm(x, weight, bias, out_dtype)
         b, scale, n = weight.data, weight.scale, weight.n
         if b.dtype != torch.int8 or (scale is not None and scale.numel() not in (1, n)):
             raise ValueError(f"the torch kernel's weight-only GEMM takes an int8 weight with one scale or one per "

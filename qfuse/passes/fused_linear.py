@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
+from torch._inductor import config as inductor_config
 from torch.fx import Graph, Node
 
 from qfuse.errors import contain_internal_error
@@ -111,6 +112,8 @@ class FusedLinear:
             bias_dtype=None if self.bias is None else fake_value(self.bias).dtype, device_type=fake_value(self.a).device.type,
             weight_zero_point=self.azp_b is not None or (self.int4 is not None and self.int4.packed_zeros is not None),
             per_call_weight=self.per_call_weight,
+            weight_scale_dtype=fake_value(self.int4.scales).dtype if self.int4 else None,
+            cuda_graphs=bool(inductor_config.triton.cudagraphs),
         )
 
 

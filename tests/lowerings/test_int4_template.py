@@ -134,3 +134,22 @@ def test_awq_runs_as_the_template_at_decode(unpack_order, n, k, rows):
     (record,) = report.fused
     assert EXTERN_CALL not in code
     assert (TEMPLATE_MARK in code) == (rows <= 16), record.lowered
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_m_1_under_cuda_graphs_runs_atens_tinygemm(act_order):
+    """At M = 1 under CUDA graphs kernel choice takes ATen's tinygemm (kernels/int4_tinygemm.py) for a
+    symmetric bf16 weight: the op's extern call on the weight packed once, captured and replayed."""
+    import qfuse
+
+    model = gptq_packed_int4(BF16, group_size=128, act_order=act_order).cuda()
+    x = torch.randn(1, 256, device="cuda", dtype=BF16)
+    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
+    marker = qfuse.graphs_compiled()
+    with torch.no_grad():
+        for _ in range(3):  # warm-up, capture, replay
+            out = compiled(x)
+        assert_close_to_eager(out.clone(), model, x)
+    (record,) = qfuse.reports_since(marker)[-1].fused
+    assert record.kernel == "torch" and "tinygemm" in record.rejected_kernels["triton"], record
+    assert record.lowered.startswith("extern call"), record.lowered
