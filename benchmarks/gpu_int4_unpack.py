@@ -1,6 +1,6 @@
 """Where a W4A16 decode step's time goes on the GPU: the int4 words' loads, their unpack, and the kernels.
 
-    python benchmarks/gpu_int4_unpack.py [--quick] [--out FILE.json]
+    python benchmarks/gpu_int4_unpack.py [--ms 1,16] [--quick] [--out FILE.json]
     python benchmarks/gpu_int4_unpack.py --table FILE.json
 
 On a stack of GPTQ-form weights past the L2 (`gpu_weight_only.GptqLinear`: int32 words [N, K / 8],
@@ -147,6 +147,7 @@ def table(path: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", default=None, help="print the markdown table of a result file and stop")
+    parser.add_argument("--ms", default="1,16", help="comma-separated M values of the kernel rows")
     add_output_arguments(parser, "gpu_int4_unpack", quick="the first shape, two tiles")
     args = parser.parse_args()
     if args.table:
@@ -157,7 +158,7 @@ def main() -> None:
         generator = torch.Generator(device="cuda").manual_seed(0)
         stack = [GptqLinear(n, k, generator) for _ in range(layers_for(n, k))]
         base = {"n": n, "k": k, "floor_us": hbm_floor_us(n, k, "gptq")}
-        for m in (1, 16):
+        for m in (int(m) for m in args.ms.split(",")):
             rows += kernel_rows(stack, base, m)
         rows += synthetic_rows(stack, base, QUICK_SWEEP if args.quick else SWEEP)
         progress(f"{n}x{k}: " + ", ".join(f"{row['variant']} M={row['m']} {row['us']:.1f}" for row in rows if (row["n"], row["k"]) == (n, k)))
