@@ -31,6 +31,7 @@ import triton.language as tl
 
 from gpu_weight_only import GROUP, GptqLinear, hbm_floor_us, layers_for
 from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, out_path, progress, relative_error, write
+from qfuse.kernels import int4_tinygemm
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
 # (BLOCK_N, BLOCK_K / 8 words, warps, K splits) swept for each synthetic kernel
@@ -97,12 +98,11 @@ def synthetic_calls(stack, how: int, tile):
 
 
 def tinygemm_weight(linear: GptqLinear, inner_k_tiles: int):
-    """(ATen's packed weight, scales_and_zeros [K / g, N, 2]) of a symmetric GPTQ linear: w = (q - 8) s + 0."""
+    """(ATen's packed weight, scales_and_zeros [K / g, N, 2]) of a symmetric GPTQ linear (`int4_tinygemm.pack`)."""
     n, words = linear.qweight.shape
-    q = ((linear.qweight.unsqueeze(-1) >> linear.shifts) & 0xF).reshape(n, words * 8).to(torch.uint8)
-    packed = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).contiguous(), inner_k_tiles)
-    scales = linear.scales.t().contiguous()
-    return packed, torch.stack([scales, torch.zeros_like(scales)], dim=-1).contiguous()
+    values = ((linear.qweight.unsqueeze(-1) >> linear.shifts) & 0xF).reshape(n, words * 8) - 8  # [N, K], -8..7
+    prepared = int4_tinygemm.pack(values.t().to(torch.int8), linear.scales.t().contiguous(), inner_k_tiles)
+    return prepared.data, prepared.scale
 
 
 def kernel_rows(stack, base: dict, m: int) -> list[dict]:

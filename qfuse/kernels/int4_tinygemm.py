@@ -35,16 +35,26 @@ MIN_CAPABILITY = 80
 SCALE_DTYPE = torch.bfloat16
 
 
+def wins_here(key, platform) -> bool:
+    """Whether kernel choice should take tinygemm over the Triton template for `key` (a `GemmKey`):
+    M = 1 under CUDA graphs, on an NVIDIA GPU it runs on, for a linear it computes exactly."""
+    return (key.m == 1 and key.cuda_graphs and key.device_type == "cuda" and not platform.is_rocm
+            and platform.capability >= MIN_CAPABILITY and key.scheme.activation_dtype == torch.bfloat16
+            and not key.weight_zero_point and key.weight_scale_dtype == SCALE_DTYPE
+            and key.scheme.weight_group_size in GROUP_SIZES)
+
+
 def _inner_k_tiles(k: int) -> int:
     """The most K tiles of 16 (8, 4 or 2) that divide K: 8 was the fastest at every measured shape."""
     return next(tiles for tiles in (8, 4, 2) if k % (16 * tiles) == 0)
 
 
-def pack(values: torch.Tensor, scale: torch.Tensor) -> PreparedWeight:
-    """The symmetric int4 weight (int8 [K, N] values in [-8, 7], bf16 scale [K / g, N]) in ATen's CUDA layout."""
+def pack(values: torch.Tensor, scale: torch.Tensor, inner_k_tiles: int | None = None) -> PreparedWeight:
+    """The symmetric int4 weight (int8 [K, N] values in [-8, 7], bf16 scale [K / g, N]) in ATen's CUDA
+    layout (`inner_k_tiles`: by default the most that divide K)."""
     unsigned = (values.to(torch.int32) + INT4_OFFSET).t().to(torch.uint8)  # [N, K], 0..15
     pairs = (unsigned[:, ::2] << 4 | unsigned[:, 1::2]).contiguous()
-    packed = torch.ops.aten._convert_weight_to_int4pack(pairs, _inner_k_tiles(values.shape[0]))
+    packed = torch.ops.aten._convert_weight_to_int4pack(pairs, inner_k_tiles or _inner_k_tiles(values.shape[0]))
     scales_and_zeros = torch.stack([scale, torch.zeros_like(scale)], dim=-1).to(SCALE_DTYPE).contiguous()
     return PreparedWeight(packed, scales_and_zeros, None, *values.shape, packing=PACKING)
 

@@ -47,7 +47,10 @@ MATRIX_KERNELS = tuple(name for name in KERNELS if name != "reference")
 
 
 def _key(scheme: QuantScheme, device: str) -> GemmKey:
-    return GemmKey(scheme, n=_SIZE, k=_SIZE, out_dtype=torch.bfloat16, bias_dtype=None, device_type=device)
+    """An aligned linear of the scheme (int4 group scales in bf16, the common checkpoint dtype)."""
+    scale_dtype = torch.bfloat16 if scheme.weight_dtype == INT4_DTYPE else None
+    return GemmKey(scheme, n=_SIZE, k=_SIZE, out_dtype=torch.bfloat16, bias_dtype=None, device_type=device,
+                   weight_scale_dtype=scale_dtype)
 
 
 def _item(item) -> str:

@@ -108,10 +108,12 @@ def outside_cuda_graph_pools(build, weight: torch.Tensor):
         raise RuntimeError("qfuse prepares a weight on its first call, which must not be inside a CUDA graph "
                            "capture: run the model once before capturing it")
     result: dict = {}
+    caller_stream = torch.cuda.current_stream(weight.device)
 
-    def run():
+    def run():  # a new thread inherits neither the grad mode nor the stream: no autograd graph, work after the caller's
         try:
-            with torch.cuda.device(weight.device):
+            with torch.cuda.device(weight.device), torch.no_grad():
+                torch.cuda.current_stream().wait_stream(caller_stream)
                 result["value"] = build()
                 torch.cuda.current_stream().synchronize()
         except BaseException as error:  # noqa: BLE001 (handed to the waiting thread, which raises it)

@@ -109,7 +109,7 @@ class TorchKernel(Kernel):
         return OK
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
-        if key.scheme.weight_dtype == INT4_DTYPE and key.device_type == "cuda" and not (key.m == 1 and key.cuda_graphs):
+        if key.scheme.weight_dtype == INT4_DTYPE and key.device_type == "cuda" and not int4_tinygemm.wins_here(key, platform):
             return ("ATen's tinygemm runs as the op's extern call, whose Python costs more per call than the Triton "
                     "decode template's GPU time; it is faster only at M = 1 under CUDA graphs (kernels/int4_tinygemm.py)")
         return super().why_slower_here(key, platform)
@@ -123,7 +123,8 @@ class TorchKernel(Kernel):
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
         """x @ ((b - azp_b) * scale_b) + bias for a float x and an int8 [K, N] weight (see
-        `weight_only_int8_mm`), or an int4 weight packed by `prepare_int4_weight` (`int4_cpu.int4pack_mm`)."""
+        `weight_only_int8_mm`), or an int4 weight packed by `prepare_int4_weight` (`int4_cpu.int4pack_mm`
+        on CPU, `int4_tinygemm.int4pack_mm` on CUDA)."""
         if weight.packing == int4_cpu.PACKING:
             return int4_cpu.int4pack_mm(x, weight, bias, out_dtype)
         if weight.packing == int4_tinygemm.PACKING:

@@ -58,18 +58,19 @@ def known_equal(left, right) -> bool:
     return V.graph.sizevars.statically_known_equals(left, right)
 
 
-def rows_at_most(rows, bound: int, without_hint: bool = False) -> bool:
+def rows_at_most(rows, bound: int) -> bool:
     """Whether the call's M (`rows`, all leading dims) is at most `bound`, for choosing a path or a tile by M.
 
     A static M is compared. A dynamic M is compared at its size hint and the answer becomes a guard
     (Dynamo checks it before each call): an M on the other side of `bound` makes Dynamo compile the
     graph again, with that side's code. Each M bucket (decode, prefill) so runs code made for it, and
     the choice costs no Python in the generated code; a model that only ever sees one bucket compiles
-    once. An M with no hint (unbacked: nothing to guard on) gets `without_hint`, which must name the
-    side whose code is correct at any M (the default, large: the prefill paths run any M)."""
-    sizevars = V.graph.sizevars
-    comparison = sympy.Le(rows, bound)
-    return bool(sizevars.guard_or_true(comparison) if without_hint else sizevars.guard_or_false(comparison))
+    once. An M with no hint (unbacked: nothing to guard on) counts as large.
+
+    For speed only: both sides must be correct at any M, since a caller that drops Dynamo's guards
+    (vLLM) runs the first bucket's code at every M. A limit of correctness (cuBLAS's int8 GEMM needs
+    17 rows) takes a static M instead."""
+    return bool(V.graph.sizevars.guard_or_false(sympy.Le(rows, bound)))
 
 
 def record_lowering(how: str) -> None:

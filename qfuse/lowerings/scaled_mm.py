@@ -30,8 +30,7 @@ faster: an fp8 decode M (<= 16) runs the Triton template instead of ATen's row-w
 an fp8 prefill M (> 128) on Hopper cuBLAS instead of the Triton template (`_kernel_for_m_bucket`).
 
 Cases it does not cover stay an extern call of the op (which is always correct): other kernels,
-per-group / block scales, CUDA int8 at M <= 16 (cuBLAS rejects small M; the op pads; a dynamic M is
-guarded on that bound, `ir.rows_at_most`),
+per-group / block scales, CUDA int8 without a static M > 16 (cuBLAS rejects small M; the op pads),
 an fp8 weight that is not column-major on CUDA.
 """
 
@@ -43,6 +42,7 @@ import sympy
 import torch
 from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
+from torch._inductor.virtualized import V
 
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
@@ -51,6 +51,7 @@ from qfuse.lowerings import triton_template
 from qfuse.lowerings.ir import (IR_OPS, convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel,
                                 record_lowering, rows_at_most)
 from qfuse.lowerings.triton_template import why_not_template
+from qfuse.ops import RECORD_KEY
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS, current_platform
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE
@@ -95,8 +96,9 @@ def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
     if _scale_shape(scale_a, rows, [rows, 1]) is None or _scale_shape(scale_b, b.get_size()[1], [1, -1]) is None:
         return "per-group or block scales"
     on_cuda = a.get_device().type == "cuda"
-    if on_cuda and a.get_dtype() == torch.int8 and rows_at_most(rows, CUDA_INT_MM_MIN_ROWS - 1, without_hint=True):
-        return f"CUDA int8 GEMM needs at least {CUDA_INT_MM_MIN_ROWS} rows: the op pads M"
+    if on_cuda and a.get_dtype() == torch.int8 and not V.graph.sizevars.statically_known_geq(rows, CUDA_INT_MM_MIN_ROWS):
+        # not a guarded bucket: where a caller drops Dynamo's guards (vLLM), a bucket would be a crash, not a slow call
+        return f"CUDA int8 GEMM needs at least {CUDA_INT_MM_MIN_ROWS} rows and M is not known to be that large"
     if on_cuda and a.get_dtype() == FP8_DTYPE and not known_equal(b.get_stride()[0], 1):
         return "the fp8 weight is not column-major"
     return ""
@@ -244,13 +246,15 @@ def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
     choice saw no M where M is dynamic; in a bucket where another kernel is measured faster, and can
     run the call as lowered here, the lowering takes it (the bucket guarded, `ir.rows_at_most`):
     fp8 decode (M <= 16) from ATen's row-wise CUTLASS GEMM to the Triton template, fp8 prefill
-    (M > 128) from the Triton template to cuBLAS on Hopper. A static M was seen by kernel choice
-    (`Kernel.why_slower_here`), or the user forced the kernel: it stays."""
+    (M > 128) from the Triton template to cuBLAS on Hopper. It stays where kernel choice saw a static
+    M (`Kernel.why_slower_here`), where the configuration forced, preferred or disabled kernels
+    (`LinearRecord.kernel_constrained`), and for an op the passes did not emit (no record)."""
     from qfuse.kernels.cutlass import fp8_decode_yields_to_triton
     from qfuse.kernels.triton import FP8_TEMPLATE_MAX_ROWS, fp8_template_yields_to_cublas
     from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
 
-    if sympy.sympify(rows).is_number or call.a.get_dtype() != FP8_DTYPE:
+    record = V.graph.current_node.meta.get(RECORD_KEY) if V.graph.current_node is not None else None
+    if record is None or record.kernel_constrained or sympy.sympify(rows).is_number or call.a.get_dtype() != FP8_DTYPE:
         return call.kernel, ""
     platform = current_platform("cuda")
     args = call.a, call.b, call.scale_a, call.scale_b, rows

@@ -192,6 +192,7 @@ def _fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Nod
     record = LinearRecord(
         node=linear.anchor.name, module=module_path(linear.anchor), family=linear.family, fused=choice.kernel is not None, pattern=linear.pattern,
         scheme=linear.scheme.describe(), rejected_kernels=choice.rejected, note=linear.note,
+        kernel_constrained=bool(config.kernel or config.kernel_preference or config.disabled_kernels),
     )
     if choice.kernel is None:
         record.reason = "no kernel can run it: " + choice.rejections()

@@ -42,6 +42,7 @@ class LinearRecord:
     module: str = ""  # the user's module the matmul came from, when Dynamo recorded it
     max_error: float | None = None  # verify mode: max |fused - original| on the first call
     lowered: str = ""  # how the fused op entered Inductor's generated code (written by qfuse.lowerings)
+    kernel_constrained: bool = False  # the configuration forced, preferred or disabled kernels: the lowering keeps the kernel
 
     @property
     def where(self) -> str:

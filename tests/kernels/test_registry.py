@@ -236,21 +236,22 @@ def test_int4_weight_only_on_gpus_is_the_triton_kernels(group, zero_point, m, pl
     assert choose_kernel(key, platform).kernel.name == "triton"
 
 
-@pytest.mark.parametrize("m, cuda_graphs, zero_point, scale_dtype, activation, platform, chosen, reason", [
-    (1, True, False, BF16, BF16, H100, "torch", ""),
-    (1, True, False, BF16, BF16, A100, "torch", ""),
-    (1, False, False, BF16, BF16, H100, "triton", ""),  # the template first: torch is not even asked
-    (16, True, False, BF16, BF16, H100, "triton", ""),
-    (None, True, False, BF16, BF16, H100, "triton", ""),
-    (1, True, True, BF16, BF16, H100, "triton", "takes symmetric weights only"),
-    (1, True, False, torch.float16, BF16, H100, "triton", "holds the group scales in bf16, and these are fp16"),
-    (1, True, False, torch.float16, torch.float16, H100, "triton", "not fp16 x int4"),
-    (1, True, False, BF16, BF16, MI300, "triton", "ROCm"),
+@pytest.mark.parametrize("m, cuda_graphs, zero_point, scale_dtype, activation, platform, chosen", [
+    (1, True, False, BF16, BF16, H100, "torch"),
+    (1, True, False, BF16, BF16, A100, "torch"),
+    (1, False, False, BF16, BF16, H100, "triton"),
+    (16, True, False, BF16, BF16, H100, "triton"),
+    (None, True, False, BF16, BF16, H100, "triton"),
+    (1, True, True, BF16, BF16, H100, "triton"),  # a zero point: tinygemm's bf16 float zero would round
+    (1, True, False, torch.float16, BF16, H100, "triton"),  # tinygemm holds the scales in bf16
+    (1, True, False, torch.float16, torch.float16, H100, "triton"),
+    (1, True, False, BF16, BF16, MI300, "triton"),
 ])
 def test_int4_at_m_1_under_cuda_graphs_is_atens_tinygemm(m, cuda_graphs, zero_point, scale_dtype, activation, platform,
-                                                         chosen, reason):
+                                                         chosen):
     """Under CUDA graphs (no Python on a replay) tinygemm's extern call beats the Triton template at
-    M = 1, for the symmetric bf16 weights it computes exactly; anything else stays on the template."""
+    M = 1, for the symmetric bf16 weights it computes exactly; anything else stays on the template,
+    which then is not called slower (`int4_tinygemm.wins_here`)."""
     scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, activation, weight_group_size=128)
     key = GemmKey(scheme, m=m, n=4096, k=4096, out_dtype=activation, bias_dtype=None, device_type="cuda",
                   weight_zero_point=zero_point, weight_scale_dtype=scale_dtype, cuda_graphs=cuda_graphs)
@@ -258,8 +259,20 @@ def test_int4_at_m_1_under_cuda_graphs_is_atens_tinygemm(m, cuda_graphs, zero_po
     assert choice.kernel.name == chosen
     if chosen == "torch":
         assert "tinygemm" in choice.rejected["triton"]
-    if reason:  # the template was slower here, and tinygemm could not take the linear
-        assert reason in choice.rejected["torch"], choice.rejected
+    else:
+        assert "torch" not in choice.rejected, choice.rejected
+
+
+def test_tinygemm_states_why_it_is_not_taken_elsewhere():
+    scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, BF16, weight_group_size=128)
+    key = GemmKey(scheme, m=16, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda",
+                  weight_scale_dtype=BF16, cuda_graphs=True)
+    choice = choose_kernel(key, H100, preference=("torch", "triton"))
+    assert choice.kernel.name == "triton" and "faster only at M = 1 under CUDA graphs" in choice.rejected["torch"]
+    fp16_scales = GemmKey(scheme, m=1, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda",
+                          weight_scale_dtype=torch.float16, cuda_graphs=True)
+    choice = choose_kernel(fp16_scales, H100, preference=("torch", "triton"))
+    assert "holds the group scales in bf16, and these are fp16" in choice.rejected["torch"]
 
 
 def test_int4_groups_narrower_than_the_least_k_step_are_declined_on_gpus():

@@ -115,7 +115,8 @@ def test_dynamic_m_fp8_runs_the_faster_kernel_of_each_bucket(out):
     decode, prefill = (report.fused[0] for report in reports)
     assert TEMPLATE_MARK in results[0][2] and TEMPLATE_MARK not in results[1][2]
     assert "Triton template" in decode.lowered, decode.lowered
-    assert "_scaled_mm" in prefill.lowered and "Triton template" not in prefill.lowered, prefill.lowered
+    how_prefill_ran = prefill.lowered.rsplit(": ", 1)[-1]  # after the reason a switched kernel gives
+    assert how_prefill_ran.startswith(("ATen", "Inductor's own GEMM")), prefill.lowered
 
 
 def _fp8_float32(x, w, w_scale, bias):

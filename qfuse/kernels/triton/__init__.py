@@ -15,8 +15,9 @@ per-channel, 1x128 / 128x128 blocks), no zero points (asymmetric activations run
 kernel), any M >= 1, N, K (masked; K padded to a multiple of 16 for aligned loads; int64 offsets).
 
 Inside Inductor's code the template's fp8 main loop (pointer loads, no TMA) is slower than cuBLAS
-on Hopper at a prefill M known at compile time; `why_slower_here` then leaves row-wise and
-per-tensor fp8 linears to the `torch` kernel's cuBLAS `_scaled_mm` (block scales stay here).
+on Hopper at a prefill M; `why_slower_here` then leaves row-wise and per-tensor fp8 linears to the
+`torch` kernel's cuBLAS `_scaled_mm` (block scales stay here), as the lowering does for a dynamic M
+above 128 rows. int4 at M = 1 under CUDA graphs goes to the `torch` kernel's ATen tinygemm.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels import int4_tinygemm
 from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.int4_words import pack_int4
 from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
@@ -34,9 +36,13 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, INT4_O
 #: K is padded to this multiple (weights once, activations per call): with K = 4100 the unaligned
 #: rows cost 40-60x on an H200 (benchmarks/gpu_kernels.py, docs/benchmarks.md).
 K_ALIGNMENT = 16
-#: Above this M (known at compile time) cuBLAS beats the fp8 template on Hopper: the eager kernel
-#: switches to its TMA loop there too (`persistent_mm.MIN_M`).
+#: Above this M cuBLAS beats the fp8 template on Hopper (kernel choice for a static M, the lowering for
+#: a dynamic one's bucket): the eager kernel switches to its TMA loop there too (`persistent_mm.MIN_M`).
 FP8_TEMPLATE_MAX_ROWS = 128
+INT4_PACKING = "int4_words_nk"  # `qfuse.kernels.int4_words` along K, [N, K / 8]
+INT4_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 stored minus one
+
+
 def fp8_template_yields_to_cublas(blocked: bool, platform: Platform) -> str:
     """Why an fp8 linear above FP8_TEMPLATE_MAX_ROWS rows runs faster on cuBLAS's `_scaled_mm` than on
     the template on this GPU, or '' (block scales: cuBLAS has none here; not Hopper: not measured).
@@ -48,8 +54,6 @@ def fp8_template_yields_to_cublas(blocked: bool, platform: Platform) -> str:
             "docs/benchmarks.md, gpu_linear)")
 
 
-INT4_PACKING = "int4_words_nk"  # `qfuse.kernels.int4_words` along K, [N, K / 8]
-INT4_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 stored minus one
 _ALL_ACTIVATION_SCALES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)
 _ALL_WEIGHT_SCALES = (Granularity.PER_TENSOR, Granularity.PER_CHANNEL, Granularity.BLOCK)
 
@@ -84,7 +88,7 @@ class TritonKernel(Kernel):
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
         scheme = key.scheme
-        if scheme.weight_dtype == INT4_DTYPE and key.m == 1 and key.cuda_graphs:
+        if scheme.weight_dtype == INT4_DTYPE and int4_tinygemm.wins_here(key, platform):
             return ("at M = 1 under CUDA graphs ATen's tinygemm, which the torch kernel calls, is faster than the "
                     "decode template (7.2 against 12.0 µs at 4096 x 4096 on an H100; kernels/int4_tinygemm.py)")
         blocked = Granularity.BLOCK == scheme.weight_granularity or Granularity.PER_GROUP == scheme.activation_granularity
