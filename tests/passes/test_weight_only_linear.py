@@ -99,6 +99,22 @@ def test_dynamic_m_compiles_once_per_m_bucket():
     assert not any(f"torch.ops.{WEIGHT_ONLY_OP}(" in code for code in codes)
 
 
+def test_an_unbacked_m_takes_the_path_that_is_right_at_any_m():
+    """No hint, no guard (`rows_at_most`): an unbacked M counts as large, Inductor's dequantize + mm,
+    compiled once for every M."""
+    args = operands((5, 64), torch.bfloat16)
+    compiled = torch.compile(dequantized_weight, backend="qfuse")
+    calls = [(torch.randn(rows, 64).to(torch.bfloat16), *args[1:]) for rows in (5, 100, 3)]
+    torch._dynamo.decorators.mark_unbacked(calls[0][0], 0)
+    with torch.no_grad():
+        results = outputs_and_code_per_call(compiled, calls)
+    for (out, _), call in zip(results, calls):
+        expected = dequantized_weight(*call).float()
+        torch.testing.assert_close(out.float(), expected, rtol=3e-2, atol=3e-2 * expected.abs().max().item())
+    assert [bool(code) for _, code in results] == [True, False, False]
+    assert "extern_kernels.mm(" in results[0][1] and "_weight_int8pack_mm" not in results[0][1]
+
+
 def scale_per_row_of_the_activation(x, w, scale, bias):
     return (x @ w.t().to(x.dtype)) * x.abs().amax(dim=-1, keepdim=True)
 
