@@ -41,6 +41,22 @@ def outputs_and_code_per_call(compiled, calls):
     return results
 
 
+def assert_one_compile_per_decode_bucket(model, template_mark: str, extern_call: str, k: int = 256):
+    """A weight-only GPU `model` compiled with dynamic=True and called at M = 1, 16, 33, 1000, 5, 64:
+    M = 1 is static (Dynamo specializes it); a dynamic M is guarded on 16 rows, the decode template
+    (`template_mark` in its code) at most and Inductor's dequantize + mm above, each bucket compiled
+    once, never the op's extern call; every output close to eager."""
+    compiled = torch.compile(model, backend="qfuse", dynamic=True)
+    calls = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),) for m in (1, 16, 33, 1000, 5, 64)]
+    with torch.no_grad():
+        results = outputs_and_code_per_call(compiled, calls)
+        for (out, _), (x,) in zip(results, calls):
+            assert_close_to_eager(out, model, x)
+    codes = [code for _, code in results]
+    assert [bool(code) for code in codes] == [True, True, True, False, False, False]
+    assert template_mark in codes[1] and template_mark not in codes[2] and extern_call not in codes[1] + codes[2]
+
+
 #: One rounding of a result in each activation dtype (the templates' numerics against eager).
 ROUNDING = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}
 

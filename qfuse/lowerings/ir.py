@@ -5,7 +5,7 @@
     numel / known_equal     sizes, compared only when Inductor can prove the answer
     rows_at_most(rows, b)   M <= b, for choosing a path or a tile by M: a dynamic M by a guard, so
                             that each M bucket gets its own compiled code
-    record_lowering(how)    how the op entered the generated code, into its LinearRecord
+    record_lowering(how)    how the op entered the generated code, into its LinearRecord (`current_record`)
     extern_call(call)       the op itself as an extern call (the fallback that is always correct)
     falls_back_to_extern_call(Args)   a lowering whose failure becomes that extern call (qfuse.errors)
     IR_OPS                  `qfuse.kernels.array_ops.ArrayOps` on IR: a kernel's integer math, stated
@@ -73,11 +73,15 @@ def rows_at_most(rows, bound: int) -> bool:
     return bool(V.graph.sizevars.guard_or_false(sympy.Le(rows, bound)))
 
 
+def current_record():
+    """The LinearRecord of the op being lowered (None for an op the passes did not emit)."""
+    node = V.graph.current_node
+    return node.meta.get(RECORD_KEY) if node is not None else None
+
+
 def record_lowering(how: str) -> None:
     """Write how this op entered the generated code into its LinearRecord (debug mode shows it)."""
-    node = V.graph.current_node
-    record = node.meta.get(RECORD_KEY) if node is not None else None
-    if record is not None:
+    if (record := current_record()) is not None:
         record.lowered = how
 
 

@@ -48,10 +48,9 @@ from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
 from qfuse.kernels.torch_native import zero_point_correction
 from qfuse.lowerings import triton_template
-from qfuse.lowerings.ir import (IR_OPS, convert, extern_call, falls_back_to_extern_call, known_equal, lower, numel,
-                                record_lowering, rows_at_most)
+from qfuse.lowerings.ir import (IR_OPS, convert, current_record, extern_call, falls_back_to_extern_call, known_equal,
+                                lower, numel, record_lowering, rows_at_most)
 from qfuse.lowerings.triton_template import why_not_template
-from qfuse.ops import RECORD_KEY
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS, current_platform
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE
@@ -209,7 +208,7 @@ def _why_not_triton_scales(scale_a, scale_b, rows, b) -> str:
     return ""
 
 
-def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype, prefix: str = ""):
+def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
     """The triton kernel as an Inductor template; the output cast (and what follows) in its store."""
     from qfuse.kernels.triton.scaled_mm import promote_every
 
@@ -217,7 +216,7 @@ def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype, 
     (kind_a, sa), (kind_b, sb) = ((kind, None if shape is None else lower(aten.reshape.default, convert(scale, torch.float32), shape))
                                   for scale, (kind, shape) in zip((scale_a, scale_b), kinds))
     out, how = triton_template.scaled_linear(a2d, b, sa, kind_a, sb, kind_b, bias, promote_every(a2d.get_dtype(), out_dtype))
-    record_lowering(prefix + how + "; scales and bias inside it, the output cast and what follows fused into its store")
+    record_lowering(how + "; scales and bias inside it, the output cast and what follows fused into its store")
     return convert(out, out_dtype)
 
 
@@ -253,7 +252,7 @@ def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
     from qfuse.kernels.triton import FP8_TEMPLATE_MAX_ROWS, fp8_template_yields_to_cublas
     from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
 
-    record = V.graph.current_node.meta.get(RECORD_KEY) if V.graph.current_node is not None else None
+    record = current_record()
     if record is None or record.kernel_constrained or sympy.sympify(rows).is_number or call.a.get_dtype() != FP8_DTYPE:
         return call.kernel, ""
     platform = current_platform("cuda")
@@ -270,29 +269,30 @@ def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
     return call.kernel, ""
 
 
-def _lowered_linear(call: ScaledMmArgs, rows, k, prefix: str = ""):
-    """The [rows, N] result of a call that `why_not_lowered` accepted, in Inductor IR. `prefix`: why
-    it is not the kernel the pass chose, before how it was lowered in the debug report."""
+def _lowered_linear(call: ScaledMmArgs, rows, k):
+    """The [rows, N] result of a call that `why_not_lowered` accepted, in Inductor IR."""
     kernel, why_this_kernel = _kernel_for_m_bucket(call, rows)
-    if why_this_kernel:
-        return _lowered_linear(call._replace(kernel=kernel), rows, k, prefix=f"{why_this_kernel}: ")
+    if why_this_kernel:  # the report says why, before how the bucket's kernel was lowered
+        out = _lowered_linear(call._replace(kernel=kernel), rows, k)
+        record_lowering(f"{why_this_kernel}: {current_record().lowered}")
+        return out
     a2d = lower(aten.reshape.default, call.a, [rows, k])
     b, scale_a, scale_b, bias, out_dtype = call.b, call.scale_a, call.scale_b, call.bias, call.out_dtype
     if call.kernel == "triton":
-        return _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype, prefix)
+        return _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype)
     if call.kernel == "cutlass":
-        record_lowering(prefix + "ATen row-wise _scaled_mm (CUTLASS), scales and bias inside the GEMM")
+        record_lowering("ATen row-wise _scaled_mm (CUTLASS), scales and bias inside the GEMM")
         return _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows)
     if a2d.get_dtype() == FP8_DTYPE:
         fused = _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype)
         if fused is not None:
-            record_lowering(prefix + "ATen _scaled_mm (cuBLAS), scales and bias inside the GEMM")
+            record_lowering("ATen _scaled_mm (cuBLAS), scales and bias inside the GEMM")
             return fused
     if a2d.get_dtype() == torch.int8:
         out = _int8_accumulator(a2d, b, call.azp_a, call.azp_b, rows, k)
     else:
         out = _fp8_accumulator(a2d, b)
-    record_lowering(prefix + "Inductor's own GEMM lowering; scales, bias and cast in its fused pointwise code")
+    record_lowering("Inductor's own GEMM lowering; scales, bias and cast in its fused pointwise code")
     return _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from tests.helpers import assert_close_to_eager, compile_and_get_code, outputs_and_code_per_call
+from tests.helpers import assert_close_to_eager, assert_one_compile_per_decode_bucket, compile_and_get_code
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -51,18 +51,7 @@ def test_decode_is_the_template_and_prefill_inductors_dequantize_and_mm(shape):
 
 
 def test_dynamic_m_compiles_once_per_m_bucket():
-    """M = 1 is static (Dynamo specializes it); a dynamic M is guarded on 16 rows: the decode template
-    at most, Inductor's dequantize + mm above, each bucket compiled once."""
-    model = gptq_packed_int4(BF16, group_size=128).cuda()
-    compiled = torch.compile(model, backend="qfuse", dynamic=True)
-    calls = [(torch.randn(m, 256, device="cuda", dtype=BF16),) for m in (1, 16, 33, 1000, 5, 64)]
-    with torch.no_grad():
-        results = outputs_and_code_per_call(compiled, calls)
-        for (out, _), (x,) in zip(results, calls):
-            assert_close_to_eager(out, model, x)
-    codes = [code for _, code in results]
-    assert [bool(code) for code in codes] == [True, True, True, False, False, False]
-    assert TEMPLATE_MARK in codes[1] and TEMPLATE_MARK not in codes[2] and EXTERN_CALL not in codes[1] + codes[2]
+    assert_one_compile_per_decode_bucket(gptq_packed_int4(BF16, group_size=128).cuda(), TEMPLATE_MARK, EXTERN_CALL)
 
 
 @pytest.mark.parametrize("mode", ["max-autotune-no-cudagraphs", "reduce-overhead"])

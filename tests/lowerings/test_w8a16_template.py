@@ -8,7 +8,7 @@ graphs, the next pointwise op fused into the store."""
 import pytest
 import torch
 
-from tests.helpers import assert_close_to_eager, compile_and_get_code, outputs_and_code_per_call
+from tests.helpers import assert_close_to_eager, assert_one_compile_per_decode_bucket, compile_and_get_code
 from tests.peers.weight_only_models import fp8_weight_only, hand_written_int8
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -62,18 +62,7 @@ def test_int8_weight_only_runs_as_the_template():
 
 
 def test_dynamic_m_compiles_once_per_m_bucket():
-    """M = 1 is static (Dynamo specializes it); a dynamic M is guarded on 16 rows: the decode template
-    at most, Inductor's dequantize + mm above, each bucket compiled once."""
-    model = cuda_model(BF16, "block_repeat")
-    compiled = torch.compile(model, backend="qfuse", dynamic=True)
-    calls = [(torch.randn(m, 256, device="cuda", dtype=BF16),) for m in (1, 16, 33, 1000, 5, 64)]
-    with torch.no_grad():
-        results = outputs_and_code_per_call(compiled, calls)
-        for (out, _), (x,) in zip(results, calls):
-            assert_close_to_eager(out, model, x)
-    codes = [code for _, code in results]
-    assert [bool(code) for code in codes] == [True, True, True, False, False, False]
-    assert TEMPLATE_MARK in codes[1] and TEMPLATE_MARK not in codes[2] and EXTERN_CALL not in codes[1] + codes[2]
+    assert_one_compile_per_decode_bucket(cuda_model(BF16, "block_repeat"), TEMPLATE_MARK, EXTERN_CALL)
 
 
 @pytest.mark.parametrize("mode", ["max-autotune-no-cudagraphs", "reduce-overhead"])

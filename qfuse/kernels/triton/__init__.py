@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels import int4_tinygemm
+from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.int4_words import pack_int4
 from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
