@@ -1,8 +1,12 @@
-"""A tensor-parallel quantized Llama MLP block on the GPU: qfuse against Inductor on the same shard.
+"""Tensor-parallel quantized Llama models on the GPU: qfuse against Inductor on the same shard.
 
-Each rank runs its shard of `tests/distributed/tp_models.TensorParallelMlp` (hidden 4096,
-intermediate 14336 / world: gate / up column-parallel, down row-parallel, a functional all-reduce on
-NCCL), int8 or fp8 W8A8 in the reference form, bf16 activations, and measures per rank, at each M:
+Each rank runs its shard, int8 or fp8 W8A8 in the reference form, bf16 activations, of
+- "mlp": `tests/distributed/tp_models.TensorParallelMlp` (hidden 4096, intermediate 14336 / world:
+  gate / up column-parallel, down row-parallel, a functional all-reduce on NCCL) on [M, 4096];
+- "llama": `tests/distributed/tp_models.tensor_parallel_llama`, the two-layer HF Llama at Llama-3-8B
+  layer sizes (hidden 4096, intermediate 14336, 32 heads, 8 KV heads; vocab 32000), whole heads per
+  rank, an all-reduce after o_proj and down_proj, on input_ids [1, M], its logits;
+and measures per rank, at each M:
 
     inductor, qfuse                                  default mode (no CUDA graphs)
     inductor:reduce-overhead, qfuse:reduce-overhead   CUDA graphs
@@ -11,14 +15,17 @@ NCCL), int8 or fp8 W8A8 in the reference form, bf16 activations, and measures pe
 against eager). With one process (world 1, the all-reduce a no-op on one GPU) it runs without
 torchrun; on a multi-GPU machine: `torchrun --nproc-per-node 2 benchmarks/gpu_tensor_parallel.py`.
 
-    python benchmarks/gpu_tensor_parallel.py [--schemes int8,fp8] [--ms 16,1024,4096] [--out FILE.json]
+    python benchmarks/gpu_tensor_parallel.py [--models mlp,llama] [--schemes int8,fp8] [--ms 16,1024,4096] [--out FILE.json]
+    python benchmarks/gpu_tensor_parallel.py --table FILE.json [FILE.json ...]   (the markdown table)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,9 +33,13 @@ import torch.distributed as dist
 from gpu_linear import measure
 from qfuse.bench import add_output_arguments, format_table, out_path, progress, write
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS
-from tests.distributed.tp_models import TensorParallelMlp, float_mlp
+from torch import nn
+
+from tests.distributed.tp_models import TensorParallelMlp, float_mlp, tensor_parallel_llama
 
 HIDDEN, INTERMEDIATE = 4096, 14336
+LLAMA_SIZES = {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "vocab_size": 32000}
 VARIANTS = ("inductor", "qfuse", "inductor:reduce-overhead", "qfuse:reduce-overhead")
 
 
@@ -43,23 +54,46 @@ def init_process_group() -> tuple[int, int]:
     return rank, world
 
 
-def case_rows(scheme: str, m: int, rank: int, world: int) -> list[dict]:
-    if scheme == "int8":  # the reference form's torch._int_mm needs M > 16 on CUDA (cuBLAS): decode runs at 17
-        m = max(m, CUDA_INT_MM_MIN_ROWS)
+class Logits(nn.Module):
+    """The HF model's logits, so that a call returns a tensor."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids).logits
+
+
+def sharded_model(model: str, scheme: str, m: int, rank: int, world: int) -> tuple[nn.Module, torch.Tensor]:
+    """(this rank's shard on the GPU, its input of M tokens)."""
+    if model == "llama":
+        llama, input_ids = tensor_parallel_llama(scheme, rank, world, dist.group.WORLD, seq=m, dtype=torch.bfloat16,
+                                                 **LLAMA_SIZES)
+        return Logits(llama).cuda(), input_ids.cuda()
     floats = float_mlp(HIDDEN, INTERMEDIATE).cuda()
     block = TensorParallelMlp(floats, scheme, rank, world, dist.group.WORLD).cuda()
-    del floats
-    x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
-    label = {"scheme": scheme, "m": m, "world": world, "rank": rank}
+    return block, torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
+
+
+def case_rows(model: str, scheme: str, m: int, rank: int, world: int) -> list[dict]:
+    if scheme == "int8":  # the reference form's torch._int_mm needs M > 16 on CUDA (cuBLAS): decode runs at 17
+        m = max(m, CUDA_INT_MM_MIN_ROWS)
+    shard, x = sharded_model(model, scheme, m, rank, world)
+    label = {"model": model, "scheme": scheme, "m": m, "world": world, "rank": rank}
     with torch.no_grad():
-        expected = block(x)
-        return [label | measure(block, x, variant, expected) for variant in VARIANTS]
+        expected = shard(x)
+        return [label | measure(shard, x, variant, expected) for variant in VARIANTS]
+
+
+def case_of(row: dict) -> tuple:
+    return row["world"], row["rank"], row.get("model", "mlp"), row["scheme"], row["m"]
 
 
 def table(rows: list[dict]) -> str:
     lines = []
-    for scheme, m in dict.fromkeys((row["scheme"], row["m"]) for row in rows):
-        by_variant = {row["variant"]: row for row in rows if (row["scheme"], row["m"]) == (scheme, m)}
+    for case in dict.fromkeys(case_of(row) for row in rows):
+        by_variant = {row["variant"]: row for row in rows if case_of(row) == case}
 
         def cell(name):
             row = by_variant[name]
@@ -68,26 +102,39 @@ def table(rows: list[dict]) -> str:
         def ratio(baseline, ours):
             return f"{by_variant[baseline]['per_call_us'] / by_variant[ours]['per_call_us']:.2f}x"
 
-        lines.append([scheme, m, *(cell(name) for name in VARIANTS), by_variant["qfuse"].get("fused", ""),
+        lines.append([*case, *(cell(name) for name in VARIANTS), by_variant["qfuse"].get("fused", ""),
                       ratio("inductor", "qfuse"), ratio("inductor:reduce-overhead", "qfuse:reduce-overhead")])
-    return format_table(lines, ["scheme", "M", *(f"{name} (per call / GPU / host µs)" for name in VARIANTS), "fused",
-                                "vs inductor", "vs inductor (CUDA graphs)"], markdown=True)
+    header = ["world", "rank", "model", "scheme", "M", *(f"{name} (per call / GPU / host µs)" for name in VARIANTS),
+              "fused", "vs inductor", "vs inductor (CUDA graphs)"]
+    return format_table(lines, header, markdown=True)
+
+
+def rank_path(path: Path, rank: int, world: int) -> Path:
+    """Each rank's own result file: FILE_world2_rank1.json beside FILE.json (FILE.json itself at world 1)."""
+    path = Path(path)
+    return path if world == 1 else path.with_name(f"{path.stem}_world{world}_rank{rank}{path.suffix}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="mlp,llama")
     parser.add_argument("--schemes", default="int8,fp8")
+    parser.add_argument("--table", nargs="+", metavar="FILE.json", help="print the table of result files and exit")
     parser.add_argument("--ms", default="16,1024,4096")
     add_output_arguments(parser, "gpu_tensor_parallel")
     args = parser.parse_args()
+    if args.table:
+        print(table([row for name in args.table for row in json.loads(Path(name).read_text())["rows"]]))
+        return
     rank, world = init_process_group()
-    rows, out = [], out_path(args, f"gpu_tensor_parallel_rank{rank}")
+    rows, out = [], rank_path(out_path(args, "gpu_tensor_parallel"), rank, world)
     try:
-        for scheme in args.schemes.split(","):
-            for m in (int(m) for m in args.ms.split(",")):
-                progress(f"rank {rank}/{world} {scheme} M={m}")
-                rows += case_rows(scheme, m, rank, world)
-                write(out, rows)
+        for model in args.models.split(","):
+            for scheme in args.schemes.split(","):
+                for m in (int(m) for m in args.ms.split(",")):
+                    progress(f"rank {rank}/{world} {model} {scheme} M={m}")
+                    rows += case_rows(model, scheme, m, rank, world)
+                    write(out, rows)
     finally:
         dist.destroy_process_group()
     if rank == 0:

@@ -121,12 +121,13 @@ COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
 
 
-def tensor_parallel_llama(scheme: str, rank: int = 0, world: int = 1, group=None, seq: int = 8):
-    """(the tiny HF Llama with its 14 decoder linears quantized ("float": as they are), each this
-    rank's shard when `group` is given, input_ids [1, seq])."""
+def tensor_parallel_llama(scheme: str, rank: int = 0, world: int = 1, group=None, seq: int = 8,
+                          dtype: torch.dtype = torch.float32, **sizes):
+    """(the tiny HF Llama (`sizes`: `tiny_llama`'s) with its 14 decoder linears quantized ("float":
+    as they are), each this rank's shard when `group` is given, input_ids [1, seq])."""
     from tests.peers.hf_llama import tiny_llama
 
-    model, input_ids = tiny_llama(seq=seq)
+    model, input_ids = tiny_llama(seq=seq, dtype=dtype, **sizes)
     for layer in model.model.layers:
         for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
                               (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):

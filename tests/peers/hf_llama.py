@@ -40,13 +40,17 @@ def available() -> tuple[bool, str]:
     return True, f"transformers {transformers.__version__}"
 
 
-def tiny_llama(seq: int = 8, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A randomly initialised tiny `LlamaForCausalLM` in eval mode and a `[1, seq]` input."""
+TINY_SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 128}
+
+
+def tiny_llama(seq: int = 8, seed: int = 0, dtype: torch.dtype = torch.float32, **sizes):
+    """A randomly initialised tiny `LlamaForCausalLM` in eval mode and a `[1, seq]` input; `sizes`
+    override `LlamaConfig` fields of `TINY_SIZES` (a benchmark builds Llama-sized layers this way)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=128, use_cache=False)
+    config = LlamaConfig(**(TINY_SIZES | sizes), use_cache=False)
     config._attn_implementation = "sdpa"
     model = LlamaForCausalLM(config).to(dtype).eval()
     generator = torch.Generator().manual_seed(seed)
