@@ -13,7 +13,8 @@ and measures per rank, at each M:
 
 (per call / GPU / host µs, `benchmarks/gpu_linear.measure`, which also checks qfuse's result
 against eager). With one process (world 1, the all-reduce a no-op on one GPU) it runs without
-torchrun; on a multi-GPU machine: `torchrun --nproc-per-node 2 benchmarks/gpu_tensor_parallel.py`.
+torchrun; on a multi-GPU machine: `torchrun --nproc-per-node 2 benchmarks/gpu_tensor_parallel.py`
+(each rank writes FILE_world2_rank<r>.json).
 
     python benchmarks/gpu_tensor_parallel.py [--models mlp,llama] [--schemes int8,fp8] [--ms 16,1024,4096] [--out FILE.json]
     python benchmarks/gpu_tensor_parallel.py --table FILE.json [FILE.json ...]   (the markdown table)
@@ -92,7 +93,7 @@ def case_of(row: dict) -> tuple:
 
 def table(rows: list[dict]) -> str:
     lines = []
-    for case in dict.fromkeys(case_of(row) for row in rows):
+    for case in sorted(dict.fromkeys(case_of(row) for row in rows)):
         by_variant = {row["variant"]: row for row in rows if case_of(row) == case}
 
         def cell(name):
@@ -128,18 +129,20 @@ def main() -> None:
         return
     rank, world = init_process_group()
     rows, out = [], rank_path(out_path(args, "gpu_tensor_parallel"), rank, world)
-    try:
-        for model in args.models.split(","):
-            for scheme in args.schemes.split(","):
-                for m in (int(m) for m in args.ms.split(",")):
-                    progress(f"rank {rank}/{world} {model} {scheme} M={m}")
-                    rows += case_rows(model, scheme, m, rank, world)
-                    write(out, rows)
-    finally:
-        dist.destroy_process_group()
+    for model in args.models.split(","):
+        for scheme in args.schemes.split(","):
+            for m in (int(m) for m in args.ms.split(",")):
+                progress(f"rank {rank}/{world} {model} {scheme} M={m}")
+                rows += case_rows(model, scheme, m, rank, world)
+                write(out, rows)
     if rank == 0:
         print(table(rows))
-    print(f"wrote {out}")
+    print(f"wrote {out}", flush=True)
+    # Results first: on 2 H100s (torch 2.11) the ranks did not exit after this point (they waited
+    # until `timeout` ended them, not investigated), so everything is written and printed before.
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
