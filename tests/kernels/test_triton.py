@@ -64,7 +64,19 @@ def test_decode_tiles_fill_the_gpu_with_column_blocks():
     assert pick_config(16, 14336, False, False, sms)[:2] == (DECODE_M, 128)  # 112 blocks
     assert pick_config(1, 256, True, False, sms)[1] == 16  # nothing fills it: the narrowest
     assert pick_config(1, 4096, True, True, sms)[2] == 128  # a K step never straddles two scale groups
-    assert pick_config(17, 4096, True, False, sms)[0] == 64  # above decode sizes: the M-bucket table
+    assert pick_config(17, 14336, True, False, sms)[:2] == (64, 128)  # above decode sizes: the M-bucket table
+    assert pick_config(4096, 4096, False, False, sms)[:2] == (128, 128)
+
+
+def test_skinny_m_takes_a_narrower_tile_where_the_table_leaves_the_gpu_idle():
+    from qfuse.kernels.triton.scaled_mm import SKINNY_TILE, pick_config
+
+    sms = 132
+    assert pick_config(17, 4096, False, False, sms) == SKINNY_TILE  # 32 blocks of 64 x 128 on 132 multiprocessors
+    assert pick_config(128, 4096, True, False, sms) == SKINNY_TILE  # 64 blocks
+    assert pick_config(128, 14336, False, False, sms)[:2] == (64, 128)  # 224 blocks: the table's tile
+    assert pick_config(129, 4096, False, False, sms)[:2] == (128, 128)  # prefill buckets are not narrowed
+    assert pick_config(17, 4096, True, True, sms)[2] == 128  # block scales: a K step within one scale group
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
