@@ -228,7 +228,7 @@ def analyze_dequantized_linear(
     if activation_dq is None and weight_dq is None:
         return None
     if weight_dq is None:
-        raise NotFusable("the activation is dequantized but the weight is a float tensor")
+        raise NotFusable(WEIGHT_NOT_DEQUANTIZED)
     out_dtype = _check_linear(anchor, bias, activation, weight)
     padding = (activation_padding[0] if activation_padding else 0, weight_padding[1] if weight_padding else 0)
     if activation_dq is None:
@@ -303,6 +303,7 @@ def analyze(anchor: Node) -> FusedLinear | None:
     return analyze_dequantized_linear(anchor, match_dequantize, FAMILY)
 
 
+WEIGHT_NOT_DEQUANTIZED = "the activation is dequantized but the weight is a float tensor"
 ANCHORS = (aten.mm.default, aten.addmm.default, aten.bmm.default)
 
 

@@ -82,7 +82,12 @@ class PassReport(RecordSelection):
 
     def add(self, record: LinearRecord) -> None:
         """Add a record. A linear that an earlier family passed over as a near miss and a later one
-        fused is one linear: the near miss goes into the fused record's note."""
+        fused is one linear: the near miss goes into the fused record's note. A linear that two
+        families pass over keeps the first family's reason (the earlier families read the more
+        specific forms), the later one's in its note."""
+        if not record.fused and (earlier := self.record_for(record.node)) is not None and not earlier.fused:
+            earlier.note = "; ".join(([earlier.note] if earlier.note else []) + [f"{record.family}: {record.reason}"])
+            return
         if record.fused:
             passed_over = [earlier for earlier in self.records if earlier.node == record.node and not earlier.fused]
             if passed_over:

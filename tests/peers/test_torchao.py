@@ -44,6 +44,23 @@ def test_int8_dynamic_activation_int8_weight(dtype, batch):
     check(model, x, "int8 dyn-token", 1e-4 if dtype == torch.float32 else 2e-2)
 
 
+@pytest.mark.parametrize("config", ["intx_int4_weight_only", "int8_dynamic_intx_int4"])
+def test_int4_intx_weights_are_near_misses_that_name_the_groups(config):
+    """torchao's int4 configs that run on a CPU keep int4 values unpacked in int8, with a scale and a
+    zero point per group of 32 input channels. No qfuse kernel takes int8 values with group scales
+    (and int8 storage does not prove the int4 range), so each linear is a near miss that says so,
+    instead of a float matmul or "the weight is a float tensor"; the compiled model matches eager."""
+    model, x = torchao_models.torchao_mlp(config)
+    with torch.no_grad():
+        expected = model(x)
+        explanation = qfuse.explain(model, x)
+        out = torch.compile(model, backend="qfuse")(x)
+    assert len(explanation.records) == 2 and not any(record.fused for record in explanation.records), explanation
+    for record in explanation.records:
+        assert "minus a zero point times one scale per group of 32 input channels" in record.reason, explanation
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_freezing_lets_inductor_take_pt2e_linears_and_the_report_says_so():
     """With freezing=True (the documented recipe) Inductor's own passes lower PT2E linears to oneDNN
     before qfuse's pass runs; qfuse leaves them and says so instead of "0 of 0"."""

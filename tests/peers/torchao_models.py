@@ -10,6 +10,12 @@ so qfuse can be tested against what other tools really emit, not against hand-wr
 - `torchao_int8_dynamic_mlp(dtype)`: `quantize_(model, Int8DynamicActivationInt8WeightConfig())`,
   int8 per-token symmetric activations and int8 per-channel weights (torchao's `Int8Tensor`).
 - `torchao_int8_weight_only_mlp(dtype)`: `quantize_(model, Int8WeightOnlyConfig())`, W8A16/W8A32.
+- `torchao_mlp("intx_int4_weight_only")` / `torchao_mlp("int8_dynamic_intx_int4")`: torchao's int4
+  configs that run on a CPU (torchao 0.18's `Int4WeightOnlyConfig` packs for CUDA / XPU kernels
+  only): `IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))` and
+  `Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4)` ("8da4w": dynamic asymmetric
+  per-token int8 activations). Both store the int4 values unpacked in int8 with a scale and a zero
+  point per group of 32 input channels (`IntxUnpackedToInt8Tensor`), dequantized in the graph.
 
 Every builder takes `batch`: `batch=B` makes the input `[B, tokens, in_features]` (the graph then
 reshapes around each matmul). `available()` says whether torchao can be imported (a test can skip on its reason). This module
@@ -92,12 +98,22 @@ def _config(name: str, set_inductor_config: bool):
         granularity = quantization.PerRow() if name.endswith("rowwise") else quantization.PerTensor()
         return quantization.Float8DynamicActivationFloat8WeightConfig(
             granularity=granularity, set_inductor_config=set_inductor_config)
+    if name in INTX_INT4:
+        config_class, granularity_argument = INTX_INT4[name]
+        return getattr(quantization, config_class)(weight_dtype=torch.int4,
+                                                   **{granularity_argument: quantization.PerGroup(INTX_GROUP)})
     return getattr(quantization, CONFIGS[name])(set_inductor_config=set_inductor_config)
 
 
 CONFIGS = {"int8_dynamic": "Int8DynamicActivationInt8WeightConfig", "int8_weight_only": "Int8WeightOnlyConfig",
            "float8_dynamic_rowwise": "Float8DynamicActivationFloat8WeightConfig (PerRow)",
-           "float8_dynamic_tensorwise": "Float8DynamicActivationFloat8WeightConfig (PerTensor)"}
+           "float8_dynamic_tensorwise": "Float8DynamicActivationFloat8WeightConfig (PerTensor)",
+           "intx_int4_weight_only": "IntxWeightOnlyConfig (int4, groups of 32)",
+           "int8_dynamic_intx_int4": "Int8DynamicActivationIntxWeightConfig (int4, groups of 32)"}
+INTX_GROUP = 32
+#: the int4 "intx" configs: (config class, the name of its weight granularity argument)
+INTX_INT4 = {"intx_int4_weight_only": ("IntxWeightOnlyConfig", "granularity"),
+             "int8_dynamic_intx_int4": ("Int8DynamicActivationIntxWeightConfig", "weight_granularity")}
 
 
 def torchao_mlp(
