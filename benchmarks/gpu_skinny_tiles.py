@@ -1,14 +1,15 @@
 """Skinny W8A8 GEMMs (16 < M <= 128) on the GPU: which tile of qfuse's Triton kernel to run there.
 
-Between decode (M <= 16, `scaled_mm.DECODE_TILES`) and prefill, `scaled_mm.pick_config` takes the
-64 x 128 tile of `CONFIGS`. At N = 4096 that is 32 column blocks on a GPU of 132 multiprocessors:
-the template's GEMM took 50 µs at M = 17-64, N = 4096, K = 14336 on an H100, against 33 µs for
-cuBLAS's `_int_mm` (docs/benchmarks.md, issue #13). This script times, per dtype, M and (N, K) of
-`gemm_cases.SHAPES`, the eager kernel (`triton_scaled_mm`, per-token x per-channel scales, bf16
-out) at the table's tile and at candidate tiles that fill the GPU with more blocks, beside the raw
-GEMM (`_int_mm` / row-wise `_scaled_mm`): GPU µs per call of 20 calls in one CUDA graph
-(`qfuse.bench.gpu_time`, as gpu_linear's GPU column; a weight that fits the L2 stays there). Under
-`do_bench` the eager launcher's Python (40-100 µs) showed through every Triton row.
+Between decode (M <= 16, `scaled_mm.DECODE_TILES`) and prefill, the M-bucket table (`scaled_mm.CONFIGS`)
+has a 64 x 128 tile. At N = 4096 that is 32 column blocks on a GPU of 132 multiprocessors: the
+template's GEMM took 50 µs at M = 17-64, N = 4096, K = 14336 on an H100, against 33 µs for cuBLAS's
+`_int_mm` (docs/benchmarks.md, issue #13), which led to `scaled_mm.SKINNY_TILE`. This script times,
+per dtype, M and (N, K) of `gemm_cases.SHAPES`, the eager kernel (`triton_scaled_mm`, per-token x
+per-channel scales, bf16 out) at the table's tile and at candidate tiles that fill the GPU with
+more blocks, beside the raw GEMM (`_int_mm` / row-wise `_scaled_mm`): GPU µs per call of 20 calls
+in one CUDA graph (`qfuse.bench.gpu_time`, as gpu_linear's GPU column; a weight that fits the L2
+stays there). Under `do_bench` the eager launcher's Python (40-100 µs) showed through every Triton
+row. fp8 tiles promote their accumulator every `scaled_mm.PROMOTE_K` of K.
 
     python benchmarks/gpu_skinny_tiles.py [--dtypes int8,fp8] [--ms 17,32,64,128] [--out FILE.json]
     python benchmarks/gpu_skinny_tiles.py --table FILE.json
@@ -39,11 +40,11 @@ def raw_gemm(a, w, sa, sb):
 
 
 def case_rows(dtype: torch.dtype, m: int, n: int, k: int) -> list[dict]:
-    from qfuse.kernels.triton.scaled_mm import multiprocessors, pick_config, triton_scaled_mm
+    from qfuse.kernels.triton.scaled_mm import CONFIGS, triton_scaled_mm
 
     a, w, sa, sb = operands(m, n, k, dtype)
     label = {"dtype": "int8" if dtype == torch.int8 else "fp8", "m": m, "n": n, "k": k}
-    table_tile = pick_config(m, n, dtype == FP8, False, multiprocessors(a.device))
+    table_tile = next(config for bound, config in sorted(CONFIGS[label["dtype"]].items()) if m <= bound)
     expected = triton_scaled_mm(a, w.t(), sa, sb, None, torch.bfloat16, config=table_tile)
     rows = [label | {"variant": "raw GEMM", "us": gpu_time(raw_gemm(a, w, sa, sb))}]
     for tile in (table_tile, *(tile for tile in CANDIDATES if tile != table_tile)):
@@ -63,9 +64,9 @@ def table(rows: list[dict]) -> str:
         mine = [r for r in rows if (r["dtype"], r["m"], r["n"], r["k"]) == case]
         raw = next(r["us"] for r in mine if r["variant"] == "raw GEMM")
         table_row = next(r for r in mine if r["variant"] == "table tile")
-        skinny = next(r["us"] for r in mine if tuple(r.get("tile", ())) == SKINNY_TILE)
+        skinny = next((f"{r['us']:.1f}" for r in mine if tuple(r.get("tile", ())) == SKINNY_TILE), "-")
         best = min((r for r in mine if "tile" in r), key=lambda r: r["us"])
-        lines.append([*case, f"{raw:.1f}", f"{table_row['us']:.1f} {tuple(table_row['tile'][:3])}", f"{skinny:.1f}",
+        lines.append([*case, f"{raw:.1f}", f"{table_row['us']:.1f} {tuple(table_row['tile'][:3])}", skinny,
                       f"{best['us']:.1f} {tuple(best['tile'])}"])
     return format_table(lines, ["dtype", "M", "N", "K", "raw GEMM µs", "table tile µs", f"{SKINNY_TILE[:3]} µs",
                                 "best tile µs"], markdown=True)

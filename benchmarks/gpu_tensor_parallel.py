@@ -25,18 +25,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from gpu_linear import measure
 from qfuse.bench import add_output_arguments, format_table, out_path, progress, write
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS
-from torch import nn
 
-from tests.distributed.tp_models import TensorParallelMlp, float_mlp, tensor_parallel_llama
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.distributed
+from tests.distributed.tp_models import TensorParallelMlp, float_mlp, tensor_parallel_llama  # noqa: E402
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 LLAMA_SIZES = {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_attention_heads": 32,
@@ -129,20 +131,20 @@ def main() -> None:
         return
     rank, world = init_process_group()
     rows, out = [], rank_path(out_path(args, "gpu_tensor_parallel"), rank, world)
-    for model in args.models.split(","):
-        for scheme in args.schemes.split(","):
-            for m in (int(m) for m in args.ms.split(",")):
-                progress(f"rank {rank}/{world} {model} {scheme} M={m}")
-                rows += case_rows(model, scheme, m, rank, world)
-                write(out, rows)
-    if rank == 0:
-        print(table(rows))
-    print(f"wrote {out}", flush=True)
-    # Results first: on 2 H100s (torch 2.11) the ranks did not exit after this point (they waited
-    # until `timeout` ended them, not investigated), so everything is written and printed before.
-    torch.cuda.synchronize()
-    dist.barrier()
-    dist.destroy_process_group()
+    try:
+        for model in args.models.split(","):
+            for scheme in args.schemes.split(","):
+                for m in (int(m) for m in args.ms.split(",")):
+                    progress(f"rank {rank}/{world} {model} {scheme} M={m}")
+                    rows += case_rows(model, scheme, m, rank, world)
+                    write(out, rows)
+        if rank == 0:
+            print(table(rows))
+        # Results first: on 2 H100s (torch 2.11) the ranks did not exit after this point (they waited
+        # until `timeout` ended them, not investigated), so everything is written and printed before.
+        print(f"wrote {out}", flush=True)
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -124,3 +124,19 @@ def test_without_depyf_debug_says_so_and_compiles(tmp_path, monkeypatch, caplog)
         explanation = qfuse.explain(int_mm_linear, *operands((5, 64)), options={"debug": True, "debug_dir": str(tmp_path)})
     assert explanation.fused
     assert any("depyf is not installed" in record.message for record in caplog.records)
+
+
+def test_one_record_per_linear_whichever_families_passed_it_over():
+    """Two families passing one matmul over make one near miss (the first family's reason, the later
+    one's as a note, both printed); a family that then fuses it keeps both in the fused record's note."""
+    from qfuse.passes.report import LinearRecord, PassReport
+
+    report = PassReport(graph_name="graph_x")
+    report.add(LinearRecord(node="addmm", family="int4_weight_only", fused=False, reason="no kernel can run it"))
+    report.add(LinearRecord(node="addmm", family="fake_quant_linear", fused=False, reason="group scales"))
+    (record,) = report.records
+    assert record.reason == "no kernel can run it" and record.note == "fake_quant_linear: group scales"
+    assert "also       fake_quant_linear: group scales" in report.table() and "(also: " in report.summary()
+    report.add(LinearRecord(node="addmm", family="later", fused=True, pattern="p", scheme="s", kernel="k"))
+    (fused,) = report.records
+    assert "passed over by int4_weight_only: no kernel can run it" in fused.note and "group scales" in fused.note

@@ -210,12 +210,10 @@ def _why_not_triton_scales(scale_a, scale_b, rows, b) -> str:
 
 def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
     """The triton kernel as an Inductor template; the output cast (and what follows) in its store."""
-    from qfuse.kernels.triton.scaled_mm import promote_every
-
     kinds = _triton_scale_kinds(scale_a, scale_b, rows, k, b.get_size()[1])
     (kind_a, sa), (kind_b, sb) = ((kind, None if shape is None else lower(aten.reshape.default, convert(scale, torch.float32), shape))
                                   for scale, (kind, shape) in zip((scale_a, scale_b), kinds))
-    out, how = triton_template.scaled_linear(a2d, b, sa, kind_a, sb, kind_b, bias, promote_every(a2d.get_dtype(), out_dtype))
+    out, how = triton_template.scaled_linear(a2d, b, sa, kind_a, sb, kind_b, bias, out_dtype)
     record_lowering(how + "; scales and bias inside it, the output cast and what follows fused into its store")
     return convert(out, out_dtype)
 

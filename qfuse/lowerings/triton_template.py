@@ -142,11 +142,12 @@ def _tiles(rows, n: int, is_fp8: bool, blocked: bool, device) -> list[tuple[int,
     return tiles
 
 
-def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, promote_every: int):
+def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, out_dtype: torch.dtype):
     """(A @ B with its scales and bias as a float32 [M, N] buffer, how it was chosen): the template
     at the tile(s) for this call. Scales come as the kernel takes them (kind: none, one value, per row
-    [M, 1] / column [1, N], block); Inductor fuses the cast and what follows into the template's store."""
-    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
+    [M, 1] / column [1, N], block); Inductor fuses the cast to `out_dtype` and what follows into the
+    template's store (the dtype also sets each tile's fp8 promotion interval)."""
+    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, promote_every
 
     is_int8 = a2d.get_dtype() == torch.int8
     blocked = BLOCK_SCALE in (kind_a, kind_b)
@@ -154,10 +155,13 @@ def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, prom
     named = {"SA": scale_a, "SB": scale_b, "BIAS": bias}
     extra = {name: ir.ExternKernel.realize_input(node) for name, node in named.items() if node is not None}
     template = _template(("A", "B", *extra))
-    meta = dict(SCALE_A=kind_a, SCALE_B=kind_b, BLOCKED=blocked, HAS_BIAS=bias is not None, IS_INT8=is_int8,
-                PROMOTE_EVERY=1 if blocked else promote_every)
+    meta = dict(SCALE_A=kind_a, SCALE_B=kind_b, BLOCKED=blocked, HAS_BIAS=bias is not None, IS_INT8=is_int8)
     tiles = _tiles(m, int(n), not is_int8, blocked, a2d.get_device())
-    return select_tile(template, "qfuse_scaled_linear", (a2d, b, *extra.values()), layout, tiles, lambda tile: meta)
+
+    def meta_for(tile):
+        return meta | {"PROMOTE_EVERY": 1 if blocked else promote_every(a2d.get_dtype(), out_dtype, tile[2])}
+
+    return select_tile(template, "qfuse_scaled_linear", (a2d, b, *extra.values()), layout, tiles, meta_for)
 
 
 def select_tile(template: TritonTemplate, name: str, inputs: tuple, layout, tiles, meta_for):

@@ -37,7 +37,7 @@ from torch.fx import Graph, Node
 from qfuse.passes.block_scales import match_block_dequantize
 from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import VIEW_OPS, aten, converted_dtype, dtype_of, is_call, same_size, shape_of
-from qfuse.passes.pt2e_linear import ANCHORS, WEIGHT_NOT_DEQUANTIZED, Dequantized, analyze_dequantized_linear
+from qfuse.passes.pt2e_linear import ANCHORS, Dequantized, WeightNotDequantized, analyze_dequantized_linear
 from qfuse.passes.quant_forms import constant_number, strip_round_and_clamps
 from qfuse.schemes import FP8_DTYPE, Granularity
 
@@ -158,22 +158,22 @@ def _rounds(node, depth: int = 6) -> bool:
     return node.target == aten.round.default or any(_rounds(arg, depth - 1) for arg in node.all_input_nodes)
 
 
-def _scale_layout(scale: Node, values_shape) -> str:
-    """How a scale that is no granularity above lies against the values it multiplies, in words."""
-    shape = list(shape_of(scale))
-    if (values_shape is not None and len(shape) == len(values_shape) == 3 and same_size(shape[-1], 1)
-            and same_size(shape[0], values_shape[0]) and same_size(shape[1], values_shape[1])):
-        return (f"one scale per group of {values_shape[2]} input channels (scale {shape} against values "
-                f"{list(values_shape)})")
-    return f"a scale of shape {shape}"
+def _group_size(scale: Node, values_shape) -> int | None:
+    """g when `scale` [N, K / g, 1] multiplies values viewed as [N, K / g, g] (one scale per group of
+    g input channels), else None."""
+    shape = shape_of(scale)
+    if (values_shape is None or shape is None or len(shape) != 3 or len(values_shape) != 3
+            or not same_size(shape[-1], 1) or not all(same_size(a, b) for a, b in zip(shape[:2], values_shape[:2]))):
+        return None
+    return values_shape[2]
 
 
 def _weight_scaled_another_way(anchor: Node) -> str:
     """Why the weight of a linear nothing matched looks dequantized but is not provably so ('' when it
-    does not look dequantized at all): stored quantized values (minus a zero point) times a scale of
-    no shape above, such as one per group of input channels (torchao's int4 "intx" weights: int8
-    values and a scale and zero point per group of 32), or a dequantize cast to float16 after it was
-    computed in float32."""
+    does not look dequantized at all): stored quantized values times a scale of no shape above, such
+    as one per group of input channels (torchao's int4 "intx" weights: int8 values minus a zero point
+    per group of 32, times a scale per group), or a dequantize cast to float16 after it was computed
+    in float32."""
     weight = anchor.args[2] if anchor.target == aten.addmm.default else anchor.args[1]
     if isinstance(weight, Node) and weight.target == aten.permute.default:
         weight = weight.args[0]
@@ -182,6 +182,7 @@ def _weight_scaled_another_way(anchor: Node) -> str:
                 "is inf in eager: not rewritten (the fused op would not round it there)")
     if _is_float_cast(weight):
         weight = weight.args[0]
+    viewed = is_call(weight, *VIEW_OPS)
     while is_call(weight, *VIEW_OPS):  # groups: [N, K / g, g] values viewed back to [N, K]
         weight = weight.args[0]
     if not isinstance(weight, Node) or weight.target != aten.mul.Tensor:
@@ -191,19 +192,26 @@ def _weight_scaled_another_way(anchor: Node) -> str:
         if is_call(values, aten.sub.Tensor):
             values, zero_point = values.args[0], " minus a zero point"
         found = _quantized_values(values)
-        if found is not None and isinstance(scale, Node):
-            return (f"the weight is {found[2]}{zero_point} times {_scale_layout(scale, shape_of(weight))}: neither "
-                    "one value, per channel, nor 128x128 blocks, which is what qfuse's int8 / fp8 kernels take "
-                    "(its int4 kernels read weights packed eight to an int32; int8 values here are not provably "
-                    "in int4's range)")
+        if found is None or not isinstance(scale, Node):
+            continue
+        group = _group_size(scale, shape_of(weight))
+        if group is not None:
+            why = ("qfuse's int8 / fp8 kernels take one scale, one per channel or per 128x128 block, not per group"
+                   + (", and its int4 kernels read int4 packed eight to an int32 (int8 storage does not prove "
+                      "int4's range)" if found[1] is None and dtype_of(found[0]) == torch.int8 else ""))
+            return (f"the weight is {found[2]}{zero_point} times one scale per group of {group} input channels "
+                    f"(scale {list(shape_of(scale))} against values {list(shape_of(weight))}): {why}")
+        if not viewed:
+            return (f"the weight is {found[2]}{zero_point} times a scale of shape {list(shape_of(scale))}, neither one value, "
+                    "per channel, nor 128x128 blocks expanded to the weight")
     return ""
 
 
 def analyze(anchor: Node) -> FusedLinear | None:
     try:
         linear = analyze_dequantized_linear(anchor, match_fake_dequantize, FAMILY)
-    except NotFusable as error:  # the activation is dequantized: say what the weight is, where it looks quantized
-        if str(error) == WEIGHT_NOT_DEQUANTIZED and (reason := _weight_scaled_another_way(anchor)):
+    except WeightNotDequantized:  # say what the weight is, where it looks quantized
+        if reason := _weight_scaled_another_way(anchor):
             raise NotFusable(reason) from None
         raise
     if linear is None and (reason := _weight_scaled_another_way(anchor)):

@@ -65,6 +65,11 @@ def _decomposed():
 FAMILY = "pt2e_linear"
 
 
+class WeightNotDequantized(NotFusable):
+    """The activation of a linear is dequantized and its weight is not, as far as this family reads it
+    (a later family may say what the weight is)."""
+
+
 @dataclass
 class Dequantized:
     """(q - zero_point) * scale, as found in the graph."""
@@ -228,7 +233,7 @@ def analyze_dequantized_linear(
     if activation_dq is None and weight_dq is None:
         return None
     if weight_dq is None:
-        raise NotFusable(WEIGHT_NOT_DEQUANTIZED)
+        raise WeightNotDequantized("the activation is dequantized but the weight is a float tensor")
     out_dtype = _check_linear(anchor, bias, activation, weight)
     padding = (activation_padding[0] if activation_padding else 0, weight_padding[1] if weight_padding else 0)
     if activation_dq is None:
@@ -303,7 +308,6 @@ def analyze(anchor: Node) -> FusedLinear | None:
     return analyze_dequantized_linear(anchor, match_dequantize, FAMILY)
 
 
-WEIGHT_NOT_DEQUANTIZED = "the activation is dequantized but the weight is a float tensor"
 ANCHORS = (aten.mm.default, aten.addmm.default, aten.bmm.default)
 
 

@@ -38,7 +38,7 @@ class LinearRecord:
     kernel: str = ""  # the kernel chosen
     rejected_kernels: dict[str, str] = field(default_factory=dict)
     reason: str = ""  # why it was not fused (a near miss)
-    note: str = ""  # for a fused one: what was left outside it, and why
+    note: str = ""  # fused: what was left outside it, and why; a near miss: what later families said of it
     module: str = ""  # the user's module the matmul came from, when Dynamo recorded it
     max_error: float | None = None  # verify mode: max |fused - original| on the first call
     lowered: str = ""  # how the fused op entered Inductor's generated code (written by qfuse.lowerings)
@@ -52,7 +52,8 @@ class LinearRecord:
         if self.fused:
             note = f" (note: {self.note})" if self.note else ""
             return f"{self.where}: fused [{self.family}] {self.pattern}, {self.scheme} -> {self.kernel}{note}"
-        return f"{self.where}: not fused [{self.family}]: {self.reason}"
+        note = f" (also: {self.note})" if self.note else ""
+        return f"{self.where}: not fused [{self.family}]: {self.reason}{note}"
 
 
 class RecordSelection:
@@ -93,7 +94,8 @@ class PassReport(RecordSelection):
             if passed_over:
                 self.records[:] = [earlier for earlier in self.records if all(earlier is not old for old in passed_over)]
                 notes = [record.note] if record.note else []
-                record.note = "; ".join(notes + [f"passed over by {old.family}: {old.reason}" for old in passed_over])
+                record.note = "; ".join(notes + [f"passed over by {old.family}: {old.reason}" + (f"; {old.note}" if old.note else "")
+                                                 for old in passed_over])
             self.matches[record.pattern] += 1
         self.records.append(record)
 
@@ -150,6 +152,8 @@ class PassReport(RecordSelection):
                     lines.append(f"  verified   max abs error {record.max_error:.3e}")
             else:
                 lines.append(f"  NOT FUSED  [{record.family}] {record.reason}")
+                if record.note:
+                    lines.append(f"  also       {record.note}")
         if self.float_matmuls:
             lines += ["", "float matmuls (not quantized, left alone): " + ", ".join(self.float_matmuls)]
         if self.inductor_quantized:

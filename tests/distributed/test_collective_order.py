@@ -9,7 +9,6 @@ all-reduce in both settings, before the independent GEMM, so the order checked h
 keep; on GPUs the overlap was not measured (docs/distributed.md)."""
 
 import re
-import tempfile
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ import qfuse
 from tests.distributed.tp_models import AllReduced, quantized
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
-_CALL = re.compile(r"^\s*([\w.]+)\(", re.M)  # the callee of each statement of the generated `call`
+_CALL = re.compile(r"^\s*(?:\w+ = )?([\w.]+)\(", re.M)  # the callee of each statement of the generated `call`
 _GEMMS = ("_int_mm", "_scaled_mm", "mm", "addmm", "bmm")
 
 
@@ -36,8 +35,8 @@ def _event(callee: str) -> str | None:
 
 
 @pytest.fixture
-def world_of_one():
-    dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+def world_of_one(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         yield dist.group.WORLD
     finally:
@@ -61,7 +60,8 @@ def collective_order(model, backend: str, *inputs) -> list[str]:
     torch._dynamo.reset()
     with torch.no_grad():
         _, codes = run_and_get_code(torch.compile(model, backend=backend, fullgraph=True), *inputs)
-    body = codes[-1][codes[-1].index("def call"):]
+    code = codes[-1]
+    body = code[code.index("def call"):code.index("return (", code.index("def call"))]
     return [event for event in map(_event, _CALL.findall(body)) if event is not None]
 
 

@@ -72,9 +72,11 @@ def test_skinny_m_takes_a_narrower_tile_where_the_table_leaves_the_gpu_idle():
     from qfuse.kernels.triton.scaled_mm import SKINNY_TILE, pick_config
 
     sms = 132
-    assert pick_config(17, 4096, False, False, sms) == SKINNY_TILE  # 32 blocks of 64 x 128 on 132 multiprocessors
-    assert pick_config(128, 4096, True, False, sms) == SKINNY_TILE  # 64 blocks
-    assert pick_config(128, 14336, False, False, sms)[:2] == (64, 128)  # 224 blocks: the table's tile
+    assert pick_config(17, 4096, False, False, sms) == SKINNY_TILE  # 32 column blocks of 128 on 132 multiprocessors
+    assert pick_config(128, 14336, False, False, sms)[:2] == (64, 128)  # 112 column blocks: the table's tile
+    for n in (4096, 7168, 14336):  # the eager kernel (real M) and the template (the bucket's bound) agree
+        for fp8 in (False, True):
+            assert len({pick_config(m, n, fp8, False, sms) for m in (17, 64, 128)}) == 1
     assert pick_config(129, 4096, False, False, sms)[:2] == (128, 128)  # prefill buckets are not narrowed
     assert pick_config(17, 4096, True, True, sms)[2] == 128  # block scales: a K step within one scale group
 

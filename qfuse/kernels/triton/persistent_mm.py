@@ -114,7 +114,7 @@ def persistent_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None, p
         m, n, k,
         c.stride(0), c.stride(1), _strides(sa)[0], _strides(sb)[1],
         SCALE_A=_scale_kind(sa, (m, 1)), SCALE_B=_scale_kind(sb, (1, n)), HAS_BIAS=bias is not None,
-        PROMOTE_EVERY=promote if promote is not None else promote_every(a.dtype, out_dtype),
+        PROMOTE_EVERY=promote if promote is not None else promote_every(a.dtype, out_dtype, block_k),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
         PROGRAMS=programs,
         num_warps=num_warps, num_stages=num_stages,

@@ -11,8 +11,8 @@
 Block sizes (`pick_config`): for M <= 16 the tile width that fills the GPU with column blocks
 (`DECODE_TILES`, measured by `benchmarks/gpu_decode.py`), above that a table per M bucket
 (`CONFIGS`, chosen by `benchmarks/gpu_triton.py --tune-only`), both on an H200; in the table's first
-bucket a narrower tile where the table's leaves the GPU half idle (`SKINNY_TILE`,
-`benchmarks/gpu_skinny_tiles.py` on an H100). docs/benchmarks.md has the numbers.
+bucket a narrower tile where the table's would leave multiprocessors without a column block
+(`SKINNY_TILE`, `benchmarks/gpu_skinny_tiles.py` on an H100). docs/benchmarks.md has the numbers.
 """
 
 from __future__ import annotations
@@ -41,30 +41,31 @@ CONFIGS: dict[str, dict[int, tuple[int, int, int, int, int, int]]] = {
     "fp8": {128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 4)},
 }
 
-# 16 < M <= 128 (the table's first bucket): where the table's tile leaves multiprocessors idle (fewer
-# than DECODE_GRID_FILL of them get a block: 32 column blocks at N = 4096 on an H100's 132), the
-# narrower, deeper SKINNY_TILE. Measured by `python benchmarks/gpu_skinny_tiles.py` on an H100
-# (GPU time, CUDA graph): at N = 4096 it took 8.4-9.6 against 13.3-13.7 µs (K = 4096) and 33-35
-# against 41-45 µs (K = 14336), int8 and fp8 alike, M = 17-128; where N fills the GPU (14336) the
-# table's tile stays (within 6% of the best candidate, 11% ahead of SKINNY_TILE at M = 128).
+# 16 < M <= 128 (the table's first bucket): where the table's tile gives fewer than GRID_FILL of the
+# multiprocessors a column block (32 blocks at N = 4096 on an H100's 132), the narrower, deeper
+# SKINNY_TILE. Column blocks alone decide, so the eager kernel (real M) and the template (the
+# bucket's bound) agree. Measured by `python benchmarks/gpu_skinny_tiles.py` on an H100 (GPU time,
+# CUDA graph), M = 17-128 at N = 4096: int8 8.4-9.6 against 13.3-13.7 µs (K = 4096) and 33.9-35.7
+# against 43.6-45.4 µs (K = 14336); fp8 7.4-8.4 against 11.2-12.7 and 32.2-33.5 against 41.0-43.0.
+# At N = 14336 (112 blocks) the table's tile stays: within 6% of the best tile tried.
 SKINNY_TILE = (64, 64, 256, 8, 4, 3)
 
 # Extra tiles Inductor benchmarks under max-autotune (qfuse.lowerings.triton_template), beside the
 # table's tile for M: wider and taller tiles for large M, narrower ones for small N.
 AUTOTUNE_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (128, 128, 128, 8, 8, 3), (64, 128, 128, 8, 8, 4), (128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3),
-    (128, 128, 64, 8, 4, 4), (64, 64, 128, 8, 4, 4), (32, 64, 256, 8, 4, 4), (16, 64, 256, 8, 4, 4),
+    (128, 128, 64, 8, 4, 4), (64, 64, 128, 8, 4, 4), (32, 64, 256, 8, 4, 4), (16, 64, 256, 8, 4, 4), SKINNY_TILE,
 )
 
 # M <= 16 (decode) reads the weight once and does little else: the time is how fast the column
 # blocks pull the weight from HBM, so the grid must reach every multiprocessor. BLOCK_N is the widest
-# tile whose column blocks cover DECODE_GRID_FILL of the multiprocessors (else the narrowest), with
+# tile whose column blocks cover GRID_FILL of the multiprocessors (else the narrowest), with
 # (BLOCK_K, num_warps, num_stages) per dtype. Measured by `python benchmarks/gpu_decode.py` on an
 # H200 (CUDA-graph replays over weights 4x the L2): at N = 4096, 32-wide tiles (128 blocks) read
 # 44-66% of HBM bandwidth against 29-60% for 64-wide ones (64 blocks); at N = 14336, 128-wide
 # tiles (112 blocks) read 76-80%.
 DECODE_M = DECODE_ROWS
-DECODE_GRID_FILL = 0.75
+GRID_FILL = 0.75
 DECODE_TILES: dict[int, dict[str, tuple[int, int, int]]] = {
     128: {"fp8": (256, 4, 4), "int8": (256, 4, 4)},
     64: {"fp8": (256, 4, 4), "int8": (256, 4, 4)},
@@ -190,7 +191,8 @@ def _scaled_mm_kernel(
 
 
 def tile_buckets(is_fp8: bool) -> list[int]:
-    """The M bounds at which `pick_config` changes tile, ascending (M above the last: the last tile)."""
+    """The M bounds at which `pick_config` changes tile, ascending (M above the last: the last tile).
+    Within a bucket the tile depends on N only."""
     return [DECODE_M, *sorted(CONFIGS["fp8" if is_fp8 else "int8"])[:-1]]
 
 
@@ -199,13 +201,12 @@ def pick_config(m: int, n: int, is_fp8: bool, blocked: bool, multiprocessor_coun
     label = "fp8" if is_fp8 else "int8"
     if m <= DECODE_M:
         widths = sorted(DECODE_TILES, reverse=True)
-        block_n = next((w for w in widths if triton.cdiv(n, w) >= DECODE_GRID_FILL * multiprocessor_count), widths[-1])
+        block_n = next((w for w in widths if triton.cdiv(n, w) >= GRID_FILL * multiprocessor_count), widths[-1])
         block_k, num_warps, num_stages = DECODE_TILES[block_n][label]
         config = (DECODE_M, block_n, block_k, 8, num_warps, num_stages)
     else:
         bound, config = next((bound, config) for bound, config in sorted(CONFIGS[label].items()) if m <= bound)
-        blocks = triton.cdiv(m, config[0]) * triton.cdiv(n, config[1])
-        if bound == min(CONFIGS[label]) and blocks < DECODE_GRID_FILL * multiprocessor_count:
+        if bound == min(CONFIGS[label]) and triton.cdiv(n, config[1]) < GRID_FILL * multiprocessor_count:
             config = SKINNY_TILE
     if blocked and SCALE_GROUP % config[2]:
         config = (*config[:2], SCALE_GROUP, *config[3:])
@@ -227,15 +228,20 @@ def _strides(scale: torch.Tensor | None) -> tuple[int, int]:
     return scale.stride(0), scale.stride(1)
 
 
-def promote_every(dtype: torch.dtype, out_dtype: torch.dtype) -> int:
-    """K steps between promotions of the fp8 tensor-core accumulator into the float32 sum.
+PROMOTE_K = 512  # K elements between promotions of the fp8 accumulator (4 steps of a 128-deep tile)
+
+
+def promote_every(dtype: torch.dtype, out_dtype: torch.dtype, block_k: int) -> int:
+    """K steps of `block_k` between promotions of the fp8 tensor-core accumulator into the float32 sum.
 
     Hopper accumulates fp8 products in reduced precision. Promoting every step (1) is as exact as
-    cuBLAS's default; every 4 steps (512 of K) is 1.15-1.2x faster on an H200 with a relative error
-    near 1e-3, below what a bf16 / fp16 output rounds away anyway (benchmarks/fp8_promotion.py,
-    docs/benchmarks.md).
+    cuBLAS's default; every 512 of K (4 steps of 128) is 1.15-1.2x faster on an H200 with a relative
+    error near 1e-3, below what a bf16 / fp16 output rounds away anyway (benchmarks/fp8_promotion.py,
+    docs/benchmarks.md). The interval is kept in K, so a deeper tile promotes after fewer steps.
     int8 accumulates exactly in int32 and needs no promotion; block scales promote every step."""
-    return 4 if dtype == torch.float8_e4m3fn and out_dtype in (torch.bfloat16, torch.float16) else 1
+    if dtype == torch.float8_e4m3fn and out_dtype in (torch.bfloat16, torch.float16):
+        return max(1, PROMOTE_K // block_k)
+    return 1
 
 
 @functools.cache
@@ -272,7 +278,7 @@ def triton_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, config=None, promo
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         *_strides(sa), *_strides(sb),
         SCALE_A=kind_a, SCALE_B=kind_b, BLOCKED=BLOCK_SCALE in (kind_a, kind_b), HAS_BIAS=bias is not None, IS_INT8=a.dtype == torch.int8,
-        PROMOTE_EVERY=1 if BLOCK_SCALE in (kind_a, kind_b) else promote or promote_every(a.dtype, out_dtype),
+        PROMOTE_EVERY=1 if BLOCK_SCALE in (kind_a, kind_b) else promote or promote_every(a.dtype, out_dtype, block_k),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
         num_warps=num_warps, num_stages=num_stages,
     )
