@@ -123,8 +123,9 @@ ROW_PARALLEL = ("o_proj", "down_proj")
 
 def tensor_parallel_llama(scheme: str, rank: int = 0, world: int = 1, group=None, seq: int = 8,
                           dtype: torch.dtype = torch.float32, **sizes):
-    """(the tiny HF Llama (`sizes`: `tiny_llama`'s) with its 14 decoder linears quantized ("float":
-    as they are), each this rank's shard when `group` is given, input_ids [1, seq])."""
+    """(model, input_ids [1, seq]): the tiny HF Llama of `tiny_llama` (its config sizes overridden by
+    `sizes`), its 14 decoder linears quantized by `scheme` ("float" leaves them as they are), each
+    replaced by this rank's shard when `group` is given."""
     from tests.peers.hf_llama import tiny_llama
 
     model, input_ids = tiny_llama(seq=seq, dtype=dtype, **sizes)
