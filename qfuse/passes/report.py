@@ -86,16 +86,15 @@ class PassReport(RecordSelection):
         fused is one linear: the near miss goes into the fused record's note. A linear that two
         families pass over keeps the first family's reason (the earlier families read the more
         specific forms), the later one's in its note."""
-        if not record.fused and (earlier := self.record_for(record.node)) is not None and not earlier.fused:
-            earlier.note = "; ".join(([earlier.note] if earlier.note else []) + [f"{record.family}: {record.reason}"])
-            return
+        earlier = self.record_for(record.node)
+        if earlier is not None and not earlier.fused:  # merging keeps at most one near miss per linear
+            if not record.fused:
+                earlier.note = "; ".join(([earlier.note] if earlier.note else []) + [f"{record.family}: {record.reason}"])
+                return
+            self.records[:] = [kept for kept in self.records if kept is not earlier]
+            passed_over = f"passed over by {earlier.family}: {earlier.reason}" + (f"; {earlier.note}" if earlier.note else "")
+            record.note = "; ".join(([record.note] if record.note else []) + [passed_over])
         if record.fused:
-            passed_over = [earlier for earlier in self.records if earlier.node == record.node and not earlier.fused]
-            if passed_over:
-                self.records[:] = [earlier for earlier in self.records if all(earlier is not old for old in passed_over)]
-                notes = [record.note] if record.note else []
-                record.note = "; ".join(notes + [f"passed over by {old.family}: {old.reason}" + (f"; {old.note}" if old.note else "")
-                                                 for old in passed_over])
             self.matches[record.pattern] += 1
         self.records.append(record)
 
