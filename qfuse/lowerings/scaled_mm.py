@@ -26,7 +26,7 @@ bias and the cast follow in pointwise IR, where they fuse with the consumer:
 
 Where M is dynamic, kernel choice saw no M; the lowering picks per M bucket, guarded
 (`ir.rows_at_most`, so each bucket gets its own compiled code) where another kernel is measured
-faster: an fp8 decode M (<= 16) runs the Triton template instead of ATen's row-wise CUTLASS GEMM,
+faster: an fp8 M of at most 128 runs the Triton template instead of ATen's row-wise CUTLASS GEMM,
 an fp8 prefill M (> 128) on Hopper cuBLAS instead of the Triton template (`_kernel_for_m_bucket`).
 
 Cases it does not cover stay an extern call of the op (which is always correct): other kernels,
@@ -44,7 +44,6 @@ from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
-from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
 from qfuse.kernels.torch_native import zero_point_correction
 from qfuse.lowerings import triton_template
@@ -242,11 +241,11 @@ def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
     """(the kernel that runs this call's M bucket, why it is not the pass's choice, or ''). Kernel
     choice saw no M where M is dynamic; in a bucket where another kernel is measured faster, and can
     run the call as lowered here, the lowering takes it (the bucket guarded, `ir.rows_at_most`):
-    fp8 decode (M <= 16) from ATen's row-wise CUTLASS GEMM to the Triton template, fp8 prefill
+    fp8 M <= 128 from ATen's row-wise CUTLASS GEMM to the Triton template, fp8 prefill
     (M > 128) from the Triton template to cuBLAS on Hopper. It stays where kernel choice saw a static
     M (`Kernel.why_slower_here`), where the configuration forced, preferred or disabled kernels
     (`LinearRecord.kernel_constrained`), and for an op the passes did not emit (no record)."""
-    from qfuse.kernels.cutlass import fp8_decode_yields_to_triton
+    from qfuse.kernels.cutlass import fp8_small_m_yields_to_triton
     from qfuse.kernels.triton import FP8_TEMPLATE_MAX_ROWS, fp8_template_yields_to_cublas
     from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
 
@@ -256,9 +255,9 @@ def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
     platform = current_platform("cuda")
     args = call.a, call.b, call.scale_a, call.scale_b, rows
     if call.kernel == "cutlass" and not why_not_lowered(*args, "triton"):
-        reason = fp8_decode_yields_to_triton(platform)
-        if reason and rows_at_most(rows, DECODE_ROWS):
-            return "triton", f"M at most {DECODE_ROWS} (a dynamic M, guarded) {reason}"
+        reason = fp8_small_m_yields_to_triton(platform)
+        if reason and rows_at_most(rows, FP8_TEMPLATE_MAX_ROWS):
+            return "triton", f"M at most {FP8_TEMPLATE_MAX_ROWS} (a dynamic M, guarded) {reason}"
     if call.kernel == "triton" and not why_not_lowered(*args, "torch"):
         kinds = _triton_scale_kinds(call.scale_a, call.scale_b, rows, call.a.get_size()[-1], call.b.get_size()[1])
         reason = fp8_template_yields_to_cublas(any(kind == BLOCK_SCALE for kind, _ in kinds), platform)

@@ -183,7 +183,8 @@ def test_unknown_kernel_name_lists_known_kernels(call):
         (None, FP8_DYNAMIC, BF16, H100, "cutlass", []),  # M unknown (dynamic): the priority list
         (4096, FP8_DYNAMIC, BF16, H100, "cutlass", []),
         (16, FP8_DYNAMIC, BF16, H100, "triton", ["cutlass"]),  # decode: the Triton decode template
-        (17, FP8_DYNAMIC, BF16, H100, "cutlass", []),
+        (128, FP8_DYNAMIC, BF16, H100, "triton", ["cutlass"]),  # the skinny tiles
+        (129, FP8_DYNAMIC, BF16, H100, "cutlass", []),
         (4096, FP8_DYNAMIC, FP32, H100, "torch", ["cutlass", "triton"]),  # ATen's row-wise writes bf16 only
         (128, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),
         (None, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),
@@ -196,8 +197,8 @@ def test_gpu_choice_depends_on_a_static_m(m, scheme, out_dtype, platform, chosen
     choice = choose_kernel(key(scheme, "cuda", out_dtype, m=m), platform)
     assert choice.kernel.name == chosen
     assert list(choice.rejected) == passed_over
-    if m == 16:
-        assert "decode" in choice.rejected["cutlass"]
+    if "cutlass" in passed_over and out_dtype == BF16 and scheme == FP8_DYNAMIC:
+        assert "Triton template's decode and skinny tiles" in choice.rejected["cutlass"]
     if chosen == "torch":
         assert "cuBLAS" in choice.rejected["triton"]
 

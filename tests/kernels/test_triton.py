@@ -142,6 +142,20 @@ def test_dynamic_quant_all_zero_rows_use_eps():
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
+def test_dynamic_quant_scale_of_a_row_holding_nan_is_nan(dtype):
+    """As eager's amax: a nan row scale, which makes the row's linear output nan; other rows as the reference."""
+    x = torch.randn(4, 200, generator=torch.Generator().manual_seed(3))
+    x[1, 17] = float("nan")
+    x[2, 5] = float("inf")
+    q, scale = ops.dynamic_quant(x.to(DEVICE), dtype, "per_token", 1e-5, "triton")
+    expected_q, expected_scale = ops.dynamic_quant(x, dtype, "per_token", 1e-5, "reference")
+    torch.testing.assert_close(scale.cpu(), expected_scale, rtol=0, atol=0, equal_nan=True)
+    assert scale[1].isnan().all() and scale[2].isinf().all()
+    rows = [0, 3]
+    assert torch.equal(q.cpu()[rows].float(), expected_q[rows].float())
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
 def test_static_quant_matches_reference(dtype):
     x = torch.randn(5, 77).to(DEVICE) * 3
     scale = torch.tensor(0.02).to(DEVICE)

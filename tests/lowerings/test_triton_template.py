@@ -101,7 +101,7 @@ def test_dynamic_m_gets_the_tile_of_its_bucket():
 @pytest.mark.skipif(not FP8_CAPABLE or torch.cuda.get_device_capability() < (9, 0), reason="Hopper's fp8 choices")
 @pytest.mark.parametrize("out", ["bf16", "fp32"])
 def test_dynamic_m_fp8_runs_the_faster_kernel_of_each_bucket(out):
-    """Kernel choice sees no M when M is dynamic; the lowering gives decode (M <= 16) the Triton template,
+    """Kernel choice sees no M when M is dynamic; the lowering gives M <= 128 the Triton template,
     prefill (M > 128) ATen's _scaled_mm on Hopper (cuBLAS, or its row-wise CUTLASS GEMM for a bf16
     output), as kernel choice does for a static M."""
     x, w, w_scale, bias = operands((1, 256), n=144)
