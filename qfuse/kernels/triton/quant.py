@@ -8,8 +8,11 @@
 One program per (row, group) holds its whole slice in registers, so x is read once and q and the
 scale are written once: the HBM traffic is the minimum (2 bytes read + 1 written per bf16 element).
 The scale is rounded to x's dtype before it divides, so the scale returned is exactly the one used.
-Divisions round as eager's do (`tl.math.div_rn`: Triton's `/` is an approximate division on NVIDIA
-GPUs, which moved 5 in 65536 int8 values by one on an H200), and a nan in a row makes its scale nan.
+Divisions round as eager's do on a GPU: x / scale is IEEE division (`tl.math.div_rn`; Triton's `/` is
+an approximate division on NVIDIA GPUs, which moved 5 in 65536 int8 values by one on an H200), and
+amax / qmax, a division by a Python number, is a multiplication by its float32 reciprocal, as eager
+computes it on CUDA and Inductor on every device (on a CPU eager divides: one float32 step apart, at
+times). A nan in a row makes its scale nan, as eager's amax does.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def _dynamic_quant_kernel(
     # tl.max passes over nan; eager's amax is nan for a row holding one (and so is its output row)
     nan_in_row = tl.sum(tl.where(x != x, x, 0.0))  # 0.0, or nan
     amax = tl.maximum(tl.max(tl.abs(x)), eps) + nan_in_row
-    scale = tl.math.div_rn(amax, QMAX).to(scale_ptr.dtype.element_ty)
+    scale = (amax * (1.0 / QMAX)).to(scale_ptr.dtype.element_ty)  # eager's `amax / qmax` on CUDA (below)
     scaled = tl.math.div_rn(x, scale.to(tl.float32))
     if IS_INT8:
         q = tl.clamp(_round_half_even(scaled), -128.0, 127.0).to(q_ptr.dtype.element_ty)
