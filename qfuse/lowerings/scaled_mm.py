@@ -208,8 +208,17 @@ def _why_not_triton_scales(scale_a, scale_b, rows, b) -> str:
 
 
 def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
-    """The triton kernel as an Inductor template; the output cast (and what follows) in its store."""
+    """The triton kernel as an Inductor template; the output cast (and what follows) in its store. Where
+    the template splits K (`triton_template.k_splits`), it writes the unscaled sums of each K range, and
+    their sum and this module's epilogue follow in Inductor's code."""
+    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
+
     kinds = _triton_scale_kinds(scale_a, scale_b, rows, k, b.get_size()[1])
+    splits = triton_template.k_splits(a2d, b, blocked=any(kind == BLOCK_SCALE for kind, _ in kinds))
+    if splits > 1:
+        acc, how = triton_template.split_k_product(a2d, b, splits, out_dtype)
+        record_lowering(how + " (scales, bias, cast)")
+        return _scaled_epilogue(convert(acc, torch.float32), scale_a, scale_b, bias, rows, out_dtype)
     (kind_a, sa), (kind_b, sb) = ((kind, None if shape is None else lower(aten.reshape.default, convert(scale, torch.float32), shape))
                                   for scale, (kind, shape) in zip((scale_a, scale_b), kinds))
     out, how = triton_template.scaled_linear(a2d, b, sa, kind_a, sb, kind_b, bias, out_dtype)

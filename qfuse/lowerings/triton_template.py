@@ -79,7 +79,7 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_
     K = {{size("A", 1)}}
 {{TILE_OFFSETS}}
     acc = scaled_dot(
-        A, B, {{"SA" if SCALE_A else "A"}}, {{"SB" if SCALE_B else "B"}}, offs_m, offs_n, mask_m, mask_n, K,
+        A, B, {{"SA" if SCALE_A else "A"}}, {{"SB" if SCALE_B else "B"}}, offs_m, offs_n, mask_m, mask_n, 0, K,
         {{stride("A", 0)}}, {{stride("A", 1)}}, {{stride("B", 0)}}, {{stride("B", 1)}},
         {{stride("SA", 0) if SCALE_A else 0}}, {{stride("SA", 1) if SCALE_A else 0}},
         {{stride("SB", 0) if SCALE_B else 0}}, {{stride("SB", 1) if SCALE_B else 0}},
@@ -92,6 +92,32 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_
     )
 {{STORE_TILE}}"""
 
+
+# Split K: program (tile, pid_k) stores the unscaled sums of its K range (int32 for int8, exact;
+# float32 for fp8) at rows pid_k * M + m of a [SPLIT_K * M, N] output; the splits' sum, the scales,
+# the bias and the cast follow in Inductor's code (`qfuse.lowerings.scaled_mm`).
+_SPLIT_K_SOURCE = r"""
+from qfuse.kernels.triton.scaled_mm import grouped_tile, scaled_dot
+from qfuse.kernels.triton.weight_stream import k_range
+{{def_kernel(INPUTS)}}
+    M = {{size("A", 0)}}
+    N = {{size("B", 1)}}
+    K = {{size("A", 1)}}
+{{TILE_OFFSETS}}
+    pid_k = tl.program_id(1)
+    k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
+    acc = scaled_dot(
+        A, B, A, B, offs_m, offs_n, mask_m, mask_n, k_start, k_end,
+        {{stride("A", 0)}}, {{stride("A", 1)}}, {{stride("B", 0)}}, {{stride("B", 1)}}, 0, 0, 0, 0,
+        0, 0, False, IS_INT8, PROMOTE_EVERY, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    offs_m = offs_m + pid_k * M
+{{STORE_TILE}}"""
+
+#: Up to this M, where the tile's column blocks leave multiprocessors idle, K is split (`k_splits`).
+SPLIT_K_MAX_ROWS = 128
+#: Programs a multiprocessor that splitting K aims for (`weight_stream.split_k`).
+SPLIT_K_PROGRAMS_PER_SM = 2
 
 #: Tiles at least this wide store in two halves (narrower decode tiles keep one store).
 EPILOGUE_SPLIT_MIN_N = 64
@@ -130,16 +156,39 @@ def max_autotune() -> bool:
     return bool(inductor_config.max_autotune or inductor_config.max_autotune_gemm)
 
 
-def _tiles(rows, n: int, is_fp8: bool, blocked: bool, device) -> list[tuple[int, int, int, int, int, int]]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) choices for this call."""
-    from qfuse.kernels.triton.scaled_mm import AUTOTUNE_TILES, SCALE_GROUP, multiprocessors, pick_config, tile_buckets
+def _bucket(rows, is_fp8: bool) -> int:
+    """The M the tile is chosen for: the bound of M's bucket (a dynamic M guarded on it), or M's hint above them."""
+    from qfuse.kernels.triton.scaled_mm import tile_buckets
 
     hint = V.graph.sizevars.optimization_hint(rows, fallback=4096)
-    m = next((bound for bound in tile_buckets(is_fp8) if rows_at_most(rows, bound)), hint)
-    tiles = [pick_config(m, n, is_fp8, blocked, multiprocessors(device))]
+    return next((bound for bound in tile_buckets(is_fp8) if rows_at_most(rows, bound)), hint)
+
+
+def _tiles(rows, n: int, is_fp8: bool, blocked: bool, device) -> list[tuple[int, int, int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) choices for this call."""
+    from qfuse.kernels.triton.scaled_mm import AUTOTUNE_TILES, SCALE_GROUP, multiprocessors, pick_config
+
+    tiles = [pick_config(_bucket(rows, is_fp8), n, is_fp8, blocked, multiprocessors(device))]
     if max_autotune():
         tiles += [tile for tile in AUTOTUNE_TILES if tile not in tiles and not (blocked and SCALE_GROUP % tile[2])]
     return tiles
+
+
+def k_splits(a2d, b, blocked: bool) -> int:
+    """Into how many K ranges the template splits an [M, K] x [K, N] call (1: none). Up to
+    SPLIT_K_MAX_ROWS rows the weight is streamed by few column blocks (N = 4096: 64 to 128 on an H100's
+    132 multiprocessors), each down the whole K; split, they reach every multiprocessor. Block scales
+    are applied per K step inside the main loop: those calls are not split."""
+    from qfuse.kernels.triton.scaled_mm import multiprocessors
+    from qfuse.kernels.triton.weight_stream import split_k
+
+    rows, (k, n) = a2d.get_size()[0], b.get_size()
+    is_fp8 = a2d.get_dtype() != torch.int8
+    if blocked or not all(sympy.sympify(size).is_number for size in (k, n)):
+        return 1
+    block_n, block_k = _tiles(rows, int(n), is_fp8, blocked, a2d.get_device())[0][1:3]
+    return split_k(_bucket(rows, is_fp8), int(n), int(k), block_n, block_k, multiprocessors(a2d.get_device()),
+                   SPLIT_K_PROGRAMS_PER_SM, max_rows=SPLIT_K_MAX_ROWS)
 
 
 def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, out_dtype: torch.dtype):
@@ -162,6 +211,22 @@ def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, out_
         return meta | {"PROMOTE_EVERY": 1 if blocked else promote_every(a2d.get_dtype(), out_dtype, tile[2])}
 
     return select_tile(template, "qfuse_scaled_linear", (a2d, b, *extra.values()), layout, tiles, meta_for)
+
+
+def split_k_product(a2d, b, splits: int, out_dtype: torch.dtype):
+    """(A @ B unscaled as an [M, N] buffer, int32 for int8 and float32 for fp8, how it was made): the
+    template with K split in `splits` ranges, and the splits' sum in Inductor's code."""
+    from qfuse.kernels.triton.scaled_mm import promote_every
+
+    is_int8 = a2d.get_dtype() == torch.int8
+    rows, n = a2d.get_size()[0], b.get_size()[1]
+    tiles = _tiles(rows, int(n), not is_int8, False, a2d.get_device())
+
+    def meta_for(tile):
+        return dict(SPLIT_K=splits, IS_INT8=is_int8, PROMOTE_EVERY=promote_every(a2d.get_dtype(), out_dtype, tile[2]))
+
+    return split_k_linear(_SPLIT_K_SOURCE, "qfuse_scaled_product_split_k", {"A": a2d, "B": b}, rows, n, splits, None,
+                          tiles, meta_for, dtype=torch.int32 if is_int8 else torch.float32)
 
 
 def select_tile(template: TritonTemplate, name: str, inputs: tuple, layout, tiles, meta_for):
@@ -192,20 +257,22 @@ def _split_k_grid(rows, n, meta, *, cdiv):
     return cdiv(rows, meta["SPLIT_K"] * meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], 1
 
 
-def split_k_linear(source: str, name: str, named_inputs: dict, rows, n: int, splits: int, bias, tiles, meta_for):
-    """(x @ w + bias as a float32 [M, N] buffer, how it was made) from a weight-streaming template
-    (`qfuse.kernels.triton.weight_stream`) whose program (tile, pid_k) stores its partial sums at rows
-    pid_k * M + m of a [SPLIT_K * M, N] output. `named_inputs`: the template's inputs by name (None:
-    absent; the bias is among them only with one split). With one split the output cast and what
-    follows fuse into the template's store; with several, Inductor's code adds the splits and the bias."""
+def split_k_linear(source: str, name: str, named_inputs: dict, rows, n: int, splits: int, bias, tiles, meta_for,
+                   dtype: torch.dtype = torch.float32):
+    """(x @ w + bias as a `dtype` [M, N] buffer, how it was made) from a template whose program (tile,
+    pid_k) stores its partial sums at rows pid_k * M + m of a [SPLIT_K * M, N] output (the
+    weight-streaming kernels of `qfuse.kernels.triton.weight_stream`, and `_SPLIT_K_SOURCE`).
+    `named_inputs`: the template's inputs by name (None: absent; the bias is among them only with one
+    split). With one split the output cast and what follows fuse into the template's store; with
+    several, Inductor's code adds the splits (in `dtype`: int32 sums are exact) and the bias."""
     inputs = {label: ir.ExternKernel.realize_input(node) for label, node in named_inputs.items() if node is not None}
     template = template_for_inputs(source, name, tuple(inputs), grid=_split_k_grid)
     device = next(iter(inputs.values())).get_device()
-    layout = ir.FixedLayout(device, torch.float32, [splits * rows, n])
+    layout = ir.FixedLayout(device, dtype, [splits * rows, n])
     out, how = select_tile(template, name, tuple(inputs.values()), layout, tiles, meta_for)
     if splits == 1:
         return out, how + "; bias inside, the output cast and what follows fused into its store"
-    out = lower(aten.sum.dim_IntList, lower(aten.reshape.default, out, [splits, rows, n]), [0])
+    out = lower(aten.sum.dim_IntList, lower(aten.reshape.default, out, [splits, rows, n]), [0], dtype=dtype)
     if bias is not None:
         out = lower(aten.add.Tensor, out, convert(bias, torch.float32))
-    return out, how + f"; K split in {splits}: the sum of the splits, bias, cast and what follows in Inductor's fused code"
+    return out, how + f"; K split in {splits}: the sum of the splits and what follows in Inductor's fused code"

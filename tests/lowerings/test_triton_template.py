@@ -187,3 +187,39 @@ def test_the_next_pointwise_op_joins_the_template():
     out, code, _ = triton_code(linear_relu, x, w, w_scale, bias)
     assert TEMPLATE_MARK in code and last_kernel(code).startswith("triton_tem_"), code
     torch.testing.assert_close(out, torch.relu(eager_int8(x, w, w_scale, bias)).to(torch.bfloat16))
+
+
+SPLIT_K_MARK = "from qfuse.kernels.triton.weight_stream import k_range"
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, FP8_DTYPE], ids=["int8", "fp8"])
+@pytest.mark.parametrize("rows", [1, 5, 40, 128])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_a_narrow_n_splits_k_up_to_128_rows(dtype, rows, out_dtype):
+    """Few column blocks (N = 256) over a deep K: the template writes each K range's unscaled sums
+    (int32 for int8: exact), and their sum, the scales, the bias and the cast follow in Inductor's code."""
+    if dtype == FP8_DTYPE and not FP8_CAPABLE:
+        pytest.skip("fp8 needs capability >= 8.9")
+    a, w = _quantized(rows, 4096, dtype), _quantized(256, 4096, dtype)
+    scale_a, scale_b = torch.rand(rows, 1, device="cuda") / 100 + 1e-3, torch.rand(256, device="cuda") / 100 + 1e-3
+    if rows > 1:
+        scale_a[rows // 2] = float("inf")  # a non-finite activation scale makes its row nan, as in eager
+    bias = torch.randn(256, device="cuda", dtype=out_dtype)
+    out, code, _ = triton_code(_op, a, w.t(), scale_a, scale_b, bias, out_dtype)
+    assert SPLIT_K_MARK in code and EXTERN_CALL not in code
+    expected = torch.ops.qfuse.scaled_mm(a, w.t(), scale_a, scale_b, bias, None, None, torch.float32, "reference")
+    assert out[rows // 2].isnan().all() == (rows > 1)
+    tolerance = 1e-5 if dtype == torch.int8 and out_dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance, equal_nan=True)
+
+
+def test_prefill_and_block_scales_do_not_split_k():
+    a, w = _quantized(300, 4096, torch.int8), _quantized(256, 4096, torch.int8)
+    out, code, _ = triton_code(_op, a, w.t(), torch.rand(300, 1, device="cuda"), torch.rand(256, device="cuda"), None,
+                               torch.bfloat16)
+    assert TEMPLATE_MARK in code and SPLIT_K_MARK not in code
+    if FP8_CAPABLE:
+        a, w = _quantized(8, 4096, FP8_DTYPE), _quantized(256, 4096, FP8_DTYPE)
+        scale_a, scale_b = torch.rand(8, 32, device="cuda"), torch.rand(32, 2, device="cuda")
+        out, code, _ = triton_code(_op, a, w.t(), scale_a, scale_b, None, torch.bfloat16)
+        assert TEMPLATE_MARK in code and SPLIT_K_MARK not in code

@@ -120,15 +120,16 @@ def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
 
 @triton.jit
 def scaled_dot(
-    a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, offs_m, offs_n, mask_m, mask_n, K,
+    a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, offs_m, offs_n, mask_m, mask_n, k_start, k_end,
     stride_am, stride_ak, stride_bk, stride_bn, stride_sam, stride_sak, stride_sbk, stride_sbn,
     SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, BLOCKED: tl.constexpr, IS_INT8: tl.constexpr,
     PROMOTE_EVERY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """The main loop: A[offs_m, :] @ B[:, offs_n] as a [BLOCK_M, BLOCK_N] tile, with block scales
-    applied per K group when BLOCKED. int8 without block scales returns the exact int32 sum; the rest
-    float32. Shared by the eager kernel below and the Inductor template (qfuse.lowerings.triton_template)."""
-    offs_k = tl.arange(0, BLOCK_K)
+    """The main loop: A[offs_m, k_start:k_end] @ B[k_start:k_end, offs_n] as a [BLOCK_M, BLOCK_N] tile
+    (the whole K, or one split's range: `k_start` a multiple of BLOCK_K), with block scales applied
+    per K group when BLOCKED. int8 without block scales returns the exact int32 sum; the rest float32.
+    Shared by the eager kernel below and the Inductor templates (qfuse.lowerings.triton_template)."""
+    offs_k = k_start + tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
     if IS_INT8 and not BLOCKED:
@@ -137,8 +138,8 @@ def scaled_dot(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     partial = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     steps = 0
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = offs_k < K - k0
+    for k0 in range(k_start, k_end, BLOCK_K):
+        mask_k = offs_k < k_end - (k0 - k_start)
         if IS_INT8:
             a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0)
             b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0)
@@ -183,7 +184,7 @@ def _scaled_mm_kernel(
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     mask_m, mask_n = offs_m < M, offs_n < N
-    acc = scaled_dot(a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, offs_m, offs_n, mask_m, mask_n, K,
+    acc = scaled_dot(a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, offs_m, offs_n, mask_m, mask_n, 0, K,
                      stride_am, stride_ak, stride_bk, stride_bn, stride_sam, stride_sak, stride_sbk, stride_sbn,
                      SCALE_A, SCALE_B, BLOCKED, IS_INT8, PROMOTE_EVERY, BLOCK_M, BLOCK_N, BLOCK_K)
     _scale_bias_store(acc.to(tl.float32), offs_m, offs_n, mask_m, mask_n, c_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,

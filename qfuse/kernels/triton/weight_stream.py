@@ -68,10 +68,11 @@ def split_k_tile(M, N, K, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N:
 
 
 def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_count: int,
-            programs_per_sm: float = DECODE_PROGRAMS_PER_SM) -> int:
-    """How many K ranges a call splits into: at decode, enough for `programs_per_sm` programs a
-    multiprocessor (a power of two, at most one per K step); else 1."""
-    if m > DECODE_ROWS:
+            programs_per_sm: float = DECODE_PROGRAMS_PER_SM, max_rows: int = DECODE_ROWS) -> int:
+    """How many K ranges a call splits into: up to `max_rows` rows (decode), enough for
+    `programs_per_sm` programs a multiprocessor from its column blocks (a power of two, at most one
+    per K step); else 1."""
+    if m > max_rows:
         return 1
     column_blocks = triton.cdiv(n, block_n)
     wanted = triton.cdiv(int(programs_per_sm * multiprocessor_count), column_blocks)
