@@ -114,10 +114,16 @@ from qfuse.kernels.triton.weight_stream import k_range
     offs_m = offs_m + pid_k * M
 {{STORE_TILE}}"""
 
-#: Up to this M, where the tile's column blocks leave multiprocessors idle, K is split (`k_splits`).
+#: Up to this M, where the tile's column blocks leave multiprocessors idle, K is split (`k_splits`)
+#: until the grid holds SPLIT_K_PROGRAMS_PER_SM programs a multiprocessor, each range at least
+#: SPLIT_K_MIN_STEPS K steps deep. Measured by `python benchmarks/gpu_split_k.py` on an H200 (GPU time,
+#: CUDA graph): at N = 4096, K = 14336 the 64 x 64 x 256 tile's 64 column blocks took 38 / 42 µs (int8,
+#: M = 32 / 128) and 36 / 39 µs (fp8) whole, 28 / 35 and 28 / 34 in two ranges; at K = 4096 (16 steps)
+#: a split gained at most 13% and lost up to 22%; the decode tiles, whose column blocks already fill
+#: the GPU, and every N = 14336 tile lost 5-30% split.
 SPLIT_K_MAX_ROWS = 128
-#: Programs a multiprocessor that splitting K aims for (`weight_stream.split_k`).
-SPLIT_K_PROGRAMS_PER_SM = 2
+SPLIT_K_PROGRAMS_PER_SM = 1
+SPLIT_K_MIN_STEPS = 16
 
 #: Tiles at least this wide store in two halves (narrower decode tiles keep one store).
 EPILOGUE_SPLIT_MIN_N = 64
@@ -176,10 +182,11 @@ def _tiles(rows, n: int, is_fp8: bool, blocked: bool, device) -> list[tuple[int,
 
 def k_splits(a2d, b, blocked: bool) -> int:
     """Into how many K ranges the template splits an [M, K] x [K, N] call (1: none). Up to
-    SPLIT_K_MAX_ROWS rows the weight is streamed by few column blocks (N = 4096: 64 to 128 on an H100's
-    132 multiprocessors), each down the whole K; split, they reach every multiprocessor. Block scales
-    are applied per K step inside the main loop: those calls are not split."""
-    from qfuse.kernels.triton.scaled_mm import multiprocessors
+    SPLIT_K_MAX_ROWS rows, where the tile's column blocks cover fewer than GRID_FILL of the
+    multiprocessors (the 64 x 64 skinny tile at N = 4096: 64 blocks on an H100's 132), each block
+    streams the weight down the whole K; split, they reach every multiprocessor. Block scales are
+    applied per K step inside the main loop: those calls are not split."""
+    from qfuse.kernels.triton.scaled_mm import GRID_FILL, multiprocessors
     from qfuse.kernels.triton.weight_stream import split_k
 
     rows, (k, n) = a2d.get_size()[0], b.get_size()
@@ -187,8 +194,11 @@ def k_splits(a2d, b, blocked: bool) -> int:
     if blocked or not all(sympy.sympify(size).is_number for size in (k, n)):
         return 1
     block_n, block_k = _tiles(rows, int(n), is_fp8, blocked, a2d.get_device())[0][1:3]
-    return split_k(_bucket(rows, is_fp8), int(n), int(k), block_n, block_k, multiprocessors(a2d.get_device()),
-                   SPLIT_K_PROGRAMS_PER_SM, max_rows=SPLIT_K_MAX_ROWS)
+    processors = multiprocessors(a2d.get_device())
+    if -(-int(n) // block_n) >= GRID_FILL * processors:
+        return 1
+    return split_k(_bucket(rows, is_fp8), int(n), int(k), block_n, block_k, processors, SPLIT_K_PROGRAMS_PER_SM,
+                   max_rows=SPLIT_K_MAX_ROWS, min_steps_per_split=SPLIT_K_MIN_STEPS)
 
 
 def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, out_dtype: torch.dtype):

@@ -200,7 +200,7 @@ def test_a_narrow_n_splits_k_up_to_128_rows(dtype, rows, out_dtype):
     (int32 for int8: exact), and their sum, the scales, the bias and the cast follow in Inductor's code."""
     if dtype == FP8_DTYPE and not FP8_CAPABLE:
         pytest.skip("fp8 needs capability >= 8.9")
-    a, w = _quantized(rows, 4096, dtype), _quantized(256, 4096, dtype)
+    a, w = _quantized(rows, 16384, dtype), _quantized(256, 16384, dtype)
     scale_a, scale_b = torch.rand(rows, 1, device="cuda") / 100 + 1e-3, torch.rand(256, device="cuda") / 100 + 1e-3
     if rows > 1:
         scale_a[rows // 2] = float("inf")  # a non-finite activation scale makes its row nan, as in eager
@@ -213,13 +213,26 @@ def test_a_narrow_n_splits_k_up_to_128_rows(dtype, rows, out_dtype):
     torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance, equal_nan=True)
 
 
-def test_prefill_and_block_scales_do_not_split_k():
-    a, w = _quantized(300, 4096, torch.int8), _quantized(256, 4096, torch.int8)
+def test_prefill_shallow_k_and_block_scales_do_not_split_k():
+    a, w = _quantized(40, 4096, torch.int8), _quantized(256, 4096, torch.int8)  # 16 steps of 256: not worth a split
+    out, code, _ = triton_code(_op, a, w.t(), torch.rand(40, 1, device="cuda"), torch.rand(256, device="cuda"), None,
+                               torch.bfloat16)
+    assert TEMPLATE_MARK in code and SPLIT_K_MARK not in code
+    a, w = _quantized(300, 16384, torch.int8), _quantized(256, 16384, torch.int8)
     out, code, _ = triton_code(_op, a, w.t(), torch.rand(300, 1, device="cuda"), torch.rand(256, device="cuda"), None,
                                torch.bfloat16)
     assert TEMPLATE_MARK in code and SPLIT_K_MARK not in code
     if FP8_CAPABLE:
-        a, w = _quantized(8, 4096, FP8_DTYPE), _quantized(256, 4096, FP8_DTYPE)
-        scale_a, scale_b = torch.rand(8, 32, device="cuda"), torch.rand(32, 2, device="cuda")
+        a, w = _quantized(8, 16384, FP8_DTYPE), _quantized(256, 16384, FP8_DTYPE)
+        scale_a, scale_b = torch.rand(8, 128, device="cuda"), torch.rand(128, 2, device="cuda")
         out, code, _ = triton_code(_op, a, w.t(), scale_a, scale_b, None, torch.bfloat16)
         assert TEMPLATE_MARK in code and SPLIT_K_MARK not in code
+
+
+def test_the_report_says_k_was_split():
+    x, w, w_scale, bias = cuda(*operands((5, 16384), n=256))
+    out, code, report = triton_code(int_mm_linear, x, w, w_scale, bias)
+    (record,) = report.fused
+    assert SPLIT_K_MARK in code and "K split in" in record.lowered, record.lowered
+    expected = eager_int8(x, w, w_scale, bias)  # a norm: a few activations round to the other int8 on the CPU
+    assert (out - expected).norm() / expected.norm() < 1e-3

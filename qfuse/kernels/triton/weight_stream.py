@@ -68,16 +68,17 @@ def split_k_tile(M, N, K, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N:
 
 
 def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_count: int,
-            programs_per_sm: float = DECODE_PROGRAMS_PER_SM, max_rows: int = DECODE_ROWS) -> int:
+            programs_per_sm: float = DECODE_PROGRAMS_PER_SM, max_rows: int = DECODE_ROWS,
+            min_steps_per_split: int = 1) -> int:
     """How many K ranges a call splits into: up to `max_rows` rows (decode), enough for
-    `programs_per_sm` programs a multiprocessor from its column blocks (a power of two, at most one
-    per K step); else 1."""
+    `programs_per_sm` programs a multiprocessor from its column blocks (a power of two, each range
+    at least `min_steps_per_split` K steps); else 1."""
     if m > max_rows:
         return 1
     column_blocks = triton.cdiv(n, block_n)
     wanted = triton.cdiv(int(programs_per_sm * multiprocessor_count), column_blocks)
     splits = 1
-    while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k)):
+    while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k) // min_steps_per_split):
         splits *= 2
     return splits
 
