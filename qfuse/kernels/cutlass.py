@@ -18,7 +18,7 @@ Zero padding is exact: the extra products are zero, so the table has no K / N al
 What each backend takes is the capability table `CutlassKernel.capabilities`.
 
 At a small M (<= 128 rows, known at compile time) ATen's row-wise fp8 GEMM runs a prefill tile
-and is slower than the Triton template's decode and skinny tiles (`why_slower_here`), which the
+and is slower than the Triton decode template (M <= 16) and cuBLAS (`why_slower_here`), which the
 registry takes then.
 """
 
@@ -29,7 +29,6 @@ import torch
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import SAME_AS_OUTPUT, Capability
 from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
-from qfuse.kernels.triton import FP8_TEMPLATE_MAX_ROWS
 from qfuse.platform import Platform, current_platform
 from qfuse.schemes import FP8_DTYPE
 
@@ -43,14 +42,18 @@ def cutlass_backend(platform: Platform) -> str:
     return "vllm" if platform.has("vllm") else "aten"
 
 
-def fp8_small_m_yields_to_triton(platform: Platform) -> str:
-    """Why an fp8 linear of at most FP8_TEMPLATE_MAX_ROWS rows runs faster on the Triton template than
-    here, or ''. Kernel choice asks it for a static M, the lowering (`qfuse.lowerings.scaled_mm`) for a
-    dynamic one."""
+#: Up to this M ATen's row-wise fp8 GEMM is slower than the kernels after it (`fp8_small_m_yields`).
+ROWWISE_SLOW_MAX_ROWS = 128
+
+
+def fp8_small_m_yields(platform: Platform) -> str:
+    """Why an fp8 linear of at most ROWWISE_SLOW_MAX_ROWS rows runs faster on a later kernel than here
+    (the Triton decode template up to 16 rows, cuBLAS's `_scaled_mm` above on Hopper), or ''. Kernel
+    choice asks it for a static M, the lowering (`qfuse.lowerings.scaled_mm`) for a dynamic one."""
     if cutlass_backend(platform) != "aten":
         return ""
-    return ("ATen's row-wise fp8 GEMM runs a 128x128 tile, slower than the Triton template's decode and "
-            "skinny tiles (H100, GPU time: 13-15 against 7-8 µs at N = K = 4096, 38-45 against 30-34 µs at "
+    return ("ATen's row-wise fp8 GEMM runs a 128x128 tile, slower than the Triton template's decode tiles and "
+            "than cuBLAS (H100, GPU time: 13-15 against 7-8 µs at N = K = 4096, 38-45 against 30-34 µs at "
             "N = 4096, K = 14336, M = 17-128; docs/benchmarks.md, gpu_skinny_tiles)")
 
 
@@ -73,8 +76,8 @@ class CutlassKernel(Kernel):
         return OK
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
-        if key.m is not None and key.m <= FP8_TEMPLATE_MAX_ROWS and key.scheme.activation_dtype == FP8_DTYPE:
-            if reason := fp8_small_m_yields_to_triton(platform):
+        if key.m is not None and key.m <= ROWWISE_SLOW_MAX_ROWS and key.scheme.activation_dtype == FP8_DTYPE:
+            if reason := fp8_small_m_yields(platform):
                 return f"at M = {key.m} {reason}"
         return super().why_slower_here(key, platform)
 

@@ -7,8 +7,9 @@ scales, the bias and the next op into one loop, and each call would pay Python d
     int8      acc = aten._int_mm(a, b)                    (Inductor's tuned int8 GEMM lowering;
                                                            CPU K == 1: the int32 outer product)
               acc -= azp_a * colsum(b) + rowsum(a) * azp_b - K * azp_a * azp_b   (zero points)
-    fp8 CUDA  out = aten._scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)  when cuBLAS takes the
-              scales itself (both per-tensor, or per-row x per-column with a bf16 output), else
+    fp8 CUDA  out = aten._scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)  when ATen takes the
+              scales itself (both per-tensor, or per-row x per-column with a bf16 output above 128
+              rows: below, its row-wise GEMM is slower than cuBLAS with unit scales), else
               acc = aten._scaled_mm(a, b, 1, 1, out_dtype=float32)
     fp8 CPU   acc = aten.mm(float32(a), float32(b))
     out       = (float32(acc) * scale_a * scale_b + bias).to(out_dtype)        (pointwise IR)
@@ -26,8 +27,9 @@ bias and the cast follow in pointwise IR, where they fuse with the consumer:
 
 Where M is dynamic, kernel choice saw no M; the lowering picks per M bucket, guarded
 (`ir.rows_at_most`, so each bucket gets its own compiled code) where another kernel is measured
-faster: an fp8 M of at most 128 runs the Triton template instead of ATen's row-wise CUTLASS GEMM,
-an fp8 prefill M (> 128) on Hopper cuBLAS instead of the Triton template (`_kernel_for_m_bucket`).
+faster: an fp8 M of at most 16 runs the Triton template, up to 128 cuBLAS, instead of ATen's row-wise
+CUTLASS GEMM, and an fp8 M above 16 on Hopper cuBLAS instead of the Triton template
+(`_kernel_for_m_bucket`).
 
 Cases it does not cover stay an extern call of the op (which is always correct): other kernels,
 per-group / block scales, CUDA int8 without a static M > 16 (cuBLAS rejects small M; the op pads),
@@ -131,14 +133,18 @@ def _fp8_accumulator(a2d, b):
 
 
 def _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype):
-    """fp8 on CUDA with the scales (and bias) inside cuBLAS's GEMM, or None when it cannot take them."""
+    """fp8 on CUDA with the scales (and bias) inside ATen's `_scaled_mm`, or None when it cannot take
+    them, or (row-wise scales up to ROWWISE_SLOW_MAX_ROWS rows, a dynamic M guarded) when its
+    row-wise GEMM is slower than cuBLAS with unit scales and Inductor's epilogue after it."""
+    from qfuse.kernels.cutlass import ROWWISE_SLOW_MAX_ROWS
+
     if a2d.get_device().type != "cuda" or scale_a is None or scale_b is None:
         return None
     if bias is not None and bias.get_dtype() != out_dtype:
         return None
     tensorwise = known_equal(numel(scale_a), 1) and known_equal(numel(scale_b), 1)
     rowwise = (not known_equal(numel(scale_a), 1) and not known_equal(numel(scale_b), 1)
-               and out_dtype == torch.bfloat16)
+               and out_dtype == torch.bfloat16 and not rows_at_most(rows, ROWWISE_SLOW_MAX_ROWS))
     if not (tensorwise or rowwise):
         return None
     shapes = ([], []) if tensorwise else ([rows, 1], [1, b.get_size()[1]])
@@ -248,13 +254,13 @@ def lower_scaled_mm(*args, **kwargs):
 
 def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
     """(the kernel that runs this call's M bucket, why it is not the pass's choice, or ''). Kernel
-    choice saw no M where M is dynamic; in a bucket where another kernel is measured faster, and can
-    run the call as lowered here, the lowering takes it (the bucket guarded, `ir.rows_at_most`):
-    fp8 M <= 128 from ATen's row-wise CUTLASS GEMM to the Triton template, fp8 prefill
-    (M > 128) from the Triton template to cuBLAS on Hopper. It stays where kernel choice saw a static
-    M (`Kernel.why_slower_here`), where the configuration forced, preferred or disabled kernels
-    (`LinearRecord.kernel_constrained`), and for an op the passes did not emit (no record)."""
-    from qfuse.kernels.cutlass import fp8_small_m_yields_to_triton
+    choice saw no M where M is dynamic; in a bucket where a later kernel is measured faster, and can
+    run the call as lowered here, the lowering takes it (the bucket guarded, `ir.rows_at_most`), as
+    kernel choice does for a static M (`Kernel.why_slower_here`): fp8 M <= 128 passes over ATen's
+    row-wise CUTLASS GEMM, and fp8 M > 16 over the Triton template on Hopper (to cuBLAS). It stays
+    where the configuration forced, preferred or disabled kernels (`LinearRecord.kernel_constrained`),
+    and for an op the passes did not emit (no record)."""
+    from qfuse.kernels.cutlass import ROWWISE_SLOW_MAX_ROWS, fp8_small_m_yields
     from qfuse.kernels.triton import FP8_TEMPLATE_MAX_ROWS, fp8_template_yields_to_cublas
     from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
 
@@ -263,16 +269,19 @@ def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
         return call.kernel, ""
     platform = current_platform("cuda")
     args = call.a, call.b, call.scale_a, call.scale_b, rows
-    if call.kernel == "cutlass" and not why_not_lowered(*args, "triton"):
-        reason = fp8_small_m_yields_to_triton(platform)
-        if reason and rows_at_most(rows, FP8_TEMPLATE_MAX_ROWS):
-            return "triton", f"M at most {FP8_TEMPLATE_MAX_ROWS} (a dynamic M, guarded) {reason}"
-    if call.kernel == "triton" and not why_not_lowered(*args, "torch"):
+    kernel, reasons = call.kernel, []
+    if kernel == "cutlass" and not why_not_lowered(*args, "triton"):
+        reason = fp8_small_m_yields(platform)
+        if reason and rows_at_most(rows, ROWWISE_SLOW_MAX_ROWS):
+            kernel = "triton"
+            reasons.append(f"M at most {ROWWISE_SLOW_MAX_ROWS} (a dynamic M, guarded) {reason}")
+    if kernel == "triton" and not why_not_lowered(*args, "torch"):
         kinds = _triton_scale_kinds(call.scale_a, call.scale_b, rows, call.a.get_size()[-1], call.b.get_size()[1])
         reason = fp8_template_yields_to_cublas(any(kind == BLOCK_SCALE for kind, _ in kinds), platform)
         if reason and not rows_at_most(rows, FP8_TEMPLATE_MAX_ROWS):
-            return "torch", f"M above {FP8_TEMPLATE_MAX_ROWS} (a dynamic M, guarded) {reason}"
-    return call.kernel, ""
+            kernel = "torch"
+            reasons.append(f"M above {FP8_TEMPLATE_MAX_ROWS} (a dynamic M, guarded) {reason}")
+    return kernel, "; ".join(reasons)
 
 
 def _lowered_linear(call: ScaledMmArgs, rows, k):

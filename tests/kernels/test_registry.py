@@ -183,10 +183,11 @@ def test_unknown_kernel_name_lists_known_kernels(call):
         (None, FP8_DYNAMIC, BF16, H100, "cutlass", []),  # M unknown (dynamic): the priority list
         (4096, FP8_DYNAMIC, BF16, H100, "cutlass", []),
         (16, FP8_DYNAMIC, BF16, H100, "triton", ["cutlass"]),  # decode: the Triton decode template
-        (128, FP8_DYNAMIC, BF16, H100, "triton", ["cutlass"]),  # the skinny tiles
+        (17, FP8_DYNAMIC, BF16, H100, "torch", ["cutlass", "triton"]),  # cuBLAS up to 128 rows
+        (128, FP8_DYNAMIC, BF16, H100, "torch", ["cutlass", "triton"]),
         (129, FP8_DYNAMIC, BF16, H100, "cutlass", []),
         (4096, FP8_DYNAMIC, FP32, H100, "torch", ["cutlass", "triton"]),  # ATen's row-wise writes bf16 only
-        (128, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),
+        (16, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),
         (None, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),
         (4096, FP8_BLOCK, BF16, H100, "triton", ["cutlass"]),  # the torch kernel has no block scales
         (4096, INT8_DYNAMIC, BF16, H100, "triton", ["cutlass"]),  # int8 templates stay at any M
@@ -198,7 +199,7 @@ def test_gpu_choice_depends_on_a_static_m(m, scheme, out_dtype, platform, chosen
     assert choice.kernel.name == chosen
     assert list(choice.rejected) == passed_over
     if "cutlass" in passed_over and out_dtype == BF16 and scheme == FP8_DYNAMIC:
-        assert "Triton template's decode and skinny tiles" in choice.rejected["cutlass"]
+        assert "slower than the Triton template's decode tiles and than cuBLAS" in choice.rejected["cutlass"]
     if chosen == "torch":
         assert "cuBLAS" in choice.rejected["triton"]
 

@@ -101,22 +101,24 @@ def test_dynamic_m_gets_the_tile_of_its_bucket():
 @pytest.mark.skipif(not FP8_CAPABLE or torch.cuda.get_device_capability() < (9, 0), reason="Hopper's fp8 choices")
 @pytest.mark.parametrize("out", ["bf16", "fp32"])
 def test_dynamic_m_fp8_runs_the_faster_kernel_of_each_bucket(out):
-    """Kernel choice sees no M when M is dynamic; the lowering gives M <= 128 the Triton template,
-    prefill (M > 128) ATen's _scaled_mm on Hopper (cuBLAS, or its row-wise CUTLASS GEMM for a bf16
-    output), as kernel choice does for a static M."""
+    """Kernel choice sees no M when M is dynamic; the lowering gives M <= 16 the Triton template, and
+    above ATen's _scaled_mm on Hopper (cuBLAS with unit scales up to 128 rows; above, for a bf16 output,
+    its row-wise CUTLASS GEMM), as kernel choice does for a static M."""
     x, w, w_scale, bias = operands((1, 256), n=144)
     _, w, w_scale, bias = cuda(x, fp8_weight(w), w_scale, bias)
     form = fp8_scaled_mm if out == "bf16" else _fp8_float32
-    results, reports = per_bucket(form, (5, 300, 9), w, w_scale, bias)
+    results, reports = per_bucket(form, (5, 300, 9, 64), w, w_scale, bias)
     for result, x, _ in results:
         expected = form(x, w, w_scale, bias).float()
         assert (result.float() - expected).norm() / expected.norm() < 1e-2
-    assert [bool(code) for _, _, code in results] == [True, True, False]
-    decode, prefill = (report.fused[0] for report in reports)
-    assert TEMPLATE_MARK in results[0][2] and TEMPLATE_MARK not in results[1][2]
+    assert [bool(code) for _, _, code in results] == [True, True, False, True]
+    decode, prefill, skinny = (report.fused[0] for report in reports)
+    assert TEMPLATE_MARK in results[0][2] and TEMPLATE_MARK not in results[1][2] + results[3][2]
     assert "Triton template" in decode.lowered, decode.lowered
-    how_prefill_ran = prefill.lowered.rsplit(": ", 1)[-1]  # after the reason a switched kernel gives
-    assert how_prefill_ran.startswith(("ATen", "Inductor's own GEMM")), prefill.lowered
+    for record in prefill, skinny:
+        how_it_ran = record.lowered.rsplit(": ", 1)[-1]  # after the reason a switched kernel gives
+        assert how_it_ran.startswith(("ATen", "Inductor's own GEMM")), record.lowered
+    assert "M above 16" in skinny.lowered, skinny.lowered
 
 
 def _fp8_float32(x, w, w_scale, bias):

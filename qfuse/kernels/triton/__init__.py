@@ -15,9 +15,9 @@ per-channel, 1x128 / 128x128 blocks), no zero points (asymmetric activations run
 kernel), any M >= 1, N, K (masked; K padded to a multiple of 16 for aligned loads; int64 offsets).
 
 Inside Inductor's code the template's fp8 main loop (pointer loads, no TMA) is slower than cuBLAS
-on Hopper at a prefill M; `why_slower_here` then leaves row-wise and per-tensor fp8 linears to the
+on Hopper above a decode M; `why_slower_here` then leaves row-wise and per-tensor fp8 linears to the
 `torch` kernel's cuBLAS `_scaled_mm` (block scales stay here), as the lowering does for a dynamic M
-above 128 rows. int4 at M = 1 under CUDA graphs goes to the `torch` kernel's ATen tinygemm.
+above 16 rows. int4 at M = 1 under CUDA graphs goes to the `torch` kernel's ATen tinygemm.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from qfuse.kernels import int4_tinygemm
-from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.base import DECODE_ROWS, OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.int4_words import pack_int4
 from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
@@ -37,8 +37,9 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, INT4_O
 #: rows cost 40-60x on an H200 (benchmarks/gpu_kernels.py, docs/benchmarks.md).
 K_ALIGNMENT = 16
 #: Above this M cuBLAS beats the fp8 template on Hopper (kernel choice for a static M, the lowering for
-#: a dynamic one's bucket): the eager kernel switches to its TMA loop there too (`persistent_mm.MIN_M`).
-FP8_TEMPLATE_MAX_ROWS = 128
+#: a dynamic one's bucket). Llama MLP block on an H200, M = 32 / 128: cuBLAS 17-20 µs a GEMM against the
+#: template's 19-23 (benchmarks/profile_block.py); at M <= 16 the decode template is as fast or faster.
+FP8_TEMPLATE_MAX_ROWS = DECODE_ROWS
 INT4_PACKING = "int4_words_nk"  # `qfuse.kernels.int4_words` along K, [N, K / 8]
 INT4_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 stored minus one
 
@@ -51,7 +52,7 @@ def fp8_template_yields_to_cublas(blocked: bool, platform: Platform) -> str:
         return ""
     return ("on Hopper the template's fp8 main loop (no TMA) is slower than cuBLAS's _scaled_mm, which the "
             "torch kernel calls (Llama MLP block at M = 4096 on an H100: 535-666 against 377-415 µs a linear; "
-            "docs/benchmarks.md, gpu_linear)")
+            "at M = 32 / 128 on an H200: 19-23 against 17-20; docs/benchmarks.md, gpu_linear and profile_block)")
 
 
 _ALL_ACTIVATION_SCALES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)
