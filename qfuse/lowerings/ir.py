@@ -2,6 +2,7 @@
 
     lower(op, *args)        Inductor's own lowering of an ATen op (IR in, IR out)
     convert(value, dtype)   a dtype cast in IR (none when the dtype already matches)
+    tensor_constant(value)  a constant of the compiled graph (no kernel per call)
     numel / known_equal     sizes, compared only when Inductor can prove the answer
     rows_at_most(rows, b)   M <= b, for choosing a path or a tile by M: a dynamic M by a guard, so
                             that each M bucket gets its own compiled code
@@ -39,6 +40,12 @@ def convert(value, dtype: torch.dtype):
     if value.get_dtype() == dtype:
         return value
     return lower(prims.convert_element_type.default, value, dtype)
+
+
+def tensor_constant(value: torch.Tensor):
+    """`value` as a constant of the compiled graph: made once when the module loads, where a `full` in
+    IR that an extern call reads is a kernel launch on every call; equal constants share one buffer."""
+    return V.graph.add_tensor_constant(value)
 
 
 IR_OPS = ArrayOps(

@@ -50,7 +50,7 @@ from qfuse.kernels.cutlass import ALIGNMENT, cutlass_backend
 from qfuse.kernels.torch_native import zero_point_correction
 from qfuse.lowerings import triton_template
 from qfuse.lowerings.ir import (IR_OPS, convert, current_record, extern_call, falls_back_to_extern_call, known_equal,
-                                lower, numel, record_lowering, rows_at_most)
+                                lower, numel, record_lowering, rows_at_most, tensor_constant)
 from qfuse.lowerings.triton_template import why_not_template
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS, current_platform
@@ -127,7 +127,7 @@ def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
 
 def _fp8_accumulator(a2d, b):
     if a2d.get_device().type == "cuda":
-        unit = lower(aten.full.default, [], 1.0, dtype=torch.float32, device=a2d.get_device())
+        unit = tensor_constant(torch.ones((), dtype=torch.float32, device=a2d.get_device()))
         return lower(aten._scaled_mm.default, a2d, b, unit, unit, None, None, torch.float32)
     return lower(aten.mm.default, convert(a2d, torch.float32), convert(b, torch.float32))
 
