@@ -111,14 +111,14 @@ def test_dynamic_m_fp8_runs_the_faster_kernel_of_each_bucket(out):
     for result, x, _ in results:
         expected = form(x, w, w_scale, bias).float()
         assert (result.float() - expected).norm() / expected.norm() < 1e-2
-    assert [bool(code) for _, _, code in results] == [True, True, False, True]
-    decode, prefill, skinny = (report.fused[0] for report in reports)
-    assert TEMPLATE_MARK in results[0][2] and TEMPLATE_MARK not in results[1][2] + results[3][2]
+    # the form's float32 bias rules out ATen's row-wise GEMM: the pass takes the template, whose one
+    # bucket bound is 16 rows (M = 64 runs the code compiled at M = 300: cuBLAS)
+    assert [bool(code) for _, _, code in results] == [True, True, False, False]
+    decode, above = (report.fused[0] for report in reports)
+    assert TEMPLATE_MARK in results[0][2] and TEMPLATE_MARK not in results[1][2]
     assert "Triton template" in decode.lowered, decode.lowered
-    for record in prefill, skinny:
-        how_it_ran = record.lowered.rsplit(": ", 1)[-1]  # after the reason a switched kernel gives
-        assert how_it_ran.startswith(("ATen", "Inductor's own GEMM")), record.lowered
-    assert "M above 16" in skinny.lowered, skinny.lowered
+    how_it_ran = above.lowered.rsplit(": ", 1)[-1]  # after the reason a switched kernel gives
+    assert how_it_ran.startswith(("ATen", "Inductor's own GEMM")) and "M above 16" in above.lowered, above.lowered
 
 
 def _fp8_float32(x, w, w_scale, bias):
