@@ -238,3 +238,24 @@ def test_the_report_says_k_was_split():
     assert SPLIT_K_MARK in code and "K split in" in record.lowered, record.lowered
     expected = eager_int8(x, w, w_scale, bias)  # a norm: a few activations round to the other int8 on the CPU
     assert (out - expected).norm() / expected.norm() < 1e-3
+
+
+@pytest.mark.skipif(not FP8_CAPABLE or torch.cuda.get_device_capability() < (9, 0), reason="Hopper's fp8 choices")
+def test_dynamic_m_fp8_with_the_row_wise_gemm_as_choice_has_three_buckets():
+    """Where the pass takes ATen's row-wise GEMM (no bias, bf16 out): M <= 16 the Triton template, up to
+    128 rows cuBLAS with unit scales and the epilogue in Inductor's code, above the row-wise GEMM."""
+    from tests.test_cuda import fp8_linear_without_bias
+
+    x, w, w_scale, _ = operands((1, 256), n=144)
+    _, w, w_scale = cuda(x, fp8_weight(w), w_scale)
+    results, reports = per_bucket(fp8_linear_without_bias, (5, 300, 64), w, w_scale)
+    for result, x, _ in results:
+        expected = fp8_linear_without_bias(x, w, w_scale).float()
+        assert (result.float() - expected).norm() / expected.norm() < 1e-2
+    assert [bool(code) for _, _, code in results] == [True, True, True]
+    decode, prefill, skinny = (report.fused[0] for report in reports)
+    assert {decode.kernel, prefill.kernel, skinny.kernel} == {"cutlass"}  # the pass's choice; buckets switch
+    assert "Triton template" in decode.lowered, decode.lowered
+    assert prefill.lowered.startswith("ATen row-wise _scaled_mm (CUTLASS)"), prefill.lowered
+    assert "M above 16" in skinny.lowered and skinny.lowered.endswith("fused pointwise code"), skinny.lowered
+    assert "_scaled_mm(" in results[2][2] and TEMPLATE_MARK not in results[2][2]
