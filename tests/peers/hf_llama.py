@@ -40,6 +40,19 @@ def available() -> tuple[bool, str]:
     return True, f"transformers {transformers.__version__}"
 
 
+def eager_fp8_runs_on_cpu() -> tuple[bool, str]:
+    """(True, '') when eager `torch._scaled_mm` runs on the CPU (torch 2.13 here; torch 2.11, the GPU
+    machine's, has it for CUDA only); otherwise (False, why not): the fp8 model's eager output, the
+    reference, cannot be computed there."""
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    one = torch.ones(())
+    try:
+        torch._scaled_mm(a, a.t(), one, one, out_dtype=torch.float32)
+    except (NotImplementedError, RuntimeError) as error:
+        return False, f"eager torch._scaled_mm does not run on the CPU with torch {torch.__version__}: {str(error)[:80]}"
+    return True, ""
+
+
 TINY_SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "vocab_size": 128}
 
