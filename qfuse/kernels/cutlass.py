@@ -17,16 +17,16 @@ with 1.0), the activation's K with zeros on every call, and the output is sliced
 Zero padding is exact: the extra products are zero, so the table has no K / N alignment.
 What each backend takes is the capability table `CutlassKernel.capabilities`.
 
-At a small M (<= 128 rows, known at compile time) ATen's row-wise fp8 GEMM runs a prefill tile
-and is slower than the Triton decode template (M <= 16) and cuBLAS (`why_slower_here`), which the
-registry takes then.
+At a small M known at compile time ATen's row-wise fp8 GEMM runs a prefill tile and is slower than
+the Triton decode template (M <= 16) and, on Hopper, cuBLAS (16 < M <= 128) (`why_slower_here`),
+which the registry takes then.
 """
 
 from __future__ import annotations
 
 import torch
 
-from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
+from qfuse.kernels.base import DECODE_ROWS, OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import SAME_AS_OUTPUT, Capability
 from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
 from qfuse.platform import Platform, current_platform
@@ -42,19 +42,25 @@ def cutlass_backend(platform: Platform) -> str:
     return "vllm" if platform.has("vllm") else "aten"
 
 
-#: Up to this M ATen's row-wise fp8 GEMM is slower than the kernels after it (`fp8_small_m_yields`).
+#: On Hopper, up to this M ATen's row-wise fp8 GEMM is slower than the kernels after it.
 ROWWISE_SLOW_MAX_ROWS = 128
 
 
-def fp8_small_m_yields(platform: Platform) -> str:
-    """Why an fp8 linear of at most ROWWISE_SLOW_MAX_ROWS rows runs faster on a later kernel than here
-    (the Triton decode template up to 16 rows, cuBLAS's `_scaled_mm` above on Hopper), or ''. Kernel
-    choice asks it for a static M, the lowering (`qfuse.lowerings.scaled_mm`) for a dynamic one."""
+def rowwise_slow_max_rows(platform: Platform) -> int:
+    """Up to how many rows an fp8 linear runs faster on a later kernel than here (0: none). On Hopper
+    128 (measured: the Triton decode template up to 16 rows, cuBLAS above); on other GPUs the decode
+    rows, 16, where the Triton decode template is faster (not measured above). Kernel choice asks it
+    for a static M, the lowering (`qfuse.lowerings.scaled_mm`) for a dynamic one."""
     if cutlass_backend(platform) != "aten":
-        return ""
+        return 0
+    return ROWWISE_SLOW_MAX_ROWS if platform.capability >= 90 else DECODE_ROWS
+
+
+def fp8_small_m_yields(platform: Platform) -> str:
+    """Why an fp8 linear of at most `rowwise_slow_max_rows` rows runs faster on a later kernel."""
     return ("ATen's row-wise fp8 GEMM runs a 128x128 tile, slower than the Triton template's decode tiles and "
-            "than cuBLAS (H100, GPU time: 13-15 against 7-8 µs at N = K = 4096, 38-45 against 30-34 µs at "
-            "N = 4096, K = 14336, M = 17-128; docs/benchmarks.md, gpu_skinny_tiles)")
+            "than cuBLAS (H200, GPU time of the compiled linear at M = 32: 15 / 27 / 44 against cuBLAS's 9 / 22 / "
+            "25 µs at N x K = 4096 x 4096 / 14336 x 4096 / 4096 x 14336; docs/benchmarks.md, small M)")
 
 
 class CutlassKernel(Kernel):
@@ -76,9 +82,8 @@ class CutlassKernel(Kernel):
         return OK
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
-        if key.m is not None and key.m <= ROWWISE_SLOW_MAX_ROWS and key.scheme.activation_dtype == FP8_DTYPE:
-            if reason := fp8_small_m_yields(platform):
-                return f"at M = {key.m} {reason}"
+        if key.m is not None and key.m <= rowwise_slow_max_rows(platform) and key.scheme.activation_dtype == FP8_DTYPE:
+            return f"at M = {key.m} {fp8_small_m_yields(platform)}"
         return super().why_slower_here(key, platform)
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:

@@ -8,8 +8,8 @@ scales, the bias and the next op into one loop, and each call would pay Python d
                                                            CPU K == 1: the int32 outer product)
               acc -= azp_a * colsum(b) + rowsum(a) * azp_b - K * azp_a * azp_b   (zero points)
     fp8 CUDA  out = aten._scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)  when ATen takes the
-              scales itself (both per-tensor, or per-row x per-column with a bf16 output above 128
-              rows: below, its row-wise GEMM is slower than cuBLAS with unit scales), else
+              scales itself (both per-tensor, or per-row x per-column with a bf16 output, above 128
+              rows on Hopper: below, its row-wise GEMM is slower than cuBLAS with unit scales), else
               acc = aten._scaled_mm(a, b, 1, 1, out_dtype=float32)
     fp8 CPU   acc = aten.mm(float32(a), float32(b))
     out       = (float32(acc) * scale_a * scale_b + bias).to(out_dtype)        (pointwise IR)
@@ -27,9 +27,9 @@ bias and the cast follow in pointwise IR, where they fuse with the consumer:
 
 Where M is dynamic, kernel choice saw no M; the lowering picks per M bucket, guarded
 (`ir.rows_at_most`, so each bucket gets its own compiled code) where another kernel is measured
-faster: an fp8 M of at most 16 runs the Triton template, up to 128 cuBLAS, instead of ATen's row-wise
-CUTLASS GEMM, and an fp8 M above 16 on Hopper cuBLAS instead of the Triton template
-(`_kernel_for_m_bucket`).
+faster: an fp8 M of at most 16 runs the Triton template instead of ATen's row-wise CUTLASS GEMM,
+and on Hopper an fp8 M above 16 runs cuBLAS instead of the Triton template, with unit scales up to
+128 rows (`_kernel_for_m_bucket`; block scales stay on the template).
 
 Cases it does not cover stay an extern call of the op (which is always correct): other kernels,
 per-group / block scales, CUDA int8 without a static M > 16 (cuBLAS rejects small M; the op pads),
@@ -60,21 +60,36 @@ aten, prims = torch.ops.aten, torch.ops.prims
 log = logging.getLogger("qfuse")
 
 
-def _scale_shape(scale, count, shape) -> list | None:
-    """The 2D broadcast shape of a scale that is one value or one per row / column, else None."""
+def _scale_shape(scale, count, shape, last_dim=None) -> list | None:
+    """The 2D broadcast shape of a scale (or zero point) that is one value or one per row / column,
+    else None. One per row / column is `count` values whose last dimension is `last_dim` (where given),
+    as the op's normalisation reads them: a [K / 128, N / 128] block scale can hold N values."""
     if scale is None or known_equal(numel(scale), 1):
         return [1, 1]
-    if known_equal(numel(scale), count):
+    if known_equal(numel(scale), count) and (last_dim is None or known_equal(scale.get_size()[-1], last_dim)):
         return shape
     return None
+
+
+def _row_scale_shape(scale, rows) -> list | None:
+    return _scale_shape(scale, rows, [rows, 1], last_dim=1)
+
+
+def _column_scale_shape(scale, n) -> list | None:
+    return _scale_shape(scale, n, [1, n], last_dim=n)
+
+
+def _why_unaligned(b) -> str:
+    """Why ATen's fp8 `_scaled_mm` cannot take this [K, N] weight as it is, or ''."""
+    if not all(known_equal(sympy.Mod(size, ALIGNMENT), 0) for size in b.get_size()):
+        return f"K or N is not a multiple of {ALIGNMENT}: ATen's fp8 GEMM needs them so (the op pads the weight once)"
+    return ""
 
 
 def _why_not_aten_cutlass(a, b) -> str:
     if cutlass_backend(current_platform("cuda")) != "aten":
         return "the cutlass kernel calls vLLM's CUTLASS op"
-    if not all(known_equal(sympy.Mod(size, ALIGNMENT), 0) for size in b.get_size()):
-        return f"K or N is not a multiple of {ALIGNMENT}: the cutlass kernel pads the weight"
-    return ""
+    return _why_unaligned(b)
 
 
 def _splits_onednn_epilogue(a, scale_a, azp_a, rows, kernel: str) -> bool:
@@ -93,9 +108,11 @@ def why_not_lowered(a, b, scale_a, scale_b, rows, kernel: str) -> str:
         return f"kernel {kernel!r} runs as an extern call"
     if kernel == "cutlass" and (reason := _why_not_aten_cutlass(a, b)):
         return reason
-    if _scale_shape(scale_a, rows, [rows, 1]) is None or _scale_shape(scale_b, b.get_size()[1], [1, -1]) is None:
+    if _row_scale_shape(scale_a, rows) is None or _column_scale_shape(scale_b, b.get_size()[1]) is None:
         return "per-group or block scales"
     on_cuda = a.get_device().type == "cuda"
+    if on_cuda and a.get_dtype() == FP8_DTYPE and (reason := _why_unaligned(b)):
+        return reason
     if on_cuda and a.get_dtype() == torch.int8 and not V.graph.sizevars.statically_known_geq(rows, CUDA_INT_MM_MIN_ROWS):
         # not a guarded bucket: where a caller drops Dynamo's guards (vLLM), a bucket would be a crash, not a slow call
         return f"CUDA int8 GEMM needs at least {CUDA_INT_MM_MIN_ROWS} rows and M is not known to be that large"
@@ -134,8 +151,8 @@ def _fp8_accumulator(a2d, b):
 
 def _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype):
     """fp8 on CUDA with the scales (and bias) inside ATen's `_scaled_mm`, or None when it cannot take
-    them, or (row-wise scales up to ROWWISE_SLOW_MAX_ROWS rows, a dynamic M guarded) when its
-    row-wise GEMM is slower than cuBLAS with unit scales and Inductor's epilogue after it."""
+    them, or (row-wise scales up to ROWWISE_SLOW_MAX_ROWS rows on Hopper, a dynamic M guarded) when
+    its row-wise GEMM is slower than cuBLAS with unit scales and Inductor's epilogue after it."""
     from qfuse.kernels.cutlass import ROWWISE_SLOW_MAX_ROWS
 
     if a2d.get_device().type != "cuda" or scale_a is None or scale_b is None:
@@ -143,8 +160,9 @@ def _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype):
     if bias is not None and bias.get_dtype() != out_dtype:
         return None
     tensorwise = known_equal(numel(scale_a), 1) and known_equal(numel(scale_b), 1)
+    slow_rowwise = current_platform("cuda").capability >= 90 and rows_at_most(rows, ROWWISE_SLOW_MAX_ROWS)
     rowwise = (not known_equal(numel(scale_a), 1) and not known_equal(numel(scale_b), 1)
-               and out_dtype == torch.bfloat16 and not rows_at_most(rows, ROWWISE_SLOW_MAX_ROWS))
+               and out_dtype == torch.bfloat16 and not slow_rowwise)
     if not (tensorwise or rowwise):
         return None
     shapes = ([], []) if tensorwise else ([rows, 1], [1, b.get_size()[1]])
@@ -175,7 +193,7 @@ def _aten_cutlass_scaled(a2d, b, scale_a, scale_b, bias, rows):
 def _scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype):
     """(float32(out) * scale_a * scale_b + (scale_a - scale_a) + bias).to(out_dtype) on [rows, N], in
     pointwise IR (the scale_a - scale_a term: `torch_native.nan_where_not_finite`)."""
-    for scale, shape in ((scale_a, _scale_shape(scale_a, rows, [rows, 1])), (scale_b, [1, -1])):
+    for scale, shape in ((scale_a, _row_scale_shape(scale_a, rows)), (scale_b, [1, -1])):
         if scale is not None:
             shape = shape if not known_equal(numel(scale), 1) else [1, 1]
             factor = lower(aten.reshape.default, convert(scale, torch.float32), shape)
@@ -195,13 +213,19 @@ def _triton_scale_kinds(scale_a, scale_b, rows, k, n):
 
     groups, column_groups = sympy.ceiling(k / GROUP_SIZE), sympy.ceiling(n / GROUP_SIZE)
 
-    def kind(scale, vector_shape, block_shape):
+    def kind(scale, vector_shape, block_shape, block_last_dims):
+        """As the op's normalisation: by the count of values and the last dimension(s), in this order."""
         if scale is None:
             return NO_SCALE, None
-        candidates = ((TENSOR_SCALE, [1, 1]), (VECTOR_SCALE, vector_shape), (BLOCK_SCALE, block_shape))
-        return next(((kind, shape) for kind, shape in candidates if known_equal(numel(scale), sympy.Mul(*shape))), None)
+        size = scale.get_size()
+        candidates = ((TENSOR_SCALE, [1, 1], []), (VECTOR_SCALE, vector_shape, vector_shape[-1:]),
+                      (BLOCK_SCALE, block_shape, block_last_dims))
+        return next(((kind, shape) for kind, shape, last in candidates
+                     if known_equal(numel(scale), sympy.Mul(*shape)) and len(size) >= len(last)
+                     and all(known_equal(a, b) for a, b in zip(size[len(size) - len(last):], last))), None)
 
-    return kind(scale_a, [rows, 1], [rows, groups]), kind(scale_b, [1, n], [groups, column_groups])
+    return (kind(scale_a, [rows, 1], [rows, groups], [groups]),
+            kind(scale_b, [1, n], [groups, column_groups], [groups, column_groups]))
 
 
 def _why_not_triton_scales(scale_a, scale_b, rows, b) -> str:
@@ -260,7 +284,7 @@ def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
     row-wise CUTLASS GEMM, and fp8 M > 16 over the Triton template on Hopper (to cuBLAS). It stays
     where the configuration forced, preferred or disabled kernels (`LinearRecord.kernel_constrained`),
     and for an op the passes did not emit (no record)."""
-    from qfuse.kernels.cutlass import ROWWISE_SLOW_MAX_ROWS, fp8_small_m_yields
+    from qfuse.kernels.cutlass import fp8_small_m_yields, rowwise_slow_max_rows
     from qfuse.kernels.triton import FP8_TEMPLATE_MAX_ROWS, fp8_template_yields_to_cublas
     from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
 
@@ -270,11 +294,10 @@ def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
     platform = current_platform("cuda")
     args = call.a, call.b, call.scale_a, call.scale_b, rows
     kernel, reasons = call.kernel, []
-    if kernel == "cutlass" and not why_not_lowered(*args, "triton"):
-        reason = fp8_small_m_yields(platform)
-        if reason and rows_at_most(rows, ROWWISE_SLOW_MAX_ROWS):
-            kernel = "triton"
-            reasons.append(f"M at most {ROWWISE_SLOW_MAX_ROWS} (a dynamic M, guarded) {reason}")
+    bound = rowwise_slow_max_rows(platform)
+    if kernel == "cutlass" and bound and not why_not_lowered(*args, "triton") and rows_at_most(rows, bound):
+        kernel = "triton"
+        reasons.append(f"M at most {bound} (a dynamic M, guarded) {fp8_small_m_yields(platform)}")
     if kernel == "triton" and not why_not_lowered(*args, "torch"):
         kinds = _triton_scale_kinds(call.scale_a, call.scale_b, rows, call.a.get_size()[-1], call.b.get_size()[1])
         reason = fp8_template_yields_to_cublas(any(kind == BLOCK_SCALE for kind, _ in kinds), platform)

@@ -24,6 +24,7 @@ XEON_AMX = Platform("cpu", cpu_has_avx512_vnni=True, cpu_has_amx=True)
 PLAIN_CPU = Platform("cpu")  # neither AMX nor VNNI
 H100 = Platform("cuda", cuda_capability=(9, 0), libraries=frozenset({"triton"}))
 A100 = Platform("cuda", cuda_capability=(8, 0), libraries=frozenset({"triton"}))
+L40 = Platform("cuda", cuda_capability=(8, 9), libraries=frozenset({"triton"}))  # fp8, not Hopper
 MI300 = Platform("cuda", is_rocm=True, cuda_capability=(9, 4), gpu_arch="gfx942", libraries=frozenset({"triton", "aiter"}))
 MI300_BARE = Platform("cuda", is_rocm=True, cuda_capability=(9, 4), gpu_arch="gfx942", libraries=frozenset({"triton"}))
 INTEL_GPU = Platform("xpu", libraries=frozenset({"vllm_xpu_kernels", "triton"}))
@@ -186,6 +187,8 @@ def test_unknown_kernel_name_lists_known_kernels(call):
         (17, FP8_DYNAMIC, BF16, H100, "torch", ["cutlass", "triton"]),  # cuBLAS up to 128 rows
         (128, FP8_DYNAMIC, BF16, H100, "torch", ["cutlass", "triton"]),
         (129, FP8_DYNAMIC, BF16, H100, "cutlass", []),
+        (16, FP8_DYNAMIC, BF16, L40, "triton", ["cutlass"]),  # the small-M rules above 16 rows were measured on Hopper
+        (64, FP8_DYNAMIC, BF16, L40, "cutlass", []),
         (4096, FP8_DYNAMIC, FP32, H100, "torch", ["cutlass", "triton"]),  # ATen's row-wise writes bf16 only
         (16, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),
         (None, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),

@@ -225,10 +225,14 @@ def test_prefill_shallow_k_and_block_scales_do_not_split_k():
                                torch.bfloat16)
     assert TEMPLATE_MARK in code and SPLIT_K_MARK not in code
     if FP8_CAPABLE:
+        # K = 16384, N = 256: the [128, 2] block scale holds N values, and is still no per-column scale
         a, w = _quantized(8, 16384, FP8_DTYPE), _quantized(256, 16384, FP8_DTYPE)
-        scale_a, scale_b = torch.rand(8, 128, device="cuda"), torch.rand(128, 2, device="cuda")
-        out, code, _ = triton_code(_op, a, w.t(), scale_a, scale_b, None, torch.bfloat16)
-        assert TEMPLATE_MARK in code and SPLIT_K_MARK not in code
+        for scale_a in torch.rand(8, 128, device="cuda"), torch.rand(8, 1, device="cuda"):
+            scale_b = torch.rand(128, 2, device="cuda")
+            out, code, _ = triton_code(_op, a, w.t(), scale_a, scale_b, None, torch.bfloat16)
+            assert TEMPLATE_MARK in code and SPLIT_K_MARK not in code
+            expected = torch.ops.qfuse.scaled_mm(a, w.t(), scale_a, scale_b, None, None, None, torch.float32, "reference")
+            assert (out.float() - expected).norm() / expected.norm() < 1e-2
 
 
 def test_the_report_says_k_was_split():
