@@ -4,9 +4,11 @@ Up to `triton_template.SPLIT_K_MAX_ROWS` rows the template's few column blocks (
 on an H100) each stream the weight down the whole K; `triton_template.k_splits` splits K until the
 grid holds `SPLIT_K_PROGRAMS_PER_SM` programs a multiprocessor. This script compiles
 `gpu_linear.QuantLinear` (the reference-form dynamic per-token linear, int8 and fp8) per M and
-shape, with Inductor and with qfuse at several targets (0: K never split, the template as before),
-and times each (`gpu_linear.measure`: per call / GPU / host µs). The FX graph cache is off: the
-target is a module constant, not part of the cache key.
+shape, with Inductor and with qfuse's `triton` kernel forced (QFUSE_KERNEL: on Hopper fp8 above 16
+rows would go to cuBLAS) at several targets (0: K never split, the template as before), and times
+each (`gpu_linear.measure`: per call / GPU / host µs). The FX graph cache is off: the target is a
+module constant, not part of the cache key. The recorded runs of 2026-11-26 came before fp8's move
+to cuBLAS, when the template was the default there too.
 
     python benchmarks/gpu_split_k.py [--ms 1,16,32,128] [--targets 0,1,2,4] [--out FILE.json]
     python benchmarks/gpu_split_k.py --table FILE.json
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections import defaultdict
 
 import torch
@@ -35,12 +38,14 @@ def case_rows(dtype, m: int, n: int, k: int, targets: list[float]) -> list[dict]
     with torch.no_grad():
         expected = model(x)
         rows = [label | measure(model, x, "inductor", expected)]
+        os.environ["QFUSE_KERNEL"] = "triton"
         try:
             for target in targets:
                 triton_template.SPLIT_K_PROGRAMS_PER_SM = target
                 rows.append(label | measure(model, x, "qfuse", expected) | {"variant": f"qfuse split target {target:g}"})
         finally:
             triton_template.SPLIT_K_PROGRAMS_PER_SM = default
+            del os.environ["QFUSE_KERNEL"]
     return rows
 
 

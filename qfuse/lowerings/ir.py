@@ -44,7 +44,7 @@ def convert(value, dtype: torch.dtype):
 
 def tensor_constant(value: torch.Tensor):
     """`value` as a constant of the compiled graph: made once when the module loads, where a `full` in
-    IR that an extern call reads is a kernel launch on every call; equal constants share one buffer."""
+    IR that an extern call reads is a kernel launch on every call."""
     return V.graph.add_tensor_constant(value)
 
 

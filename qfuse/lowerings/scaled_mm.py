@@ -228,6 +228,12 @@ def _triton_scale_kinds(scale_a, scale_b, rows, k, n):
             kind(scale_b, [1, n], [groups, column_groups], [groups, column_groups]))
 
 
+def _has_block_scale(kinds) -> bool:
+    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
+
+    return any(kind == BLOCK_SCALE for kind, _ in kinds)
+
+
 def _why_not_triton_scales(scale_a, scale_b, rows, b) -> str:
     kind_a, kind_b = _triton_scale_kinds(scale_a, scale_b, rows, *b.get_size())
     if kind_a is None:
@@ -241,10 +247,8 @@ def _triton_template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
     """The triton kernel as an Inductor template; the output cast (and what follows) in its store. Where
     the template splits K (`triton_template.k_splits`), it writes the unscaled sums of each K range, and
     their sum and this module's epilogue follow in Inductor's code."""
-    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
-
     kinds = _triton_scale_kinds(scale_a, scale_b, rows, k, b.get_size()[1])
-    splits = triton_template.k_splits(a2d, b, blocked=any(kind == BLOCK_SCALE for kind, _ in kinds))
+    splits = triton_template.k_splits(a2d, b, blocked=_has_block_scale(kinds))
     if splits > 1:
         acc, how = triton_template.split_k_product(a2d, b, splits, out_dtype)
         record_lowering(how + " (scales, bias, cast)")
@@ -286,7 +290,6 @@ def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
     and for an op the passes did not emit (no record)."""
     from qfuse.kernels.cutlass import fp8_small_m_yields, rowwise_slow_max_rows
     from qfuse.kernels.triton import FP8_TEMPLATE_MAX_ROWS, fp8_template_yields_to_cublas
-    from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE
 
     record = current_record()
     if record is None or record.kernel_constrained or sympy.sympify(rows).is_number or call.a.get_dtype() != FP8_DTYPE:
@@ -300,7 +303,7 @@ def _kernel_for_m_bucket(call: ScaledMmArgs, rows) -> tuple[str, str]:
         reasons.append(f"M at most {bound} (a dynamic M, guarded) {fp8_small_m_yields(platform)}")
     if kernel == "triton" and not why_not_lowered(*args, "torch"):
         kinds = _triton_scale_kinds(call.scale_a, call.scale_b, rows, call.a.get_size()[-1], call.b.get_size()[1])
-        reason = fp8_template_yields_to_cublas(any(kind == BLOCK_SCALE for kind, _ in kinds), platform)
+        reason = fp8_template_yields_to_cublas(_has_block_scale(kinds), platform)
         if reason and not rows_at_most(rows, FP8_TEMPLATE_MAX_ROWS):
             kernel = "torch"
             reasons.append(f"M above {FP8_TEMPLATE_MAX_ROWS} (a dynamic M, guarded) {reason}")

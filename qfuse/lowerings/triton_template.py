@@ -21,6 +21,10 @@ H100 that took the int8 down projection of a Llama MLP block with its residual a
     default mode   one choice: `pick_config`'s tile for M (a dynamic M guarded on its bucket, `ir.rows_at_most`)
     max-autotune   every tile of `AUTOTUNE_TILES` and `pick_config`'s; Inductor benchmarks them
 
+Up to 128 rows, where the tile's few column blocks stream a deep K (`k_splits`), a second template
+(`_SPLIT_K_SOURCE`) splits K: it stores each range's unscaled sums (int32 for int8, exact), and
+Inductor's code adds them and applies the scales, bias and cast (`qfuse.lowerings.scaled_mm`).
+
 `why_not_template` says when the kernel stays an extern call of the op instead (K not a multiple of
 16: the op pads the weight once, a template would read unaligned rows on every call).
 """
@@ -118,9 +122,9 @@ from qfuse.kernels.triton.weight_stream import k_range
 #: until the grid holds SPLIT_K_PROGRAMS_PER_SM programs a multiprocessor, each range at least
 #: SPLIT_K_MIN_STEPS K steps deep. Measured by `python benchmarks/gpu_split_k.py` on an H200 (GPU time,
 #: CUDA graph): at N = 4096, K = 14336 the 64 x 64 x 256 tile's 64 column blocks took 38 / 42 µs (int8,
-#: M = 32 / 128) and 36 / 39 µs (fp8) whole, 28 / 35 and 28 / 34 in two ranges; at K = 4096 (16 steps)
-#: a split gained at most 13% and lost up to 22%; the decode tiles, whose column blocks already fill
-#: the GPU, and every N = 14336 tile lost 5-30% split.
+#: M = 32 / 128) and 36 / 39 µs (fp8) whole, 28 / 35 and 28 / 34 in two ranges; at N = K = 4096 (16
+#: steps) a split gained at most 13% and lost up to 22%; the decode tiles, whose column blocks already
+#: fill the GPU, and every N = 14336 tile lost 5-37% split in two.
 SPLIT_K_MAX_ROWS = 128
 SPLIT_K_PROGRAMS_PER_SM = 1
 SPLIT_K_MIN_STEPS = 16
@@ -184,8 +188,9 @@ def k_splits(a2d, b, blocked: bool) -> int:
     """Into how many K ranges the template splits an [M, K] x [K, N] call (1: none). Up to
     SPLIT_K_MAX_ROWS rows, where the tile's column blocks cover fewer than GRID_FILL of the
     multiprocessors (the 64 x 64 skinny tile at N = 4096: 64 blocks on an H100's 132), each block
-    streams the weight down the whole K; split, they reach every multiprocessor. Block scales are
-    applied per K step inside the main loop: those calls are not split."""
+    streams the weight down the whole K; split, they reach every multiprocessor. Each range keeps at
+    least SPLIT_K_MIN_STEPS K steps. Block scales are applied per K step inside the main loop: those
+    calls are not split."""
     from qfuse.kernels.triton.scaled_mm import GRID_FILL, multiprocessors
     from qfuse.kernels.triton.weight_stream import split_k
 

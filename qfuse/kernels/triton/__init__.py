@@ -37,8 +37,9 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, INT4_O
 #: rows cost 40-60x on an H200 (benchmarks/gpu_kernels.py, docs/benchmarks.md).
 K_ALIGNMENT = 16
 #: Above this M cuBLAS beats the fp8 template on Hopper (kernel choice for a static M, the lowering for
-#: a dynamic one's bucket). Llama MLP block on an H200, M = 32 / 128: cuBLAS 17-20 µs a GEMM against the
-#: template's 19-23 (benchmarks/profile_block.py); at M <= 16 the decode template is as fast or faster.
+#: a dynamic one's bucket). Llama MLP block on an H200, M = 32 / 128: cuBLAS 17.4-22.1 µs a GEMM against
+#: the template's 18.6-23.0, 3-12% a GEMM (benchmarks/profile_block.py); at M <= 16 the decode template
+#: is as fast or faster.
 FP8_TEMPLATE_MAX_ROWS = DECODE_ROWS
 INT4_PACKING = "int4_words_nk"  # `qfuse.kernels.int4_words` along K, [N, K / 8]
 INT4_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 stored minus one
@@ -52,7 +53,7 @@ def fp8_template_yields_to_cublas(blocked: bool, platform: Platform) -> str:
         return ""
     return ("on Hopper the template's fp8 main loop (no TMA) is slower than cuBLAS's _scaled_mm, which the "
             "torch kernel calls (Llama MLP block at M = 4096 on an H100: 535-666 against 377-415 µs a linear; "
-            "at M = 32 / 128 on an H200: 19-23 against 17-20; docs/benchmarks.md, gpu_linear and profile_block)")
+            "at M = 32 / 128 on an H200: 18.6-23.0 against 17.4-22.1; docs/benchmarks.md, gpu_linear and profile_block)")
 
 
 _ALL_ACTIVATION_SCALES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)

@@ -9,9 +9,10 @@ weight on the wide side of the tensor-core shape. The pieces here are that loop'
     accumulate        acc += w @ x^T, in IEEE fp32 for an fp32 x (eager's fp32 matmul is not TF32)
     k_range           split `pid_k`'s whole K steps
     split_k_tile      an eager launch's program: its tile of the output, its split, its K range
-    split_k           how many K ranges a decode call splits into, so that the few column blocks of
-                      a small N still reach every multiprocessor; their float32 partial sums
-                      [SPLIT_K, M, N] are added after (`sum_splits` in eager, Inductor's code in a template)
+    split_k           how many K ranges a small-M call splits into, so that the few column blocks of
+                      a small N still reach every multiprocessor; their partial sums [SPLIT_K, M, N]
+                      (float32; int32 in the W8A8 template, `qfuse.lowerings.triton_template`) are
+                      added after (`sum_splits` in eager, Inductor's code in a template)
     fit_block_k       a K step that holds whole scale groups along K or lies in one (int4 groups of g,
     step_meta         fp8 blocks of 128), and the constexprs that say so
 """
