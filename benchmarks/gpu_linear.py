@@ -33,6 +33,16 @@ from gemm_cases import FP8, SHAPES
 from qfuse.bench import add_output_arguments, format_table, gpu_time, out_path, plot, progress, relative_error, time_call, warm, write
 
 TOKEN_PADDING = 17  # cuBLAS int8 GEMMs need more than 16 rows
+EPS = {torch.int8: 1e-6, FP8: 1e-12}
+
+
+def activation_quant(x: torch.Tensor, dtype: torch.dtype):
+    """Dynamic per-token quant as vLLM's torch fallbacks write it: (q, float32 scale [M, 1])."""
+    qmax = 127.0 if dtype == torch.int8 else 448.0
+    s = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=EPS[dtype]) / qmax
+    scaled = x.float() / s
+    q = scaled.round().clamp(-128, 127) if dtype == torch.int8 else scaled.clamp(-448.0, 448.0)
+    return q.to(dtype), s
 
 
 class QuantLinear(nn.Module):
@@ -52,15 +62,12 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
+        if self.dtype == torch.int8 and rows < TOKEN_PADDING:
+            x = F.pad(x, (0, 0, 0, TOKEN_PADDING - rows))
+        q, s = activation_quant(x, self.dtype)
         if self.dtype == torch.int8:
-            if rows < TOKEN_PADDING:
-                x = F.pad(x, (0, 0, 0, TOKEN_PADDING - rows))
-            s = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-6) / 127.0
-            q = (x.float() / s).round().clamp(-128, 127).to(torch.int8)
             y = torch._int_mm(q, self.weight.t()).float()
         else:
-            s = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / 448.0
-            q = (x.float() / s).clamp(-448.0, 448.0).to(FP8)
             y = torch._scaled_mm(q, self.weight.t(), self.one, self.one, out_dtype=torch.float32)
         return (y * s * self.w_scale).to(torch.bfloat16).narrow(0, 0, rows)
 

@@ -30,20 +30,17 @@ import torch
 import torch.nn.functional as F
 
 from gemm_cases import FP8
+from gpu_linear import EPS, activation_quant
 from hbm import hbm_bandwidth
 from qfuse.bench import add_output_arguments, format_table, gpu_time, out_path, progress, write
+from qfuse.schemes import Granularity
 
 WARPS = (4, 8, 16, 32)
-EPS = {torch.int8: 1e-6, FP8: 1e-12}
 
 
 def reference_quant(x: torch.Tensor, dtype: torch.dtype):
     """gpu_linear.QuantLinear's activation quant: (q, float32 scale [M, 1])."""
-    qmax = 127.0 if dtype == torch.int8 else 448.0
-    s = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=EPS[dtype]) / qmax
-    scaled = x.float() / s
-    q = scaled.round().clamp(-128, 127) if dtype == torch.int8 else scaled.clamp(-448.0, 448.0)
-    return q.to(dtype), s
+    return activation_quant(x, dtype)
 
 
 def silu_mul_quant(gate, up, dtype):
@@ -52,20 +49,9 @@ def silu_mul_quant(gate, up, dtype):
 
 def triton_quant(x: torch.Tensor, dtype: torch.dtype, num_warps: int):
     """qfuse's one-pass kernel on bf16 x with a float32 scale, at `num_warps`."""
-    import triton
+    from qfuse.kernels.triton.quant import triton_dynamic_quant
 
-    from qfuse.kernels.triton.quant import _dynamic_quant_kernel
-
-    rows, width = x.shape
-    q = torch.empty((rows, width), device=x.device, dtype=dtype)
-    scale = torch.empty((rows, 1), device=x.device, dtype=torch.float32)
-    block = triton.next_power_of_2(width)
-    _dynamic_quant_kernel[(rows, 1)](
-        x, q, scale, width, 1, x.stride(0), q.stride(0), EPS[dtype],
-        QMAX=127.0 if dtype == torch.int8 else 448.0, IS_INT8=dtype == torch.int8, GROUP=width, BLOCK=block,
-        ROUND_FP8_FIRST=False, num_warps=num_warps,
-    )
-    return q, scale
+    return triton_dynamic_quant(x, dtype, Granularity.PER_TOKEN, EPS[dtype], torch.float32, num_warps)
 
 
 def case_rows(dtype: torch.dtype, m: int, k: int, bandwidth: float) -> list[dict]:

@@ -80,8 +80,11 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def triton_dynamic_quant(x: torch.Tensor, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
-    """(q, scale) for x [..., K]: scale [..., 1] per token or [..., K / 128] per group."""
+def triton_dynamic_quant(x: torch.Tensor, quant_dtype: torch.dtype, granularity: Granularity, eps: float,
+                         scale_dtype: torch.dtype | None = None, num_warps: int | None = None):
+    """(q, scale) for x [..., K]: scale [..., 1] per token or [..., K / 128] per group, in x's dtype
+    (or `scale_dtype`: the scale is rounded to it before it divides). `num_warps` overrides the
+    launcher's (benchmarks/gpu_quant.py)."""
     width = x.shape[-1]
     x2d = x.reshape(-1, width)
     if x2d.stride(-1) != 1:
@@ -90,14 +93,14 @@ def triton_dynamic_quant(x: torch.Tensor, quant_dtype: torch.dtype, granularity:
     group = width if granularity == Granularity.PER_TOKEN else GROUP_SIZE
     groups = triton.cdiv(width, group)
     q = torch.empty((rows, width), device=x.device, dtype=quant_dtype)
-    scale = torch.empty((rows, groups), device=x.device, dtype=x.dtype)
+    scale = torch.empty((rows, groups), device=x.device, dtype=scale_dtype or x.dtype)
     if rows:
         block = triton.next_power_of_2(group)
         _dynamic_quant_kernel[(rows, groups)](
             x2d, q, scale, width, groups, x2d.stride(0), q.stride(0), eps,
             QMAX=symmetric_quant_max(quant_dtype), IS_INT8=quant_dtype == torch.int8, GROUP=group, BLOCK=block,
             ROUND_FP8_FIRST=_interpreted(),
-            num_warps=min(16, max(1, block // 512)),
+            num_warps=num_warps or min(16, max(1, block // 512)),
         )
     return q.reshape(x.shape), scale.reshape(*x.shape[:-1], groups)
 
