@@ -46,14 +46,20 @@ def cutlass_backend(platform: Platform) -> str:
 ROWWISE_SLOW_MAX_ROWS = 128
 
 
+def aten_rowwise_slow_max_rows(platform: Platform) -> int:
+    """Up to how many rows ATen's row-wise fp8 GEMM is slower than cuBLAS with unit scales and the
+    scales applied after: ROWWISE_SLOW_MAX_ROWS on Hopper (measured), 0 elsewhere (not measured)."""
+    return ROWWISE_SLOW_MAX_ROWS if platform.capability >= 90 else 0
+
+
 def rowwise_slow_max_rows(platform: Platform) -> int:
-    """Up to how many rows an fp8 linear runs faster on a later kernel than here (0: none). On Hopper
-    128 (measured: the Triton decode template up to 16 rows, cuBLAS above); on other GPUs the decode
-    rows, 16, where the Triton decode template is faster (not measured above). Kernel choice asks it
-    for a static M, the lowering (`qfuse.lowerings.scaled_mm`) for a dynamic one."""
+    """Up to how many rows an fp8 linear runs faster on a later kernel than here (0: none): the
+    decode rows, 16, where the Triton decode template is faster, and on Hopper up to 128, where
+    cuBLAS is (`aten_rowwise_slow_max_rows`). Kernel choice asks it for a static M, the lowering
+    (`qfuse.lowerings.scaled_mm`) for a dynamic one."""
     if cutlass_backend(platform) != "aten":
         return 0
-    return ROWWISE_SLOW_MAX_ROWS if platform.capability >= 90 else DECODE_ROWS
+    return max(DECODE_ROWS, aten_rowwise_slow_max_rows(platform))
 
 
 def fp8_small_m_yields(platform: Platform) -> str:

@@ -153,16 +153,16 @@ def _cublas_scaled(a2d, b, scale_a, scale_b, bias, rows, out_dtype):
     """fp8 on CUDA with the scales (and bias) inside ATen's `_scaled_mm`, or None when it cannot take
     them, or (row-wise scales up to ROWWISE_SLOW_MAX_ROWS rows on Hopper, a dynamic M guarded) when
     its row-wise GEMM is slower than cuBLAS with unit scales and Inductor's epilogue after it."""
-    from qfuse.kernels.cutlass import ROWWISE_SLOW_MAX_ROWS
+    from qfuse.kernels.cutlass import aten_rowwise_slow_max_rows
 
     if a2d.get_device().type != "cuda" or scale_a is None or scale_b is None:
         return None
     if bias is not None and bias.get_dtype() != out_dtype:
         return None
     tensorwise = known_equal(numel(scale_a), 1) and known_equal(numel(scale_b), 1)
-    slow_rowwise = current_platform("cuda").capability >= 90 and rows_at_most(rows, ROWWISE_SLOW_MAX_ROWS)
+    slow_below = aten_rowwise_slow_max_rows(current_platform("cuda"))
     rowwise = (not known_equal(numel(scale_a), 1) and not known_equal(numel(scale_b), 1)
-               and out_dtype == torch.bfloat16 and not slow_rowwise)
+               and out_dtype == torch.bfloat16 and not (slow_below and rows_at_most(rows, slow_below)))
     if not (tensorwise or rowwise):
         return None
     shapes = ([], []) if tensorwise else ([rows, 1], [1, b.get_size()[1]])
