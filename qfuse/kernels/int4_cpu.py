@@ -9,7 +9,10 @@ of 16) and `scales_and_zeros` [K / g, N, 2] in the activation's dtype, g in {32,
 The float zero f is held in that dtype: in float32 it is -z * s within one float32 rounding, as
 eager's (q - z) * s is; in bf16 or fp16 a 4-bit integer times the scale can need more mantissa
 bits than the dtype has, and the rounding of f would be a new error of up to 8 scale units. The
-kernel therefore takes zero points with float32 activations only (`TorchKernel.can_implement`).
+kernel therefore takes zero points with float32 activations only (`holds_zero_points`). The one
+exception is torchao's int8 storage, whose zero points are looked at when the weight is prepared:
+those that fold into the values (all zero, for its symmetric default) leave no zero point, and a
+weight with others is dequantized once in bf16 / fp16 (`DENSE`, exact, twice the int8 weight's memory).
 
 Measured against Inductor's own code for the GPTQ form on this project's CPU (Zen 4, 2 threads,
 K = N = 4096, bf16, groups of 128; benchmarks/cpu_weight_only.py, docs/benchmarks.md), qfuse's
@@ -20,11 +23,14 @@ here at every M.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
-from qfuse.kernels.prepared import PreparedWeight
+from qfuse.kernels.prepared import PreparedWeight, dense_int4_weight
 from qfuse.schemes import INT4_OFFSET
 
+log = logging.getLogger("qfuse")
 GROUP_SIZES = (32, 64, 128, 256)
 MAX_ROWS = 128
 N_MULTIPLE = 16
@@ -32,9 +38,20 @@ PACKING = "int4pack_cpu"
 _INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)
 
 
+def holds_zero_points(activation_dtype: torch.dtype) -> bool:
+    """Whether the float zero f = -z * s is exact enough in this activation dtype (the module docstring)."""
+    return activation_dtype == torch.float32
+
+
 def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> PreparedWeight:
     """The int4 weight (int8 [K, N] values in [-8, 7], scale [K / g, N], zero point [K / g, N] or None)
-    in ATen's CPU layout."""
+    in ATen's CPU layout; DENSE where the zero points are not held exactly (scales in bf16 / fp16)."""
+    if zero_point is not None and not holds_zero_points(scale.dtype):
+        group_size = values.shape[0] // scale.shape[0]
+        log.warning("qfuse: the int4 weight [N, K] = %s has zero points that _weight_int4pack_mm_for_cpu would round "
+                    "in %s: dequantized once to a dense weight (exact)", [values.shape[1], values.shape[0]], scale.dtype)
+        group = torch.arange(values.shape[0], device=values.device) // group_size
+        return dense_int4_weight(values, scale, zero_point, group)
     unsigned = (values.to(torch.int32) + INT4_OFFSET).t().contiguous()  # [N, K], 0..15
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, _INNER_K_TILES)
     zero = torch.zeros_like(scale) if zero_point is None else -zero_point.to(scale.dtype) * scale

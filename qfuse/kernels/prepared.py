@@ -48,6 +48,21 @@ class PreparedWeight:
     input_order: torch.Tensor | None = None  # the activation's K columns in the order of `data`'s rows
 
 
+#: PreparedWeight.packing of an int4 weight no int4 GEMM can take exactly: its float [K, N] matrix,
+#: dequantized once, which `qfuse::int4_weight_only_mm` multiplies by a plain matmul
+DENSE = "dense"
+
+
+def dense_int4_weight(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
+                      group: torch.Tensor) -> PreparedWeight:
+    """The DENSE weight w[k, n] = (values[k, n] - zero_point[group[k], n]) * scale[group[k], n] of an
+    int8 [K, N] int4 weight (any integer values), computed in float32, where the product is exact,
+    and rounded once to the scales' dtype."""
+    difference = values.float() - (0 if zero_point is None else zero_point[group].float())
+    weight = (difference * scale[group].float()).to(scale.dtype)
+    return PreparedWeight(weight, None, None, *weight.shape, packing=DENSE)
+
+
 def _tensor_key(tensor: torch.Tensor | None):
     if tensor is None:
         return None

@@ -22,7 +22,8 @@ on CPU the int8 weight-only linear (W8A16, a float activation):
                  weight is dequantized and a bf16 mm runs (faster there, measured)
     int4 weight-only  aten._weight_int4pack_mm_for_cpu on the weight repacked once, group sizes 32 /
                  64 / 128 / 256, N a multiple of 16; zero points with float32 activations only
-                 (`qfuse.kernels.int4_cpu`, which says why); on NVIDIA GPUs ATen's tinygemm
+                 (`qfuse.kernels.int4_cpu`, which says why; torchao's int8-stored zero points that do
+                 not fold into the values get a bf16 / fp16 weight dequantized once); on NVIDIA GPUs ATen's tinygemm
                  aten._weight_int4pack_mm, bf16, symmetric weights with bf16 scales, taken at M = 1
                  under CUDA graphs only (`qfuse.kernels.int4_tinygemm`, which says why)
 
@@ -103,7 +104,8 @@ class TorchKernel(Kernel):
         if key.m is not None and key.m > int4_cpu.MAX_ROWS:
             return False, (f"at M = {key.m} _weight_int4pack_mm_for_cpu is slower than Inductor's own dequantize + "
                            f"mm (0.85x at M = 256, 1.5x at M = 128; kernels/int4_cpu.py)")
-        if key.weight_zero_point and scheme.activation_dtype != torch.float32:
+        if key.weight_zero_point and not key.weight_zero_point_foldable and not int4_cpu.holds_zero_points(
+                scheme.activation_dtype):
             return False, ("_weight_int4pack_mm_for_cpu holds a zero point as a float in the activation's dtype, "
                            f"where {dtype_name(scheme.activation_dtype)} would round it (kernels/int4_cpu.py)")
         return OK

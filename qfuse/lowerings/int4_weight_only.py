@@ -16,8 +16,8 @@ weight is unpacked, repacked or cached, and Inductor launches the kernel itself.
 Tiles: `int4_mm.DECODE_TILE` and `fit_block_k`; under max-autotune also `int4_mm.AUTOTUNE_TILES`
 (the split is the call's, shared by every tile: it decides the output's shape).
 
-Prefill (M > 16), and act order (a `g_idx`) at any M: Inductor's own dequantize + mm, written here
-in IR from the same stored tensors
+Prefill (M > 16), act order (a `g_idx`) and int8 storage (torchao's intx: the template reads words)
+at any M: Inductor's own dequantize + mm, written here in IR from the same stored tensors
 (the weight dequantized into a buffer by one pointwise kernel, then Inductor's GEMM: cuBLAS, or its
 autotuned templates under max-autotune), on any device. That is what Inductor compiles from the model's own code,
 and it beats the template there (docs/benchmarks.md, gpu_weight_only).
@@ -73,9 +73,17 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
 {{STORE_TILE}}"""
 
 
+INT8_STORAGE = ("int8 storage (torchao's intx): the decode template reads int4 words, and int8 values may leave "
+                "int4's range")
+
+
+def _is_int8_storage(call: Int4WeightOnlyMmArgs) -> bool:
+    return call.packed.get_dtype() == torch.int8
+
+
 def _is_decode(call: Int4WeightOnlyMmArgs, rows) -> bool:
-    """The decode template's call: no act order, M <= 16 (a dynamic M guarded on it, `rows_at_most`)."""
-    return call.g_idx is None and rows_at_most(rows, DECODE_ROWS)
+    """The decode template's call: int4 words, no act order, M <= 16 (a dynamic M guarded on it, `rows_at_most`)."""
+    return call.g_idx is None and not _is_int8_storage(call) and rows_at_most(rows, DECODE_ROWS)
 
 
 def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
@@ -108,6 +116,8 @@ def lower_int4_weight_only_mm(*args, **kwargs):
         dynamic = not sympy.sympify(rows).is_number
         if call.g_idx is not None:
             why = ACT_ORDER
+        elif _is_int8_storage(call):
+            why = INT8_STORAGE
         else:
             why = "prefill" + (f": a dynamic M, guarded above {DECODE_ROWS}" if dynamic else "")
         out = _dequantize_and_mm(call, x2d, n, int(k))
@@ -154,6 +164,11 @@ def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
             group_values = lower(aten.index.Tensor, group_values, [None, convert(call.g_idx, torch.int64)])
         return lower(aten.unsqueeze.default, group_values, -1)
 
+    if _is_int8_storage(call):  # signed values, zero points as they are stored (or none)
+        q = lower(aten.reshape.default, call.packed, [n, groups, call.group_size] if call.g_idx is None else [n, k, 1])
+        if call.packed_zeros is not None:
+            q = lower(aten.sub.Tensor, convert(q, torch.int32), per_column(convert(call.packed_zeros, torch.int32)))
+        return _scaled_mm_of(call, x2d, q, per_column, n, k)
     q = lower(aten.bitwise_and.Scalar, shifted(lower(aten.unsqueeze.default, call.packed, -1), shifts), 0xF)
     if call.packed_along_n:  # [K, N / 8, 8] -> [N, K]
         q = lower(aten.permute.default, lower(aten.reshape.default, q, [k, n]), [1, 0])
@@ -164,6 +179,11 @@ def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
         words = shifted(lower(aten.unsqueeze.default, call.packed_zeros, 1), lower(aten.unsqueeze.default, shifts, -1))
         zeros = apply_zero_convention(words, call.zero_convention, IR_OPS)
         q = lower(aten.sub.Tensor, q, per_column(lower(aten.reshape.default, zeros, [n, groups])))  # [N / 8, 8, K / g]
+    return _scaled_mm_of(call, x2d, q, per_column, n, k)
+
+
+def _scaled_mm_of(call: Int4WeightOnlyMmArgs, x2d, q, per_column, n: int, k: int):
+    """x @ w^T (+ bias) for w = q * s, q the integer (values - zero points) grouped as the scales."""
     w = convert(lower(aten.mul.Tensor, convert(q, torch.float32), per_column(convert(call.scales, torch.float32))),
                 x2d.get_dtype())
     w_t = lower(aten.permute.default, lower(aten.reshape.default, w, [n, k]), [1, 0])

@@ -1,4 +1,4 @@
-"""`qfuse::int4_weight_only_mm`: a linear whose weight is int4, packed eight to an int32 along K (W4A16).
+"""`qfuse::int4_weight_only_mm`: a linear whose weight is int4, packed eight to an int32 or one to an int8 (W4A16).
 
     int4_weight_only_mm(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, kernel,
                         g_idx=None, zero_convention="stored", packed_along_n=False)
@@ -8,6 +8,8 @@
         u[n, j]  = packed_zeros[n // 8, j] >> shifts[n % 8]                           the zero point's word
         z[n, j]  = 8 without packed_zeros, else by `zero_convention`:                 per group j
                    "stored" u & 0xF;  "plus_one" (u & 0xF) + 1;  "plus_one_mod_16" (u + 1) & 0xF
+        q[n, k]  = packed[n, k]                                                     int8 storage: signed values
+        z[n, j]  = packed_zeros[n, j], or 0 without them                             int8 storage
         group(k) = g_idx[k], or k // group_size without g_idx
         w[n, k]  = (q[n, k] - z[n, group(k)]) * scales[n, group(k)]                  in x's dtype
         out      = x @ w^T + bias, cast to out_dtype
@@ -22,6 +24,12 @@ into `shifts`, its zero points and scales transposed as AutoGPTQ's. Old GPTQ
 checkpoints store the zero points minus one: AutoGPTQ adds one before its mask ("plus_one_mod_16"),
 other code after it ("plus_one", where a stored 15 is a zero point of 16). `g_idx` int32 [K] is
 GPTQ's activation order (desc_act): the group of each input channel.
+
+int8 storage is torchao's "intx" int4 (`IntxUnpackedToInt8Tensor`, from `IntxWeightOnlyConfig` and
+`Int8DynamicActivationIntxWeightConfig` with `weight_dtype=torch.int4`): `packed` int8 [N, K] holds
+one value per byte, `packed_zeros` int8 [N, K / g] (or None), no shifts, no zero convention. int8
+storage does not prove int4's range, so the op checks it once per weight (`INT8_STORAGE`): values
+and zero points in [-8, 7] go to the int4 kernel, any other weight is dequantized once (`DENSE`).
 
 The op takes the stored tensors themselves, and `shifts` as the model holds them (an int32 [8]
 buffer, usually 0, 4, ..., 28): the unpack above uses whatever it holds, so the op is the model's
@@ -40,22 +48,31 @@ a float [K, N] matrix and a plain matmul (`DENSE`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 from torch import Tensor
 
 from qfuse.kernels import get_kernel
 from qfuse.kernels.array_ops import TORCH_OPS, ArrayOps
-from qfuse.kernels.prepared import PreparedWeight, built_once
+from qfuse.kernels.prepared import DENSE, PreparedWeight, built_once, dense_int4_weight
 from qfuse.ops.arguments import op_arguments
 from qfuse.ops.scaled_mm import OUT_DTYPES
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_OFFSET
 
+log = logging.getLogger("qfuse")
 _OP = "int4_weight_only_mm"
 NIBBLES_PER_WORD = 8
 #: zero_convention -> (what is added to the zero point's shifted word, whether the sum is masked after)
 ZERO_CONVENTIONS = {"stored": (0, False), "plus_one": (1, False), "plus_one_mod_16": (1, True)}
-DENSE = "dense"  # PreparedWeight.packing of a weight whose g_idx is no grouping: float [K, N], a plain matmul
+INT4_RANGE = (-INT4_OFFSET, INT4_OFFSET - 1)
+#: what int8 storage is called where the op says what it got (`storage`)
+INT8_STORAGE = "int8 [N, K] (one int4 value per byte)"
+
+
+def storage(packed: Tensor) -> str:
+    """How `packed` holds the int4 values: `INT8_STORAGE`, or words (int32, eight values each)."""
+    return INT8_STORAGE if packed.dtype == torch.int8 else "int32 words"
 
 
 def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
@@ -68,13 +85,19 @@ def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, o
         fail(f"activation must be one of {FLOAT_ACTIVATION_DTYPES}, got {x.dtype}")
     if out_dtype not in OUT_DTYPES:
         fail(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
-    layout = "[K, N / 8]" if packed_along_n else "[N, K / 8]"
-    if packed.dtype != torch.int32 or packed.dim() != 2:
-        fail(f"packed must be an int32 {layout} matrix, got {packed.dtype} of shape {tuple(packed.shape)}")
-    if packed_along_n:
-        k, n = packed.shape[0], packed.shape[1] * NIBBLES_PER_WORD
+    if packed.dtype == torch.int8 and packed.dim() == 2:
+        if shifts is not None or packed_along_n or zero_convention != "stored":
+            fail("an int8 [N, K] weight holds its values unpacked: no shifts, packed_along_n or zero convention")
+        (n, k), layout = packed.shape, "[N, K]"
     else:
-        n, k = packed.shape[0], packed.shape[1] * NIBBLES_PER_WORD
+        layout = "[K, N / 8]" if packed_along_n else "[N, K / 8]"
+        if packed.dtype != torch.int32 or packed.dim() != 2:
+            fail(f"packed must be an int32 {layout} matrix or int8 [N, K] values, got {packed.dtype} of shape "
+                 f"{tuple(packed.shape)}")
+        if packed_along_n:
+            k, n = packed.shape[0], packed.shape[1] * NIBBLES_PER_WORD
+        else:
+            n, k = packed.shape[0], packed.shape[1] * NIBBLES_PER_WORD
     if x.shape[-1] != k:
         fail(f"activation has K={x.shape[-1]} but the packed weight {layout} holds K={k}")
     if shifts is not None and (shifts.dtype != torch.int32 or tuple(shifts.shape) != (NIBBLES_PER_WORD,)):
@@ -84,9 +107,13 @@ def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, o
     if not scales.is_floating_point() or tuple(scales.shape) != (n, k // group_size):
         fail(f"scales must be a float [N, K / group_size] = [{n}, {k // group_size}] matrix, got "
              f"{scales.dtype} of shape {tuple(scales.shape)}")
-    if packed_zeros is not None and (packed_zeros.dtype != torch.int32 or n % NIBBLES_PER_WORD
-                                     or tuple(packed_zeros.shape) != (n // NIBBLES_PER_WORD, k // group_size)):
-        fail(f"packed_zeros must be int32 [N / 8, K / group_size] = [{n // NIBBLES_PER_WORD}, {k // group_size}], "
+    if packed.dtype == torch.int8:
+        zeros_dtype, zeros_shape, zeros_layout = torch.int8, (n, k // group_size), "[N, K / group_size]"
+    else:
+        zeros_dtype, zeros_shape, zeros_layout = torch.int32, (n // NIBBLES_PER_WORD, k // group_size), "[N / 8, K / group_size]"
+    if packed_zeros is not None and (packed_zeros.dtype != zeros_dtype or n % NIBBLES_PER_WORD * (zeros_dtype == torch.int32)
+                                     or tuple(packed_zeros.shape) != zeros_shape):
+        fail(f"packed_zeros must be {str(zeros_dtype).removeprefix('torch.')} {zeros_layout} = {list(zeros_shape)}, "
              f"got {packed_zeros.dtype} of shape {tuple(packed_zeros.shape)}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         fail(f"bias must have shape [{n}], got {tuple(bias.shape)}")
@@ -117,7 +144,10 @@ def unpack(packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: 
            zero_convention: str = "stored", packed_along_n: bool = False):
     """(int8 [K, N] values q - 8 in [-8, 7], scales [K / g, N], int8 [K / g, N] zero points z - 8 or
     None): the weight in qfuse's int4 convention, exactly as the module docstring's formula reads it
-    (its groups contiguous along K: the caller orders the rows of a `g_idx`, `group_order`)."""
+    (its groups contiguous along K: the caller orders the rows of a `g_idx`, `group_order`). int8
+    storage is read as it is: its values and zero points may leave [-8, 7] (`in_int4_range`)."""
+    if packed.dtype == torch.int8:
+        return packed.t(), scales.t(), None if packed_zeros is None else packed_zeros.t()
     if shifts is None:
         shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
     q = ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(packed.shape[0], -1)  # [N, K], or [K, N] along N
@@ -141,15 +171,33 @@ def group_order(g_idx: Tensor, group_size: int, groups: int) -> Tensor | None:
     return order if torch.equal(g_idx[order].to(grouped.dtype), grouped) else None
 
 
+def in_int4_range(*tensors: Tensor | None) -> bool:
+    """Whether every value of `tensors` (None: none) lies in [-8, 7], where the int4 kernels read it."""
+    low, high = INT4_RANGE
+    return all(tensor is None or not tensor.numel() or (low <= tensor.min() and tensor.max() <= high)
+               for tensor in tensors)
+
+
 def _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
                   packed_along_n) -> PreparedWeight:
     """The float [K, N] weight of the module docstring's formula (in the scales' dtype, one rounding)."""
     values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention,
                                          packed_along_n)
-    group = g_idx.long()
-    difference = values.float() - (0 if zeros is None else zeros[group].float())
-    weight = (difference * group_scales[group].float()).to(scales.dtype)
-    return PreparedWeight(weight, None, None, *weight.shape, packing=DENSE)
+    groups = g_idx.long() if g_idx is not None else torch.arange(values.shape[0], device=values.device) // group_size
+    log.warning("qfuse::%s: an int4 weight [N, K] = %s %s, dequantized once to a dense %s weight (exact)", _OP,
+                [values.shape[1], values.shape[0]], "whose g_idx sorts into no groups of its size" if g_idx is not None
+                else "whose int8 values or zero points leave int4's range", scales.dtype)
+    return dense_int4_weight(values, group_scales, zeros, groups)
+
+
+def folded_zero_points(values: Tensor, zeros: Tensor | None, group_size: int) -> tuple[Tensor, Tensor | None]:
+    """(values, zeros) of the same weight, the zero points folded into the values (v - z, then no
+    zero points) where every difference stays in int4's range: all zero (torchao's symmetric int4
+    stores them) or small. Exact: (v - z) * s is the same product."""
+    if zeros is None:
+        return values, None
+    folded = values.to(torch.int16) - zeros.repeat_interleave(group_size, 0).to(torch.int16)
+    return (folded.to(torch.int8), None) if in_int4_range(folded) else (values, zeros)
 
 
 def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, group_size: int, g_idx=None,
@@ -166,6 +214,10 @@ def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, grou
                                              packed_along_n)
         if order is not None:
             values = values[order]
+        values, zeros = folded_zero_points(values, zeros, group_size)
+        if packed.dtype == torch.int8 and not in_int4_range(values, zeros):  # (words hold int4 values by construction)
+            return _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
+                                 packed_along_n)
         prepared = implementation.prepare_int4_weight(values.contiguous(), group_scales.contiguous(),
                                                       None if zeros is None else zeros.contiguous())
         return prepared if order is None else dataclasses.replace(prepared, input_order=order)

@@ -171,9 +171,8 @@ def _group_size(scale: Node, values_shape) -> int | None:
 def _weight_scaled_another_way(anchor: Node) -> str:
     """Why the weight of a linear nothing matched looks dequantized but is not provably so ('' when it
     does not look dequantized at all): stored quantized values times a scale of no shape above, such
-    as one per group of input channels (torchao's int4 "intx" weights: int8 values minus a zero point
-    per group of 32, times a scale per group), or a dequantize cast to float16 after it was computed
-    in float32."""
+    as one per group of input channels in a form `intx_weight_only` did not take, or a dequantize
+    cast to float16 after it was computed in float32."""
     weight = anchor.args[2] if anchor.target == aten.addmm.default else anchor.args[1]
     if isinstance(weight, Node) and weight.target == aten.permute.default:
         weight = weight.args[0]
@@ -197,8 +196,10 @@ def _weight_scaled_another_way(anchor: Node) -> str:
         group = _group_size(scale, shape_of(weight))
         if group is not None:
             why = ("qfuse's int8 / fp8 kernels take one scale, one per channel or per 128x128 block, not per group"
-                   + (", and its int4 kernels read int4 packed eight to an int32 (int8 storage does not prove "
-                      "int4's range)" if found[1] is None and dtype_of(found[0]) == torch.int8 else ""))
+                   + (", and int8 values by groups (int4 in int8, `intx_weight_only`) only as torchao writes them: "
+                      "stored [N, K] values viewed [N, K / g, g], minus stored int8 zero points, times stored scales "
+                      "[N, K / g] in the activation's dtype" if found[1] is None and dtype_of(found[0]) == torch.int8
+                      else ""))
             return (f"the weight is {found[2]}{zero_point} times one scale per group of {group} input channels "
                     f"(scale {list(shape_of(scale))} against values {list(shape_of(weight))}): {why}")
         if not viewed:

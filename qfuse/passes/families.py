@@ -2,6 +2,7 @@
 
     reference_linear   hand-written W8A8: integer / fp8 matmul followed by a dequantize epilogue
     int4_weight_only   a float linear whose weight is unpacked from int4 words in the graph (GPTQ)
+    intx_weight_only   the same with int4 values stored one per int8 (torchao's intx configs)
     pt2e_linear        PT2E Q/DQ form (torch.ops.quantized_decomposed) around a float linear
     fake_quant_linear  the same in plain torch ops: a float linear of fake-quantized operands
     activation_quant   hand-written activation quantization folded into the fused linear, for
@@ -14,7 +15,7 @@ neither Inductor).
 """
 
 PATTERN_FAMILIES: tuple[str, ...] = (
-    "reference_linear", "int4_weight_only", "pt2e_linear", "fake_quant_linear", "activation_quant",
+    "reference_linear", "int4_weight_only", "intx_weight_only", "pt2e_linear", "fake_quant_linear", "activation_quant",
 )
 
 

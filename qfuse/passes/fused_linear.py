@@ -64,12 +64,13 @@ class PassContext:
 
 @dataclass(frozen=True)
 class Int4Weight:
-    """The stored tensors of an int4 weight packed along K (`qfuse::int4_weight_only_mm`'s operands)."""
+    """The stored tensors of an int4 weight (`qfuse::int4_weight_only_mm`'s operands)."""
 
-    packed: GraphValue  # int32 [N, K / 8] (the transpose of a K-major [K / 8, N]: a pending view), AWQ [K, N / 8]
+    packed: GraphValue  # int32 [N, K / 8] (the transpose of a K-major [K / 8, N]: a pending view), AWQ [K, N / 8];
+    #                     or int8 [N, K], one value a byte (torchao's intx)
     shifts: GraphValue | None  # int32 [8], None: nibble i at bits 4i
     scales: GraphValue  # [N, K / group_size]
-    packed_zeros: GraphValue | None  # int32 [N / 8, K / group_size], None: the uint4 offset 8
+    packed_zeros: GraphValue | None  # int32 [N / 8, K / group_size] (int8 [N, K / group_size]), None: symmetric
     group_size: int
     g_idx: Node | None = None  # [K], the group of each input channel (GPTQ's act order)
     zero_convention: str = "stored"  # how the zero points are stored (`qfuse.ops.int4_weight_only`)
@@ -77,8 +78,11 @@ class Int4Weight:
 
     @property
     def k_and_n(self) -> tuple[int, int]:
-        rows, words = fake_value(self.packed).shape
-        return (rows, words * 8) if self.packed_along_n else (words * 8, rows)
+        packed = fake_value(self.packed)
+        rows, cols = packed.shape
+        if packed.dtype == torch.int8:
+            return cols, rows
+        return (rows, cols * 8) if self.packed_along_n else (cols * 8, rows)
 
 
 @dataclass
@@ -111,6 +115,7 @@ class FusedLinear:
             scheme=self.scheme, m=static_int(rows), n=static_int(n), k=static_int(k), out_dtype=self.out_dtype,
             bias_dtype=None if self.bias is None else fake_value(self.bias).dtype, device_type=fake_value(self.a).device.type,
             weight_zero_point=self.azp_b is not None or (self.int4 is not None and self.int4.packed_zeros is not None),
+            weight_zero_point_foldable=self.int4 is not None and fake_value(self.int4.packed).dtype == torch.int8,
             per_call_weight=self.per_call_weight,
             weight_scale_dtype=fake_value(self.int4.scales).dtype if self.int4 else None,
             cuda_graphs=bool(inductor_config.triton.cudagraphs),

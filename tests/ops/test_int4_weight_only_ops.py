@@ -15,8 +15,8 @@ import torch
 
 import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
 from qfuse.kernels.prepared import cached_weight_count
-from qfuse.ops.int4_weight_only import unpack
-from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4
+from qfuse.ops.int4_weight_only import folded_zero_points, prepared_int4_weight, unpack
+from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 OP = torch.ops.qfuse.int4_weight_only_mm
@@ -182,3 +182,62 @@ def test_awq_activation_of_the_wrong_k_names_the_layout():
     with pytest.raises(ValueError, match=r"the packed weight \[K, N / 8\] holds K=256"):
         OP(torch.randn(2, 128), model.qweight, model.shifts, model.scales.t(), model.qzeros.t(), None, 64, FP32, "torch",
            None, "stored", True)
+
+
+# int8 storage: torchao's intx int4 (one value per int8, int8 zero points [N, K / g]).
+
+def call_intx(model, x, kernel="torch"):
+    return OP(x, model.qdata, None, model.scale, model.zero_point, model.bias, model.group_size, x.dtype, kernel)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+@pytest.mark.parametrize("dtype, zero_points, values, packing", [
+    (FP32, "int4", "int4", "int4pack_cpu"),  # the CPU kernel holds float32 zero points
+    (BF16, "zero", "int4", "int4pack_cpu"),  # zeros fold into the values: symmetric
+    (BF16, "int4", "int4", "dense"),  # bf16 would round the kernel's float zero: dequantized once
+    (FP32, "wide", "int4", "dense"),  # zero points outside int4's range
+    (FP16, "none", "int8", "dense"),  # values outside int4's range
+])
+def test_int8_storage_runs_int4_kernels_where_the_values_fit_and_a_dense_weight_elsewhere(
+        kernel, dtype, zero_points, values, packing):
+    model = torchao_intx_int4(dtype, group_size=32, zero_points=zero_points, values=values)
+    x = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(3)).to(dtype)
+    out, eager = call_intx(model, x, kernel), model(x)
+    scale = eager.float().abs().max()
+    tolerance = {BF16: 2**-7, FP16: 2**-10, FP32: 1e-5}[dtype]
+    assert out.shape == eager.shape and (out.float() - eager.float()).abs().max() <= tolerance * scale
+    assert (out.double() - x.double() @ model.reference_weight.t() - model.bias.double()).abs().max() <= tolerance * scale
+    _, prepared = prepared_int4_weight(kernel, model.qdata, None, model.scale, model.zero_point, 32)
+    if kernel == "torch":
+        assert prepared.packing == packing
+    elif zero_points == "zero":  # folded: the reference kernel got no zero points
+        assert prepared.zero_point is None
+
+
+def test_folded_zero_points_are_the_same_weight():
+    values = torch.tensor([[3], [-8], [7], [0]], dtype=torch.int8)  # [K = 4, N = 1], groups of 2
+    folded, zeros = folded_zero_points(values, torch.tensor([[-1], [1]], dtype=torch.int8), 2)
+    assert zeros is None and folded.flatten().tolist() == [4, -7, 6, -1]
+    folded, zeros = folded_zero_points(values, torch.tensor([[0], [0]], dtype=torch.int8), 2)
+    assert zeros is None and torch.equal(folded, values)
+    kept, zeros = folded_zero_points(values, torch.tensor([[1], [-1]], dtype=torch.int8), 2)  # -8 - 1 leaves int4
+    assert torch.equal(kept, values) and zeros is not None
+
+
+def test_opcheck_int8_storage():
+    model = torchao_intx_int4(FP32, group_size=32, zero_points="int4")
+    torch.library.opcheck(OP.default, (torch.randn(3, 256), model.qdata, None, model.scale, model.zero_point,
+                                       model.bias, 32, FP32, "torch"))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(shifts=torch.arange(0, 32, 4, dtype=torch.int32)), "an int8 [N, K] weight holds its values unpacked"),
+    (dict(packed_zeros=torch.zeros(16, 8, dtype=torch.int32)), "packed_zeros must be int8 [N, K / group_size] = [128, 8]"),
+    (dict(x=torch.randn(2, 128)), "activation has K=128 but the packed weight [N, K] holds K=256"),
+])
+def test_bad_int8_storage_operands_raise_naming_the_problem(change, message):
+    model = torchao_intx_int4(FP32, group_size=32, zero_points="int4")
+    args = dict(x=torch.randn(2, 256), packed=model.qdata, shifts=None, scales=model.scale,
+                packed_zeros=model.zero_point, bias=model.bias, group_size=32, out_dtype=FP32, kernel="torch") | change
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        OP(**args)

@@ -44,22 +44,25 @@ def test_int8_dynamic_activation_int8_weight(dtype, batch):
     check(model, x, "int8 dyn-token", 1e-4 if dtype == torch.float32 else 2e-2)
 
 
+@pytest.mark.parametrize("batch", [None, 2], ids=["2D", "3D"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("config", ["intx_int4_weight_only", "int8_dynamic_intx_int4"])
-def test_int4_intx_weights_are_near_misses_that_name_the_groups(config):
+def test_int4_intx_weights_fuse_as_int4_weight_only(config, dtype, batch):
     """torchao's int4 configs that run on a CPU keep int4 values unpacked in int8, with a scale and a
-    zero point per group of 32 input channels. No qfuse kernel takes int8 values with group scales
-    (and int8 storage does not prove the int4 range), so each linear is a near miss that says so,
-    instead of a float matmul or "the weight is a float tensor"; the compiled model matches eager."""
-    model, x = torchao_models.torchao_mlp(config)
+    zero point per group of 32 input channels (all zero: symmetric). Each linear becomes one
+    qfuse::int4_weight_only_mm on the stored tensors (int8 storage: the op checks int4's range once
+    per weight); 8da4w's fake-quantized activation stays in the graph and feeds the op."""
+    model, x = torchao_models.torchao_mlp(config, dtype=dtype, batch=batch)
     with torch.no_grad():
         expected = model(x)
         explanation = qfuse.explain(model, x)
         out = torch.compile(model, backend="qfuse")(x)
-    assert len(explanation.records) == 2 and not any(record.fused for record in explanation.records), explanation
+    assert len(explanation.records) == 2, explanation
     for record in explanation.records:
-        assert "minus a zero point times one scale per group of 32 input channels" in record.reason, explanation
-        assert "int8 storage does not prove int4's range" in record.reason, explanation
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        assert record.fused and record.family == "intx_weight_only" and record.kernel == "torch", explanation
+        assert record.scheme.endswith("x int4 per-group (weight-only)"), explanation
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance)
 
 
 def test_freezing_lets_inductor_take_pt2e_linears_and_the_report_says_so():

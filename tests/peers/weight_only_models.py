@@ -11,6 +11,8 @@ helpers, transformers' `QuantizedLinear`).
     int8, scale after the matmul  int8 [N, K], scale [N]                 (x @ w.t().to(dt)) * s + b
     torchao Int8WeightOnlyConfig  Int8Tensor (int8 [N, K], fp32 [N, 1])  mm(x2d, w.t().to(dt)) * s.to(dt).flatten()
     torchao int4 on CPU           Int4OpaqueTensor (prototype config)    aten._weight_int4pack_mm_for_cpu
+    torchao intx int4             int8 [N, K] values, int8 zero points   ((q.view(N, K/g, g).to(dt) - zp.view(N,
+                                  [N, K/g], scales [N, K/g]              K/g, 1).to(dt)) * s.view(N, K/g, 1)).view(N, K)
     GPTQ / CT pack-quantized      int32 [N, K/8], 8 nibbles along K      ((w >> shifts) & 0xF) - zero, * group scale
     AutoGPTQ (classic)            int32 [K/8, N], zeros [K/g, N/8] - 1   same, [K, N] orientation, scales[g_idx]
     AWQ (GEMM)                    int32 [K, N/8], order 0 2 4 6 1 3 5 7  unpack, undo the order, (w - z) * s
@@ -276,6 +278,56 @@ def gptq_packed_int4(dtype: torch.dtype, group_size: int | None = 32, symmetric:
     per_k = group_of.long()
     zero_of = torch.full((out_features, groups), 8) if zeros is None else zeros
     model.reference_weight = (q - zero_of[:, per_k]).double() * scales[:, per_k].double()
+    return model
+
+
+class IntxInt4Linear(nn.Module):
+    """torchao's int4 "intx" weight, written out: int4 values stored one per int8 (`IntxUnpackedToInt8Tensor`).
+
+    Source: torchao's `IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(g))` and the
+    weight of `Int8DynamicActivationIntxWeightConfig` ("8da4w"), whose linear dequantizes as
+    `IntxUnpackedToInt8Tensor.dequantize` does: the int8 values viewed as [N, K / g, g] and the int8
+    zero points and scales as [N, K / g, 1], both cast to the model dtype, subtracted, multiplied,
+    viewed back to [N, K] (tests/peers/test_torchao.py runs torchao's own; this one takes any values,
+    out of int4's range included, to test what int8 storage does not prove).
+    Math: w[n, k] = (q[n, k] - zp[n, k // g]) * s[n, k // g]; y = F.linear(x, w, bias).
+    """
+
+    def __init__(self, qdata, scale, zero_point, bias, group_size: int) -> None:
+        super().__init__()
+        self.register_buffer("qdata", qdata)  # int8 [N, K]
+        self.register_buffer("scale", scale)  # [N, K / g] in the model dtype
+        self.register_buffer("zero_point", zero_point)  # int8 [N, K / g], or None
+        self.register_buffer("bias", bias)
+        self.group_size = group_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, k = self.qdata.shape
+        groups = k // self.group_size
+        values = self.qdata.view(n, groups, self.group_size).to(x.dtype)
+        if self.zero_point is not None:
+            values = values - self.zero_point.view(n, groups, 1).to(x.dtype)
+        weight = (values * self.scale.view(n, groups, 1)).view(n, k)
+        return F.linear(x, weight, self.bias)
+
+
+def torchao_intx_int4(dtype: torch.dtype, group_size: int = 32, zero_points: str = "zero", values: str = "int4",
+                      in_features: int = 256, out_features: int = 128, bias: bool = True, seed: int = 0):
+    """An `IntxInt4Linear`. `zero_points`: "zero" (torchao's symmetric default stores zeros), "int4"
+    (asymmetric, in [-8, 7]), "wide" (in [-100, 100]) or "none" (no subtraction); `values`: "int4"
+    ([-8, 7]) or "int8" (the whole int8 range: what the storage allows)."""
+    generator = torch.Generator().manual_seed(seed)
+    groups = in_features // group_size
+    low, high = (-8, 8) if values == "int4" else (-128, 128)
+    q = torch.randint(low, high, (out_features, in_features), generator=generator, dtype=torch.int8)
+    scales = ((torch.rand(out_features, groups, generator=generator) + 0.5) / 16).to(dtype)
+    zero_range = {"zero": (0, 1), "int4": (-8, 8), "wide": (-100, 101), "none": None}[zero_points]
+    zeros = None if zero_range is None else torch.randint(*zero_range, (out_features, groups), generator=generator,
+                                                          dtype=torch.int8)
+    model = IntxInt4Linear(q, scales, zeros, _bias(out_features, generator, dtype, bias), group_size).eval()
+    group = torch.arange(in_features) // group_size
+    difference = q.double() - (0 if zeros is None else zeros[:, group].double())
+    model.reference_weight = difference * scales[:, group].double()
     return model
 
 

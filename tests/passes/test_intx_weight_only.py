@@ -1,0 +1,111 @@
+"""intx_weight_only: torchao's int4 "intx" weights (int4 values stored one per int8, a scale and an
+int8 zero point per group) become one qfuse::int4_weight_only_mm on the stored tensors, and match eager.
+
+The model is `IntxInt4Linear` of tests/peers/weight_only_models.py (the dequantize as torchao's
+`IntxUnpackedToInt8Tensor` writes it; tests/peers/test_torchao.py runs torchao's own configs).
+Covered: symmetric (zero points stored as zeros, or none), asymmetric, zero points and values out of
+int4's range (what int8 storage allows: the op's exact dense fallback), groups of 32 / 64 / 128,
+bf16 / fp16 / fp32, 2D and 3D, M = 0 / 1 / odd, a dynamic batch, bias or not; forms that must not
+be rewritten, each with its reason.
+"""
+
+import pytest
+import torch
+
+import qfuse
+from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
+from qfuse.passes import intx_weight_only
+from tests.passes.post_grad import run_family
+from tests.passes.test_int4_weight_only import INT4_OP, assert_close_relative
+from tests.peers import weight_only_models as wo
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+PATTERN = "int8-stored int4 (torchao intx) + dequantize + float linear"
+
+
+@pytest.mark.parametrize("shape", [(1, 256), (5, 256), (2, 3, 256), (0, 256)], ids=["M1", "M5", "3D", "M0"])
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
+@pytest.mark.parametrize("zero_points, values, group_size", [
+    ("zero", "int4", 32), ("none", "int4", 64), ("int4", "int4", 128), ("wide", "int4", 32), ("zero", "int8", 32),
+], ids=["symmetric-g32", "no-zero-point-g64", "asymmetric-g128", "wide-zero-points", "int8-values"])
+def test_intx_weights_fuse_and_match_eager(zero_points, values, group_size, dtype, shape):
+    model = wo.torchao_intx_int4(dtype, group_size=group_size, zero_points=zero_points, values=values)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    with torch.no_grad():
+        eager = model(x)
+        explanation = qfuse.explain(model, x)
+        out = torch.compile(model, backend="qfuse")(x)
+    assert_close_relative(out, eager)
+    (record,) = explanation.records
+    assert record.fused and record.family == "intx_weight_only" and record.pattern == PATTERN, explanation
+    assert record.scheme == f"{ {BF16: 'bf16', FP16: 'fp16', FP32: 'fp32'}[dtype]} x int4 per-group (weight-only)"
+    report = explanation.reports[-1]
+    assert report.ops_after[INT4_OP] == 1 and report.ops_after["aten.addmm.default"] == 0
+
+
+def test_the_op_gets_the_stored_tensors():
+    model = wo.torchao_intx_int4(FP32, group_size=64, zero_points="int4")
+    run = run_family(intx_weight_only, model, wo.example_input(256, FP32))
+    (fused,) = [node for node in run.graph.nodes if str(node.target) == INT4_OP]
+    call = Int4WeightOnlyMmArgs.of(fused)
+    assert all(operand.op == "placeholder" for operand in (call.packed, call.scales, call.packed_zeros))
+    assert call.shifts is None and call.group_size == 64 and call.kernel == "torch"
+
+
+def test_a_dynamic_batch_compiles_once_and_fuses():
+    model = wo.torchao_intx_int4(BF16, group_size=32)
+    compiled = torch.compile(model, backend="qfuse", dynamic=True)
+    marker = qfuse.graphs_compiled()
+    with torch.no_grad():
+        for rows in (2, 7, 33):
+            x = torch.randn(rows, 256).to(BF16)
+            assert_close_relative(compiled(x), model(x))
+    reports = qfuse.reports_since(marker)
+    assert len(reports) == 1 and reports[0].fused and not reports[0].near_misses
+
+
+class ValuesComputedPerCall(torch.nn.Module):
+    """The int8 values are computed in the forward (a clamp of the stored ones): nothing to prepare once."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        model = self.model
+        n, k = model.qdata.shape
+        values = model.qdata.clamp(-8, 7).view(n, k // model.group_size, model.group_size).to(x.dtype)
+        weight = (values * model.scale.view(n, -1, 1)).view(n, k)
+        return torch.nn.functional.linear(x, weight, model.bias)
+
+
+class WeightUsedTwice(torch.nn.Module):
+    """The dequantized weight also leaves the model: replacing the matmul would not remove it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        model = self.model
+        n, k = model.qdata.shape
+        values = model.qdata.view(n, k // model.group_size, model.group_size).to(x.dtype)
+        weight = (values * model.scale.view(n, -1, 1)).view(n, k)
+        return torch.nn.functional.linear(x, weight, model.bias), weight.sum()
+
+
+@pytest.mark.parametrize("wrapper, reason", [
+    (ValuesComputedPerCall, "its values are computed on every call"),
+    (WeightUsedTwice, "the dequantized weight has 2 users"),
+])
+def test_forms_not_taken_are_named_and_stay_correct(wrapper, reason):
+    model = wrapper(wo.torchao_intx_int4(FP32, group_size=32, zero_points="none"))
+    x = wo.example_input(256, FP32)
+    with torch.no_grad():
+        eager = model(x)
+        explanation = qfuse.explain(model, x)
+        out = torch.compile(model, backend="qfuse")(x)
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    records = [record for record in explanation.records if record.family == "intx_weight_only"]
+    assert records and not any(record.fused for record in records), explanation
+    assert any(reason in record.reason for record in records), explanation
