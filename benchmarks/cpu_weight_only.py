@@ -30,6 +30,14 @@ run instead, at M in --m for each case "section:KxN" of --cases (K input, N outp
       zentorch u4+zp eager   the same on the GPTQ words as they are, with bf16 zero points (all 0)
       zentorch s4 compiled   zentorch s4 inside torch.compile
       F.linear bf16          the weight dequantized once to bf16
+    intx-bf16-g32 / intx-fp32-g32   torchao's int4 "intx" form: int4 values stored one per int8 [N, K],
+                             int8 zero points [N, K / 32] (all zero, as torchao's symmetric default
+                             stores them), scales [N, K / 32] in the activation dtype (bf16 / fp32)
+      inductor               torch.compile of the intx form below
+      qfuse                  the same compiled with backend="qfuse" (intx_weight_only: the zero points
+                             fold into the values once, then int4pack as for GPTQ)
+      int4pack eager         as above
+      F.linear               the weight dequantized once to the activation dtype
 
 Every compiled candidate is compiled with fullgraph=True (a graph break would raise) and
 dynamic=False, each from a module class of its own (Dynamo caches compiled code per code object:
@@ -55,6 +63,11 @@ of word j (bits 4i .. 4i + 3) holding q[:, 8 j + i]; scales [N, K / group]:
     q = (packed[:, :, None] >> [0, 4, ..., 28]) & 0xF            # [N, K / 8, 8], arithmetic shift
     w = ((q.reshape(N, K / group, group) - 8).to(x.dtype) * scales[:, :, None]).reshape(N, K)
     y = F.linear(x, w)
+
+torchao intx form (what the "inductor" intx rows compile; `IntxUnpackedToInt8Tensor`'s dequantize):
+
+    v = values.view(N, K / group, group).to(x.dtype) - zeros.view(N, K / group, 1).to(x.dtype)
+    y = F.linear(x, (v * scales.view(N, K / group, 1)).view(N, K))
 
 Facts found here (torch 2.13.0+cpu, zentorch 2.13.0.2, AVX-512 Zen 4; checked by this script's error
 columns where they are about numbers):
@@ -147,7 +160,7 @@ try:
 except ImportError:
     zentorch = None
 
-SECTIONS = ("int8-bf16", "int8-fp32", "int4-g128", "int4-g32")
+SECTIONS = ("int8-bf16", "int8-fp32", "int4-g128", "int4-g32", "intx-bf16-g32", "intx-fp32-g32")
 DEFAULT_CASES = ["int8-bf16:4096x4096", "int8-fp32:4096x4096", "int4-g128:4096x4096", "int4-g32:4096x4096",
                  "int8-bf16:4096x14336", "int4-g128:4096x14336"]
 QUICK_CASES = ["int8-bf16:512x256", "int8-fp32:512x256", "int4-g128:512x256", "int4-g32:512x256"]
@@ -223,6 +236,14 @@ def gptq_form(group: int) -> Callable:
         w = (q.reshape(n, -1, group) - 8).to(x.dtype) * scales.unsqueeze(-1)
         return F.linear(x, w.reshape(n, -1))
     return gptq_linear
+
+
+def intx_form(group: int) -> Callable:
+    def intx_linear(x, values, scales, zeros):
+        n, k = values.shape
+        v = values.view(n, k // group, group).to(x.dtype) - zeros.view(n, k // group, 1).to(x.dtype)
+        return F.linear(x, (v * scales.view(n, k // group, 1)).view(n, k))
+    return intx_linear
 
 
 def int4pack(group: int) -> Callable:
@@ -376,6 +397,23 @@ def int4_candidates(x: torch.Tensor, weight: Int4Weight) -> dict[str, Candidate]
     return candidates
 
 
+def intx_candidates(x: torch.Tensor, weight: Int4Weight) -> dict[str, Candidate]:
+    group = weight.group
+    values = (weight.q - 8).to(torch.int8)  # [N, K], int4 values one per byte
+    scales = weight.scale.to(x.dtype)  # exact: bf16 values
+    zeros = torch.zeros_like(scales, dtype=torch.int8)
+    packed_cpu = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.q, 1)
+    scales_t = scales.t().contiguous()
+    scales_and_zeros = torch.stack([scales_t, torch.zeros_like(scales_t)], -1).contiguous()
+    dequantized = weight.reference.to(x.dtype)
+    return {
+        "inductor": compiled(intx_form(group), [values, scales, zeros], x),
+        "qfuse": compiled(intx_form(group), [values, scales, zeros], x, backend="qfuse"),
+        "int4pack eager": eager(lambda: int4pack(group)(x, packed_cpu, scales_and_zeros)),
+        f"F.linear {str(x.dtype).removeprefix('torch.')}": eager(lambda: F.linear(x, dequantized)),
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # Running
 
@@ -435,7 +473,7 @@ def wait_for_quiet(max_busy: float | None, timeout_s: float = 900) -> float | No
 def run_case(case: Case, ms: list[int], runs: int, repeats: int, flush, generator: torch.Generator,
              max_busy: float | None = None) -> list[dict]:
     int8 = case.section.startswith("int8")
-    dtype = torch.float32 if case.section == "int8-fp32" else torch.bfloat16
+    dtype = torch.float32 if "fp32" in case.section else torch.bfloat16
     group = None if int8 else int(case.section.split("-g")[1])
     weight = int8_weight(case.k, case.n, dtype, generator) if int8 else int4_weight(case.k, case.n, group, generator)
     rows = []
@@ -444,7 +482,10 @@ def run_case(case: Case, ms: list[int], runs: int, repeats: int, flush, generato
         torch._dynamo.reset()
         x = torch.randn(m, case.k, generator=generator).to(dtype)
         reference = x.double() @ weight.reference.t()
-        candidates = int8_candidates(x, weight) if int8 else int4_candidates(x, weight)
+        if int8:
+            candidates = int8_candidates(x, weight)
+        else:
+            candidates = (intx_candidates if case.section.startswith("intx") else int4_candidates)(x, weight)
         errors = {}
         for name, candidate in candidates.items():
             if candidate.call is not None:

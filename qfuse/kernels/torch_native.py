@@ -21,7 +21,8 @@ on CPU the int8 weight-only linear (W8A16, a float activation):
                  other runs in float32, minus rowsum(x) * azp_b * scale_b; above M = 64 rows the
                  weight is dequantized and a bf16 mm runs (faster there, measured)
     int4 weight-only  aten._weight_int4pack_mm_for_cpu on the weight repacked once, group sizes 32 /
-                 64 / 128 / 256, N a multiple of 16; zero points with float32 activations only
+                 64 / 128 / 256, N a multiple of 16, float32 at a static M = 1 only (slower than
+                 Inductor's code above it); zero points with float32 activations only
                  (`qfuse.kernels.int4_cpu`, which says why; torchao's int8-stored zero points that do
                  not fold into the values get a bf16 / fp16 weight dequantized once); on NVIDIA GPUs ATen's tinygemm
                  aten._weight_int4pack_mm, bf16, symmetric weights with bf16 scales, taken at M = 1
@@ -101,6 +102,10 @@ class TorchKernel(Kernel):
         if scheme.weight_group_size not in int4_cpu.GROUP_SIZES:
             return False, (f"_weight_int4pack_mm_for_cpu takes groups of {int4_cpu.GROUP_SIZES}, "
                            f"not {scheme.weight_group_size}")
+        if scheme.activation_dtype == torch.float32 and key.m != 1:
+            return False, ("in float32 _weight_int4pack_mm_for_cpu takes about 15 ms a row at K = N = 4096 (0.5x "
+                           "Inductor's own dequantize + mm at M = 4, 0.15x at M = 16; kernels/int4_cpu.py): taken at "
+                           f"a static M = 1 only, not at {'a dynamic M' if key.m is None else f'M = {key.m}'}")
         if key.m is not None and key.m > int4_cpu.MAX_ROWS:
             return False, (f"at M = {key.m} _weight_int4pack_mm_for_cpu is slower than Inductor's own dequantize + "
                            f"mm (0.85x at M = 256, 1.5x at M = 128; kernels/int4_cpu.py)")
