@@ -107,14 +107,15 @@ def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, o
     if not scales.is_floating_point() or tuple(scales.shape) != (n, k // group_size):
         fail(f"scales must be a float [N, K / group_size] = [{n}, {k // group_size}] matrix, got "
              f"{scales.dtype} of shape {tuple(scales.shape)}")
-    if packed.dtype == torch.int8:
-        zeros_dtype, zeros_shape, zeros_layout = torch.int8, (n, k // group_size), "[N, K / group_size]"
-    else:
-        zeros_dtype, zeros_shape, zeros_layout = torch.int32, (n // NIBBLES_PER_WORD, k // group_size), "[N / 8, K / group_size]"
-    if packed_zeros is not None and (packed_zeros.dtype != zeros_dtype or n % NIBBLES_PER_WORD * (zeros_dtype == torch.int32)
-                                     or tuple(packed_zeros.shape) != zeros_shape):
-        fail(f"packed_zeros must be {str(zeros_dtype).removeprefix('torch.')} {zeros_layout} = {list(zeros_shape)}, "
-             f"got {packed_zeros.dtype} of shape {tuple(packed_zeros.shape)}")
+    if packed.dtype == torch.int8:  # one zero point a value, as the weight's values
+        zeros_dtype, zeros_shape, zeros_layout = torch.int8, (n, k // group_size), "int8 [N, K / group_size]"
+    else:  # packed eight to a word along N
+        zeros_dtype, zeros_shape, zeros_layout = torch.int32, (n // NIBBLES_PER_WORD, k // group_size), "int32 [N / 8, K / group_size]"
+        if packed_zeros is not None and n % NIBBLES_PER_WORD:
+            fail(f"packed_zeros are packed eight to a word along N, which N={n} does not divide into")
+    if packed_zeros is not None and (packed_zeros.dtype != zeros_dtype or tuple(packed_zeros.shape) != zeros_shape):
+        fail(f"packed_zeros must be {zeros_layout} = {list(zeros_shape)}, got {packed_zeros.dtype} of shape "
+             f"{tuple(packed_zeros.shape)}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         fail(f"bias must have shape [{n}], got {tuple(bias.shape)}")
     if g_idx is not None and (g_idx.dtype not in (torch.int32, torch.int64) or tuple(g_idx.shape) != (k,)):
