@@ -10,6 +10,8 @@ applied to one bf16 activation (the outputs returned as a tuple, so nothing but 
     fp8-block    an fp8 e4m3fn weight [N, K] with 128 x 128 block scales, dequantized in float32 the
                  way vLLM's `block_quant_dequant` writes it (repeat_interleave), cast to bf16 (W8A16)
     fp8-channel  an fp8 weight with one float32 scale per output channel (Marlin fp8's checkpoints)
+    intx         torchao's int4 "intx" weight: int4 values one per int8 [N, K], int8 zero points (all
+                 zero) and bf16 scales of groups of 32, dequantized as `IntxUnpackedToInt8Tensor` does
 
 The stack holds at least 128 MiB of weights: every linear reads its weight from HBM, as a
 decoder's layers do (one linear alone would be served from an H100's 50 MiB L2). Rows are per linear
@@ -182,11 +184,37 @@ class Fp8WeightOnlyLinear(nn.Module):
                                splits=splits)
 
 
+class IntxLinear(nn.Module):
+    """torchao's int4 "intx" linear (IntxWeightOnlyConfig(weight_dtype=torch.int4, PerGroup(32)), symmetric)."""
+
+    GROUP = 32
+
+    def __init__(self, n: int, k: int, generator: torch.Generator):
+        super().__init__()
+        values = torch.randint(-8, 8, (n, k), device="cuda", generator=generator, dtype=torch.int32)
+        self.register_buffer("qdata", values.to(torch.int8))
+        scales = torch.rand(n, k // self.GROUP, device="cuda", generator=generator) / (8 * math.sqrt(k))
+        self.register_buffer("scale", scales.to(torch.bfloat16))
+        self.register_buffer("zero_point", torch.zeros(n, k // self.GROUP, device="cuda", dtype=torch.int8))
+
+    def forward(self, x):
+        n, k = self.qdata.shape
+        groups = k // self.GROUP
+        values = self.qdata.view(n, groups, self.GROUP).to(x.dtype) - self.zero_point.view(n, groups, 1).to(x.dtype)
+        return F.linear(x, (values * self.scale.view(n, groups, 1)).view(n, k))
+
+    def kernel_call(self, x, config=None, splits=None):
+        from qfuse.kernels.triton.int4_mm import triton_int4_mm
+
+        return triton_int4_mm(x, self.qdata, None, self.scale, self.zero_point, None, self.GROUP, torch.bfloat16,
+                              config=config, splits=splits)
+
+
 FORMS = {
     "gptq": GptqLinear, "autogptq": AutoGptqLinear, "awq": AwqLinear, "fp8-block": Fp8WeightOnlyLinear,
-    "fp8-channel": lambda n, k, generator: Fp8WeightOnlyLinear(n, k, generator, blocks=False),
+    "fp8-channel": lambda n, k, generator: Fp8WeightOnlyLinear(n, k, generator, blocks=False), "intx": IntxLinear,
 }
-BITS = {"gptq": 4, "autogptq": 4, "awq": 4, "fp8-block": 8, "fp8-channel": 8}
+BITS = {"gptq": 4, "autogptq": 4, "awq": 4, "fp8-block": 8, "fp8-channel": 8, "intx": 8}  # bits a weight value is stored in
 
 
 class Stack(nn.Module):

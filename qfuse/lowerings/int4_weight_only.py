@@ -2,8 +2,8 @@
 
 Decode (M <= 16; a dynamic M guarded on it, `ir.rows_at_most`): a Triton template on the stored words.
 
-    partial = template(X [M, K], W int32 [N, K / 8] (AWQ: [K, N / 8]), SHIFTS [8]?, S [N, K / g],
-                       Z int32 [N / 8, K / g]?)
+    partial = template(X [M, K], W int32 [N, K / 8] (AWQ: [K, N / 8]; int8 storage: int8 [N, K]), SHIFTS [8]?,
+                       S [N, K / g], Z int32 [N / 8, K / g]? (int8 storage: int8 [N, K / g]?))
             = float32 [SPLIT_K * M, N]: x @ w^T over SPLIT_K ranges of K, w dequantized in registers
               (`qfuse.kernels.triton.int4_mm.int4_dot`; SPLIT_K from `int4_mm.split_k`)
     y       = (partial.reshape(SPLIT_K, M, N).sum(0) + bias).to(out_dtype)      Inductor's code, with
@@ -16,8 +16,11 @@ weight is unpacked, repacked or cached, and Inductor launches the kernel itself.
 Tiles: `int4_mm.DECODE_TILE` and `fit_block_k`; under max-autotune also `int4_mm.AUTOTUNE_TILES`
 (the split is the call's, shared by every tile: it decides the output's shape).
 
-Prefill (M > 16), act order (a `g_idx`) and int8 storage (torchao's intx: the template reads words)
-at any M: Inductor's own dequantize + mm, written here in IR from the same stored tensors
+The op's int8 storage (torchao's intx: int8 [N, K] values, int8 zero points) takes the same template,
+which reads the values as they are (`INT8_VALUES`).
+
+Prefill (M > 16), and act order (a `g_idx`) at any M: Inductor's own dequantize + mm, written here
+in IR from the same stored tensors
 (the weight dequantized into a buffer by one pointwise kernel, then Inductor's GEMM: cuBLAS, or its
 autotuned templates under max-autotune), on any device. That is what Inductor compiles from the model's own code,
 and it beats the template there (docs/benchmarks.md, gpu_weight_only).
@@ -63,8 +66,8 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
         K, k_start, k_end, {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("W", 1 if PACKED_ALONG_N else 0)}},
         {{stride("W", 0 if PACKED_ALONG_N else 1)}},
         {{stride("S", 0)}}, {{stride("S", 1)}}, {{stride("Z", 0) if HAS_ZEROS else 0}}, {{stride("Z", 1) if HAS_ZEROS else 0}},
-        GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PACKED_ALONG_N, EVEN_K, BLOCK_M,
-        BLOCK_N, BLOCK_K,
+        GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PACKED_ALONG_N, INT8_VALUES, EVEN_K,
+        BLOCK_M, BLOCK_N, BLOCK_K,
     )
 {% if HAS_BIAS %}
     acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -73,17 +76,13 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
 {{STORE_TILE}}"""
 
 
-INT8_STORAGE = ("int8 storage (torchao's intx): the decode template reads int4 words, and int8 values may leave "
-                "int4's range")
-
-
 def _is_int8_storage(call: Int4WeightOnlyMmArgs) -> bool:
     return call.packed.get_dtype() == torch.int8
 
 
 def _is_decode(call: Int4WeightOnlyMmArgs, rows) -> bool:
-    """The decode template's call: int4 words, no act order, M <= 16 (a dynamic M guarded on it, `rows_at_most`)."""
-    return call.g_idx is None and not _is_int8_storage(call) and rows_at_most(rows, DECODE_ROWS)
+    """The decode template's call: no act order, M <= 16 (a dynamic M guarded on it, `rows_at_most`)."""
+    return call.g_idx is None and rows_at_most(rows, DECODE_ROWS)
 
 
 def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
@@ -116,8 +115,6 @@ def lower_int4_weight_only_mm(*args, **kwargs):
         dynamic = not sympy.sympify(rows).is_number
         if call.g_idx is not None:
             why = ACT_ORDER
-        elif _is_int8_storage(call):
-            why = INT8_STORAGE
         else:
             why = "prefill" + (f": a dynamic M, guarded above {DECODE_ROWS}" if dynamic else "")
         out = _dequantize_and_mm(call, x2d, n, int(k))
@@ -139,7 +136,8 @@ def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int):
     named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
              "BIAS": call.bias if splits == 1 else None}
     meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits) | weight_meta(
-        call.shifts is not None, call.packed_zeros is not None, call.zero_convention, call.packed_along_n)
+        call.shifts is not None, call.packed_zeros is not None, call.zero_convention, call.packed_along_n,
+        _is_int8_storage(call))
     out, how = split_k_linear(_SOURCE, "qfuse_int4_linear", named, rows, n, splits, call.bias, tiles,
                               lambda tile: meta | step_meta(tile[2], call.group_size, k))
     record_lowering(how + "; the int4 words dequantized in registers")

@@ -5,7 +5,8 @@ points, groups of 32 and 128 and per channel, groups narrower than the K step, K
 the step, M = 0 / 1 / 17 and 3D through the op, stored shifts in another order, bias, the tile choice;
 GPTQ's act order through the op (rows sorted by group once), zero points stored minus one (plus one
 after the mask, a zero point of 16 included, or before it, AutoGPTQ's), AutoGPTQ's [K / 8, N]
-tensors read transposed, AWQ's [K, N / 8] words packed along N (masked K steps included).
+tensors read transposed, AWQ's [K, N / 8] words packed along N (masked K steps included); torchao's int8
+storage read value by value.
 """
 
 import pytest
@@ -16,7 +17,7 @@ pytest.importorskip("triton")
 import qfuse.ops  # noqa: F401, E402  (registers torch.ops.qfuse)
 from qfuse.kernels.triton.int4_mm import DECODE_ROWS, pick_int4_config, triton_int4_mm  # noqa: E402
 from qfuse.kernels.triton.weight_stream import fit_block_k, split_k, step_meta  # noqa: E402
-from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4  # noqa: E402
+from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -169,3 +170,19 @@ def test_awq_words_packed_along_n(in_features, config, splits):
     scale = reference.abs().max()
     assert (out.double() - reference).abs().max() <= TOLERANCE[HALF] * scale
     assert (out.double() - eager.double()).abs().max() <= 2 * TOLERANCE[HALF] * scale
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("zero_points, values", [("none", "int4"), ("int4", "int4"), ("wide", "int8")])
+@pytest.mark.parametrize("in_features, config, splits", [(256, (16, 32, 64, 1, 4, 2), 1), (96, (16, 16, 64, 1, 2, 1), 2)],
+                         ids=["even_k", "masked_k_split"])
+def test_int8_storage_is_read_value_by_value(dtype, zero_points, values, in_features, config, splits):
+    """torchao's intx storage (int8 [N, K] values, int8 zero points [N, K / g]): the kernel reads the
+    values as they are, out of int4's range included, and matches the model and float64."""
+    model = torchao_intx_int4(dtype, group_size=32, zero_points=zero_points, values=values, in_features=in_features,
+                              out_features=48).to(DEVICE)
+    model.reference_weight = model.reference_weight.to(DEVICE)
+    x = torch.randn(3, in_features, generator=torch.Generator().manual_seed(5)).to(device=DEVICE, dtype=dtype)
+    out = triton_int4_mm(x, model.qdata, None, model.scale, model.zero_point, model.bias, 32, dtype, config=config,
+                         splits=splits)
+    assert_matches(out, model, x)

@@ -4,14 +4,14 @@ of qfuse's op, no unpacked weight), with numerics equal to eager for symmetric a
 weights, groups and per channel, bias, 3D, static and dynamic M, default mode, max-autotune and
 CUDA graphs; GPTQ's act order, zero points stored minus one and AutoGPTQ's [K / 8, N] layout at decode
 and prefill (act order: Inductor's own dequantize + mm at every M, lowerings/int4_weight_only.py); AWQ's
-words packed along N."""
+words packed along N; torchao's intx weights (int8 storage)."""
 
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
 from tests.helpers import assert_close_to_eager, assert_one_compile_per_decode_bucket, compile_and_get_code
-from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4
+from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TEMPLATE_MARK = "from qfuse.kernels.triton.int4_mm import int4_dot"
@@ -142,3 +142,20 @@ def test_m_1_under_cuda_graphs_runs_atens_tinygemm(act_order):
     (record,) = qfuse.reports_since(marker)[-1].fused
     assert record.kernel == "torch" and "tinygemm" in record.rejected_kernels["triton"], record
     assert record.lowered.startswith("extern call"), record.lowered
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
+@pytest.mark.parametrize("zero_points, values", [("zero", "int4"), ("int4", "int4"), ("wide", "int8")])
+@pytest.mark.parametrize("rows", [5, 40], ids=["decode", "prefill"])
+def test_torchao_intx_runs_as_the_template_at_decode(dtype, zero_points, values, rows):
+    """torchao's intx weights (int4 values one per int8) fuse, then compile to the template reading the
+    int8 values at decode and to Inductor's dequantize + mm at prefill; out-of-range values included."""
+    model = torchao_intx_int4(dtype, group_size=32, zero_points=zero_points, values=values, in_features=512,
+                              out_features=136).cuda()
+    x = torch.randn(rows, 512, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        out, code, report = compile_and_get_code(model, x)
+        assert_close_to_eager(out, model, x)
+    (record,) = report.fused
+    assert record.family == "intx_weight_only" and record.kernel == "triton", record
+    assert EXTERN_CALL not in code and (TEMPLATE_MARK in code) == (rows <= 16)

@@ -11,6 +11,9 @@
 (the formula of `qfuse::int4_weight_only_mm`, `qfuse.ops.int4_weight_only`). `(q - z) * s` is exact
 in float32 (a 5-bit integer times a scale of at most 11 significant bits), so the tile handed to
 `tl.dot` is, element for element, the weight eager dequantizes; only the order of the sum differs.
+The op's int8 storage (torchao's intx: int8 [N, K] values, int8 zero points [N, K / g], `INT8_VALUES`)
+is read value by value, whatever the values: a 9-bit difference times a bf16 / fp16 scale is still
+exact in float32, and with float32 scales the one float32 rounding is eager's own.
 
 The same `int4_dot` main loop serves the eager launcher (`triton_int4_mm`, the op's extern call) and
 the Inductor template (`qfuse.lowerings.int4_weight_only`), which reads the model's stored tensors
@@ -69,16 +72,25 @@ AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 128, 1, 4, 3), (16, 128, 128,
 def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg, stride_zn,
                      stride_zg, GROUP_SIZE: tl.constexpr, GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr,
                      HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr,
-                     PACKED_ALONG_N: tl.constexpr, EVEN_K: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+                     PACKED_ALONG_N: tl.constexpr, INT8_VALUES: tl.constexpr, EVEN_K: tl.constexpr,
+                     DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The dequantized [BLOCK_N, BLOCK_K] tile w[offs_n, k0:k0 + BLOCK_K] in DTYPE (zero where k >= K).
-    Strides are per n and per k word: [N, K / 8] words, or [K, N / 8] when PACKED_ALONG_N (AWQ)."""
+    Strides are per n and per k word: [N, K / 8] words, or [K, N / 8] when PACKED_ALONG_N (AWQ); per n
+    and per k value for INT8_VALUES (int8 [N, K], signed, zero points int8 [N, K / g] or none)."""
     nibble = tl.arange(0, 8)
     if HAS_SHIFTS:
         shift = tl.load(SHIFTS + nibble)
     else:
         shift = nibble * 4
-    if PACKED_ALONG_N:  # a [BLOCK_K, BLOCK_N / 8] tile of words, unpacked along N into [BLOCK_K, BLOCK_N]
+    if INT8_VALUES:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            q = tl.load(W + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk, mask=mask_n[:, None], other=0)
+        else:
+            q = tl.load(W + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                        mask=mask_n[:, None] & (offs_k < K)[None, :], other=0)
+        q = q.to(tl.int32)
+    elif PACKED_ALONG_N:  # a [BLOCK_K, BLOCK_N / 8] tile of words, unpacked along N into [BLOCK_K, BLOCK_N]
         offs_k = k0 + tl.arange(0, BLOCK_K)
         offs_word = tl.min(offs_n, axis=0) // 8 + tl.arange(0, BLOCK_N // 8)
         mask_word = tl.max(tl.reshape(mask_n.to(tl.int32), (BLOCK_N // 8, 8)), axis=1) > 0
@@ -98,7 +110,10 @@ def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_w
     groups = k0 // GROUP_SIZE + tl.arange(0, GROUPS_PER_STEP)
     mask = mask_n[:, None] & (groups * GROUP_SIZE < K)[None, :]
     scale = tl.load(S + offs_n[:, None] * stride_sn + groups[None, :] * stride_sg, mask=mask, other=0.0)
-    if HAS_ZEROS:
+    if HAS_ZEROS and INT8_VALUES:
+        zero = tl.load(Z + offs_n[:, None] * stride_zn + groups[None, :] * stride_zg, mask=mask, other=0)
+        zero = zero.to(tl.int32)[:, :, None]
+    elif HAS_ZEROS:
         if HAS_SHIFTS:
             zero_shift = tl.load(SHIFTS + offs_n % 8)
         else:
@@ -109,6 +124,8 @@ def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_w
             zero = ((zero_words + ZERO_ADD) & 0xF)[:, :, None]
         else:
             zero = ((zero_words & 0xF) + ZERO_ADD)[:, :, None]
+    elif INT8_VALUES:
+        zero = 0
     else:
         zero = 8
     w = ((q - zero).to(tl.float32) * scale.to(tl.float32)[:, :, None]).to(DTYPE)
@@ -122,15 +139,15 @@ def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_w
 def int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk, stride_wn,
              stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE: tl.constexpr,
              GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr,
-             ZERO_WRAP: tl.constexpr, PACKED_ALONG_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+             ZERO_WRAP: tl.constexpr, PACKED_ALONG_N: tl.constexpr, INT8_VALUES: tl.constexpr, EVEN_K: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The float32 [BLOCK_M, BLOCK_N] tile of x @ w^T over k in [k_start, k_end) (before bias)."""
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         x_t = activation_tile(X, k0 + tl.arange(0, BLOCK_K), offs_m, mask_m, K, stride_xm, stride_xk, EVEN_K)
         w = int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_wk, stride_sn, stride_sg,
                              stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD,
-                             ZERO_WRAP, PACKED_ALONG_N, EVEN_K, x_t.dtype, BLOCK_N, BLOCK_K)
+                             ZERO_WRAP, PACKED_ALONG_N, INT8_VALUES, EVEN_K, x_t.dtype, BLOCK_N, BLOCK_K)
         acc = accumulate(w, x_t, acc)
     return tl.trans(acc)
 
@@ -140,7 +157,7 @@ def _int4_mm_kernel(X, W, SHIFTS, S, Z, BIAS, OUT, M, N, K, stride_xm, stride_xk
                     stride_sg, stride_zn, stride_zg, stride_os, stride_om, stride_on, GROUP_SIZE: tl.constexpr,
                     GROUPS_PER_STEP: tl.constexpr, HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr,
                     ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr, PACKED_ALONG_N: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+                    INT8_VALUES: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr):
     """OUT[pid_k] = the split's partial x @ w^T (+ bias when there is one split)."""
@@ -148,20 +165,22 @@ def _int4_mm_kernel(X, W, SHIFTS, S, Z, BIAS, OUT, M, N, K, stride_xm, stride_xk
                                                                           GROUP_M)
     acc = int4_dot(X, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, K, k_start, k_end, stride_xm, stride_xk,
                    stride_wn, stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE, GROUPS_PER_STEP,
-                   HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PACKED_ALONG_N, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+                   HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PACKED_ALONG_N, INT8_VALUES, EVEN_K, BLOCK_M, BLOCK_N,
+                   BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(OUT + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
              acc.to(OUT.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def weight_meta(has_shifts: bool, has_zeros: bool, zero_convention: str, packed_along_n: bool) -> dict:
+def weight_meta(has_shifts: bool, has_zeros: bool, zero_convention: str, packed_along_n: bool,
+                int8_values: bool = False) -> dict:
     """The constexprs that say how the stored weight reads (the op's formula, `qfuse.ops.int4_weight_only`)."""
     from qfuse.ops.int4_weight_only import ZERO_CONVENTIONS
 
     zero_add, zero_wrap = ZERO_CONVENTIONS[zero_convention]
     return dict(HAS_SHIFTS=has_shifts, HAS_ZEROS=has_zeros, ZERO_ADD=zero_add, ZERO_WRAP=zero_wrap,
-                PACKED_ALONG_N=packed_along_n)
+                PACKED_ALONG_N=packed_along_n, INT8_VALUES=int8_values)
 
 
 def pick_int4_config(m: int) -> tuple[int, int, int, int, int, int]:
@@ -173,7 +192,8 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
                    packed_zeros: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
                    out_dtype: torch.dtype, config=None, splits: int | None = None,
                    zero_convention: str = "stored", packed_along_n: bool = False) -> torch.Tensor:
-    """x [M, K] @ w^T + bias as `out_dtype`, w the int4 weight of the module docstring."""
+    """x [M, K] @ w^T + bias as `out_dtype`, w the int4 weight of the module docstring (or int8
+    storage: `packed` int8 [N, K] values and `packed_zeros` int8 [N, K / g], read as they are)."""
     m, k = x.shape
     n = scales.shape[0]
     if m == 0 or n == 0 or k == 0:
@@ -191,6 +211,7 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
         *zeros.stride(), *out.stride(),
         HAS_BIAS=bias is not None and splits == 1, SPLIT_K=splits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages, **step_meta(block_k, group_size, k),
-        **weight_meta(shifts is not None, packed_zeros is not None, zero_convention, packed_along_n),
+        **weight_meta(shifts is not None, packed_zeros is not None, zero_convention, packed_along_n,
+                      packed.dtype == torch.int8),
     )
     return out[0] if splits == 1 else sum_splits(out, bias, out_dtype)
