@@ -126,15 +126,13 @@ def lower_int4_weight_only_mm(*args, **kwargs):
 
 
 def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int):
-    from qfuse.kernels.triton.int4_mm import DECODE_PLANS, weight_meta
+    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, DECODE_TILE, weight_meta
     from qfuse.kernels.triton.scaled_mm import multiprocessors
     from qfuse.kernels.triton.weight_stream import fit_block_k, split_k, step_meta
 
-    plan = DECODE_PLANS[_is_int8_storage(call)]
-    tiles = [plan.tile] + (list(plan.autotune_tiles) if max_autotune() else [])
+    tiles = [DECODE_TILE] + (list(AUTOTUNE_TILES) if max_autotune() else [])
     tiles = list(dict.fromkeys((bm, bn, fit_block_k(bk, call.group_size, k), *rest) for bm, bn, bk, *rest in tiles))
-    splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()),
-                     plan.programs_per_sm)
+    splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()))
     named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
              "BIAS": call.bias if splits == 1 else None}
     meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits) | weight_meta(
@@ -142,8 +140,7 @@ def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int):
         _is_int8_storage(call))
     out, how = split_k_linear(_SOURCE, "qfuse_int4_linear", named, rows, n, splits, call.bias, tiles,
                               lambda tile: meta | step_meta(tile[2], call.group_size, k))
-    record_lowering(how + ("; the int8-stored values" if _is_int8_storage(call) else "; the int4 words")
-                    + " dequantized in registers")
+    record_lowering(how + "; the int4 words dequantized in registers")
     return out
 
 

@@ -49,17 +49,14 @@ than Inductor's dequantize + mm at decode (73 against 32 µs a 4096 x 4096 AutoG
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton.scaled_mm import multiprocessors
-from qfuse.kernels.triton import w8a16_mm
-from qfuse.kernels.triton.weight_stream import (DECODE_PROGRAMS_PER_SM, accumulate, activation_tile, empty_result,
-                                                fit_block_k, split_k, split_k_tile, step_meta, sum_splits)
+from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k, split_k,
+                                                split_k_tile, step_meta, sum_splits)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 PREFILL_TILE = (128, 256, 128, 8, 8, 3)
@@ -69,22 +66,6 @@ PREFILL_TILE = (128, 256, 128, 8, 8, 3)
 DECODE_TILE = (DECODE_ROWS, 64, 256, 1, 4, 3)
 # Extra decode tiles Inductor benchmarks under max-autotune (the template runs at decode only).
 AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 128, 1, 4, 3), (16, 128, 128, 1, 8, 3), (16, 64, 512, 1, 8, 3))
-
-
-class DecodePlan(NamedTuple):
-    """The decode tile, max-autotune's extra tiles and the K-split target of one weight storage."""
-
-    tile: tuple[int, int, int, int, int, int]
-    autotune_tiles: tuple[tuple[int, int, int, int, int, int], ...]
-    programs_per_sm: float
-
-
-#: by storage: int4 words (int8 values: False), or int8 values (True), which stream 8-bit values as the
-#: W8A16 kernel does and take its decode tile and split rule (`w8a16_mm`; measured in docs/benchmarks.md)
-DECODE_PLANS = {
-    False: DecodePlan(DECODE_TILE, AUTOTUNE_TILES, DECODE_PROGRAMS_PER_SM),
-    True: DecodePlan(w8a16_mm.DECODE_TILE, w8a16_mm.AUTOTUNE_TILES, w8a16_mm.DECODE_PROGRAMS_PER_SM),
-}
 
 
 @triton.jit
@@ -202,9 +183,9 @@ def weight_meta(has_shifts: bool, has_zeros: bool, zero_convention: str, packed_
                 PACKED_ALONG_N=packed_along_n, INT8_VALUES=int8_values)
 
 
-def pick_int4_config(m: int, int8_values: bool = False) -> tuple[int, int, int, int, int, int]:
+def pick_int4_config(m: int) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for M rows."""
-    return DECODE_PLANS[int8_values].tile if m <= DECODE_ROWS else PREFILL_TILE
+    return DECODE_TILE if m <= DECODE_ROWS else PREFILL_TILE
 
 
 def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor | None, scales: torch.Tensor,
@@ -218,10 +199,9 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
     if m == 0 or n == 0 or k == 0:
         return empty_result(m, n, bias, out_dtype, x.device)
     sms = multiprocessors(x.device)
-    int8_values = packed.dtype == torch.int8
-    block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_int4_config(m, int8_values)
+    block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_int4_config(m)
     block_k = fit_block_k(block_k, group_size, k)
-    splits = splits or split_k(m, n, k, block_n, block_k, sms, DECODE_PLANS[int8_values].programs_per_sm)
+    splits = splits or split_k(m, n, k, block_n, block_k, sms)
     out = torch.empty(splits, m, n, device=x.device, dtype=out_dtype if splits == 1 else torch.float32)
     zeros = packed_zeros if packed_zeros is not None else packed
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), splits)
@@ -231,6 +211,7 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
         *zeros.stride(), *out.stride(),
         HAS_BIAS=bias is not None and splits == 1, SPLIT_K=splits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages, **step_meta(block_k, group_size, k),
-        **weight_meta(shifts is not None, packed_zeros is not None, zero_convention, packed_along_n, int8_values),
+        **weight_meta(shifts is not None, packed_zeros is not None, zero_convention, packed_along_n,
+                      packed.dtype == torch.int8),
     )
     return out[0] if splits == 1 else sum_splits(out, bias, out_dtype)
