@@ -88,6 +88,12 @@ class Kernel(abc.ABC):
         """What the capability table cannot say; the registry asks only when the table accepts `key`."""
         return OK
 
+    def why_inductor_is_faster(self, key: GemmKey, platform: Platform) -> str:
+        """Why Inductor's own code for this linear (the graph left as it is) is measured faster than this
+        kernel, or ''. The registry then leaves the linear to Inductor unless the kernel is forced (a
+        speed rule, not a limit: a forced kernel still runs it)."""
+        return ""
+
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
         """Why a later kernel of the priority list is faster on `key` here, or '' (measured, per
         kernel; the reason names the measurement). The registry then takes this kernel only if no

@@ -25,14 +25,11 @@ groups of 32): 15 ms at M = 1 against Inductor's 27.6 (1.7x), then about 15 ms a
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from qfuse.kernels.prepared import PreparedWeight, dense_int4_weight
 from qfuse.schemes import INT4_OFFSET
 
-log = logging.getLogger("qfuse")
 GROUP_SIZES = (32, 64, 128, 256)
 MAX_ROWS = 128
 N_MULTIPLE = 16
@@ -49,11 +46,8 @@ def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | N
     """The int4 weight (int8 [K, N] values in [-8, 7], scale [K / g, N], zero point [K / g, N] or None)
     in ATen's CPU layout; DENSE where the zero points are not held exactly (scales in bf16 / fp16)."""
     if zero_point is not None and not holds_zero_points(scale.dtype):
-        group_size = values.shape[0] // scale.shape[0]
-        log.warning("qfuse: the int4 weight [N, K] = %s has zero points that _weight_int4pack_mm_for_cpu would round "
-                    "in %s: dequantized once to a dense weight (exact)", [values.shape[1], values.shape[0]], scale.dtype)
-        group = torch.arange(values.shape[0], device=values.device) // group_size
-        return dense_int4_weight(values, scale, zero_point, group)
+        return dense_int4_weight(values, scale, zero_point,
+                                 f"its zero points would be rounded in {scale.dtype} by _weight_int4pack_mm_for_cpu")
     unsigned = (values.to(torch.int32) + INT4_OFFSET).t().contiguous()  # [N, K], 0..15
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, _INNER_K_TILES)
     zero = torch.zeros_like(scale) if zero_point is None else -zero_point.to(scale.dtype) * scale

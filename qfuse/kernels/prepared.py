@@ -23,11 +23,14 @@ products are zero): `padded_weight` once, `padded_activation` per call.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+
+log = logging.getLogger("qfuse")
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,17 @@ class PreparedWeight:
 DENSE = "dense"
 
 
-def dense_int4_weight(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
-                      group: torch.Tensor) -> PreparedWeight:
+def dense_int4_weight(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, why: str,
+                      group: torch.Tensor | None = None) -> PreparedWeight:
     """The DENSE weight w[k, n] = (values[k, n] - zero_point[group[k], n]) * scale[group[k], n] of an
-    int8 [K, N] int4 weight (any integer values), computed in float32, where the product is exact,
-    and rounded once to the scales' dtype."""
+    int8 [K, N] int4 weight (any integer values; `group` None: contiguous groups of K / scale rows),
+    computed in float32, where the product is exact, and rounded once to the scales' dtype. Logged
+    once per weight with `why` (a dense weight takes memory the int4 one did not)."""
+    k, n = values.shape
+    if group is None:
+        group = torch.arange(k, device=values.device) // (k // scale.shape[0])
+    log.warning("qfuse: an int4 weight [N, K] = [%d, %d] is dequantized once to a dense %s weight (exact): %s",
+                n, k, scale.dtype, why)
     difference = values.float() - (0 if zero_point is None else zero_point[group].float())
     weight = (difference * scale[group].float()).to(scale.dtype)
     return PreparedWeight(weight, None, None, *weight.shape, packing=DENSE)

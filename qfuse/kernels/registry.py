@@ -3,7 +3,8 @@
 Priority lists are per platform; the first kernel that is supported on the machine, can
 implement the key (its capability table, then its `can_implement`) and is not measured slower here
 than a later kernel (`Kernel.why_slower_here`: a weight too small for its per-call cost, a decode
-or prefill M where another GPU kernel is faster) wins. `reference` is in no list: it is slow emulation, used only when forced.
+or prefill M where another GPU kernel is faster) wins; one measured slower than Inductor's own code
+(`Kernel.why_inductor_is_faster`) leaves the linear to Inductor. A forced kernel skips both speed rules. `reference` is in no list: it is slow emulation, used only when forced.
 Every kernel that was passed over is returned with its reason, so debug mode can show it.
 """
 
@@ -114,6 +115,7 @@ def choose_kernel(
     for name in preference or priority_list(platform):
         kernel = get_kernel(name)
         reason = "disabled by configuration" if name in disabled else _verdict(kernel, key, platform)
+        reason = reason or kernel.why_inductor_is_faster(key, platform)
         if not reason and (why_slower := kernel.why_slower_here(key, platform)):
             slower.append(kernel)
             reason = why_slower

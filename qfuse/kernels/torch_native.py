@@ -102,18 +102,24 @@ class TorchKernel(Kernel):
         if scheme.weight_group_size not in int4_cpu.GROUP_SIZES:
             return False, (f"_weight_int4pack_mm_for_cpu takes groups of {int4_cpu.GROUP_SIZES}, "
                            f"not {scheme.weight_group_size}")
-        if scheme.activation_dtype == torch.float32 and key.m != 1:
-            return False, ("in float32 _weight_int4pack_mm_for_cpu takes about 15 ms a row at K = N = 4096 (0.5x "
-                           "Inductor's own dequantize + mm at M = 4, 0.15x at M = 16; kernels/int4_cpu.py): taken at "
-                           f"a static M = 1 only, not at {'a dynamic M' if key.m is None else f'M = {key.m}'}")
-        if key.m is not None and key.m > int4_cpu.MAX_ROWS:
-            return False, (f"at M = {key.m} _weight_int4pack_mm_for_cpu is slower than Inductor's own dequantize + "
-                           f"mm (0.85x at M = 256, 1.5x at M = 128; kernels/int4_cpu.py)")
         if key.weight_zero_point and not key.weight_zero_point_foldable and not int4_cpu.holds_zero_points(
                 scheme.activation_dtype):
             return False, ("_weight_int4pack_mm_for_cpu holds a zero point as a float in the activation's dtype, "
                            f"where {dtype_name(scheme.activation_dtype)} would round it (kernels/int4_cpu.py)")
         return OK
+
+    def why_inductor_is_faster(self, key: GemmKey, platform: Platform) -> str:
+        scheme = key.scheme
+        if scheme.weight_dtype != INT4_DTYPE or key.device_type != "cpu":
+            return ""
+        if scheme.activation_dtype == torch.float32 and key.m != 1:
+            return ("in float32 _weight_int4pack_mm_for_cpu takes about 15 ms a row at K = N = 4096 (0.5x "
+                    "Inductor's own dequantize + mm at M = 4, 0.15x at M = 16; kernels/int4_cpu.py): taken at "
+                    f"a static M = 1 only, not at {'a dynamic M' if key.m is None else f'M = {key.m}'}")
+        if key.m is not None and key.m > int4_cpu.MAX_ROWS:
+            return (f"at M = {key.m} _weight_int4pack_mm_for_cpu is slower than Inductor's own dequantize + "
+                    f"mm (0.85x at M = 256, 1.5x at M = 128; kernels/int4_cpu.py)")
+        return ""
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
         if key.scheme.weight_dtype == INT4_DTYPE and key.device_type == "cuda" and not int4_tinygemm.wins_here(key, platform):

@@ -28,8 +28,9 @@ GPTQ's activation order (desc_act): the group of each input channel.
 int8 storage is torchao's "intx" int4 (`IntxUnpackedToInt8Tensor`, from `IntxWeightOnlyConfig` and
 `Int8DynamicActivationIntxWeightConfig` with `weight_dtype=torch.int4`): `packed` int8 [N, K] holds
 one value per byte, `packed_zeros` int8 [N, K / g] (or None), no shifts, no zero convention. int8
-storage does not prove int4's range, so the op checks it once per weight (`INT8_STORAGE`): values
-and zero points in [-8, 7] go to the int4 kernel, any other weight is dequantized once (`DENSE`).
+storage does not prove int4's range, so the op checks it once per weight (`in_int4_range`, after
+`folded_zero_points`): values and zero points in [-8, 7] go to the int4 kernel, any other weight is
+dequantized once (`DENSE`).
 
 The op takes the stored tensors themselves, and `shifts` as the model holds them (an int32 [8]
 buffer, usually 0, 4, ..., 28): the unpack above uses whatever it holds, so the op is the model's
@@ -48,7 +49,6 @@ a float [K, N] matrix and a plain matmul (`DENSE`).
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import torch
 from torch import Tensor
@@ -60,19 +60,11 @@ from qfuse.ops.arguments import op_arguments
 from qfuse.ops.scaled_mm import OUT_DTYPES
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_OFFSET
 
-log = logging.getLogger("qfuse")
 _OP = "int4_weight_only_mm"
 NIBBLES_PER_WORD = 8
 #: zero_convention -> (what is added to the zero point's shifted word, whether the sum is masked after)
 ZERO_CONVENTIONS = {"stored": (0, False), "plus_one": (1, False), "plus_one_mod_16": (1, True)}
 INT4_RANGE = (-INT4_OFFSET, INT4_OFFSET - 1)
-#: what int8 storage is called where the op says what it got (`storage`)
-INT8_STORAGE = "int8 [N, K] (one int4 value per byte)"
-
-
-def storage(packed: Tensor) -> str:
-    """How `packed` holds the int4 values: `INT8_STORAGE`, or words (int32, eight values each)."""
-    return INT8_STORAGE if packed.dtype == torch.int8 else "int32 words"
 
 
 def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
@@ -184,11 +176,9 @@ def _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_
     """The float [K, N] weight of the module docstring's formula (in the scales' dtype, one rounding)."""
     values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention,
                                          packed_along_n)
-    groups = g_idx.long() if g_idx is not None else torch.arange(values.shape[0], device=values.device) // group_size
-    log.warning("qfuse::%s: an int4 weight [N, K] = %s %s, dequantized once to a dense %s weight (exact)", _OP,
-                [values.shape[1], values.shape[0]], "whose g_idx sorts into no groups of its size" if g_idx is not None
-                else "whose int8 values or zero points leave int4's range", scales.dtype)
-    return dense_int4_weight(values, group_scales, zeros, groups)
+    why = ("its g_idx sorts into no groups of its size" if g_idx is not None
+           else "its int8 values or zero points leave int4's range")
+    return dense_int4_weight(values, group_scales, zeros, why, None if g_idx is None else g_idx.long())
 
 
 def folded_zero_points(values: Tensor, zeros: Tensor | None, group_size: int) -> tuple[Tensor, Tensor | None]:
@@ -237,11 +227,11 @@ def int4_weight_only_mm(x: Tensor, packed: Tensor, shifts: Tensor | None, scales
     implementation, weight = prepared_int4_weight(kernel, packed, shifts, scales, packed_zeros, group_size, g_idx,
                                                   zero_convention, packed_along_n)
     x2d = x.reshape(-1, x.shape[-1])
+    if weight.input_order is not None:  # the weight's rows were sorted by group (a DENSE one too)
+        x2d = x2d[:, weight.input_order]
     if weight.packing == DENSE:
         out = x2d @ weight.data.to(x.dtype)
         return (out if bias is None else out + bias.to(out.dtype)).to(out_dtype).reshape(out_shape)
-    if weight.input_order is not None:
-        x2d = x2d[:, weight.input_order]
     return implementation.weight_only_apply(x2d, weight, bias, out_dtype).reshape(out_shape)
 
 

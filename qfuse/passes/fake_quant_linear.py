@@ -36,7 +36,8 @@ from torch.fx import Graph, Node
 
 from qfuse.passes.block_scales import match_block_dequantize
 from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import VIEW_OPS, aten, converted_dtype, dtype_of, is_call, same_size, shape_of
+from qfuse.passes.graph_utils import (VIEW_OPS, aten, converted_dtype, dtype_of, is_call, is_subtraction, same_size,
+                                     shape_of)
 from qfuse.passes.pt2e_linear import ANCHORS, Dequantized, WeightNotDequantized, analyze_dequantized_linear
 from qfuse.passes.quant_forms import constant_number, strip_round_and_clamps
 from qfuse.schemes import FP8_DTYPE, Granularity
@@ -110,7 +111,7 @@ def match_fake_dequantize(node) -> Dequantized | None:
         return None
     for value, scale in (node.args, node.args[::-1]):
         zero_point = 0
-        if isinstance(value, Node) and value.target == aten.sub.Tensor:
+        if is_subtraction(value):
             value, zero_point = value.args[0], _integer_zero_point(value.args[1])
             if zero_point is None:
                 continue
@@ -188,7 +189,7 @@ def _weight_scaled_another_way(anchor: Node) -> str:
         return ""
     for values, scale in (weight.args, weight.args[::-1]):
         zero_point = ""
-        if is_call(values, aten.sub.Tensor):
+        if is_subtraction(values):
             values, zero_point = values.args[0], " minus a zero point"
         found = _quantized_values(values)
         if found is None or not isinstance(scale, Node):

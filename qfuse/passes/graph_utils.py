@@ -34,6 +34,11 @@ def is_call(node: Any, *targets) -> bool:
     return isinstance(node, Node) and node.op == "call_function" and node.target in targets
 
 
+def is_subtraction(node: Any) -> bool:
+    """`node` is `a - b`: an aten.sub.Tensor that does not scale b (`alpha`)."""
+    return is_call(node, aten.sub.Tensor) and node.kwargs.get("alpha", 1) == 1 and len(node.args) == 2
+
+
 def fake_value(node: Any) -> torch.Tensor | None:
     """The FakeTensor a node (or a pending call) produces, or None (a Python scalar, a node without
     metadata)."""

@@ -48,7 +48,7 @@ from torch.fx import Graph, Node
 
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import (CONVERT_OPS, VIEW_OPS, PendingCall, PendingConstant, aten, dtype_of, fake_value,
-                                     is_call, prims, shape_of, static_int)
+                                     is_call, is_subtraction, prims, shape_of, static_int)
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, INT4_OFFSET, Granularity, QuantScheme
 
 FAMILY = "int4_weight_only"
@@ -182,7 +182,7 @@ def _nibbles(node, k_major: bool) -> Nibbles | None:
 def _minus_offset(node, k_major: bool) -> Nibbles | None:
     """The words and shifts when `node` is, under views, `nibbles - 8` (the signed values)."""
     node = _under_views(node)
-    if is_call(node, aten.sub.Tensor) and node.args[1] == INT4_OFFSET:
+    if is_subtraction(node) and node.args[1] == INT4_OFFSET:
         return _nibbles(node.args[0], k_major)
     return None
 
@@ -320,7 +320,7 @@ def _values_and_zeros(values, k_major: bool, expansion: str, g_idx, n: int, grou
     if signed is not None:  # q - 8, symmetric (either unpack)
         return signed, None, "stored"
     difference = _under_views(values)
-    if is_call(difference, aten.sub.Tensor):
+    if is_subtraction(difference):
         minuend, subtrahend = difference.args[:2]
         unsigned, signed = _nibbles(minuend, k_major), _minus_offset(minuend, k_major)
         if unsigned is not None and unsigned.shifts is not None:  # GPTQ / AWQ: q - z, both unsigned
@@ -334,7 +334,7 @@ def _values_and_zeros(values, k_major: bool, expansion: str, g_idx, n: int, grou
             zeros = _compressed_tensors_zero_words(subtrahend, n, groups)
             if zeros is not None:
                 return signed, zeros, "stored"
-    if k_major and _nibbles(difference.args[0] if is_call(difference, aten.sub.Tensor) else difference, k_major) is None:
+    if k_major and _nibbles(difference.args[0] if is_subtraction(difference) else difference, k_major) is None:
         raise NotFusable(f"{FOUND} the [K, N] weight's values are not unpacked by shift and mask from int32 words "
                          "[K / 8, N] or [K, N / 8] (a channel order gathered over N must be "
                          "`arange(N).view(-1, 8)[:, C].view(-1)` of a constant C, as AWQ's reverse order)")

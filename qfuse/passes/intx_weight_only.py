@@ -11,7 +11,7 @@ channels. Their linear dequantizes in the graph; traced, walked up from the matm
 q int8 [N, K], zp int8 [N, K / g] (all zero for the symmetric default; the subtraction may be
 absent), s [N, K / g] in the activation's dtype, f a float dtype (float32, bf16 or fp16: int8
 values and their differences are exact in each), the product rounded once to the activation's
-dtype (computed there, or in float32 and cast after). Groups of K (one group: per channel).
+dtype (computed there, or in float32 and cast after). One group spanning K is a scale per channel.
 
 The fused op takes q, s and zp themselves (its int8 storage). int8 storage proves nothing about
 int4's range, so the op checks the values once per weight and runs an int4 kernel, or multiplies by
@@ -20,7 +20,8 @@ fake-quantized in float (per-token asymmetric int8); that stays in the graph and
 its float result, the math eager runs.
 
 Near misses, named in debug mode: scales in another dtype than the activation, stored tensors
-computed per call, a dequantized weight with another user.
+computed per call, a dequantized weight with another user, an addmm that scales its terms (`alpha`,
+`beta`). A subtraction that scales the zero point (`alpha`) is no dequantize of this form.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import CONVERT_OPS, VIEW_OPS, aten, converted_dtype, dtype_of, is_call, shape_of, static_int
+from qfuse.passes.graph_utils import (CONVERT_OPS, VIEW_OPS, aten, converted_dtype, dtype_of, is_call, is_subtraction,
+                                     shape_of, static_int)
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, Granularity, QuantScheme
 
 FAMILY = "intx_weight_only"
@@ -88,7 +90,7 @@ def analyze(anchor: Node) -> FusedLinear | None:
         zero_point = None
         if tuple(shape_of(values) or ()) != (n, groups, group_size):
             continue
-        if is_call(values, aten.sub.Tensor):
+        if is_subtraction(values):
             values, zero_factor = values.args[:2]
             zero_point = _stored_int8(zero_factor, (n, groups))
             if zero_point is None or tuple(shape_of(zero_factor)) != (n, groups, 1):
@@ -102,10 +104,12 @@ def analyze(anchor: Node) -> FusedLinear | None:
 
 
 def _linear(anchor, x2d, bias, weight, q, scales, zero_point, group_size: int) -> FusedLinear:
+    if anchor.kwargs.get("beta", 1) != 1 or anchor.kwargs.get("alpha", 1) != 1:
+        raise NotFusable(f"{FOUND} the addmm scales its terms (alpha or beta)")
     x_dtype = dtype_of(x2d)
-    if dtype_of(scales) != x_dtype or x_dtype not in FLOAT_ACTIVATION_DTYPES or dtype_of(weight) != x_dtype:
-        raise NotFusable(f"{FOUND} its scales are {dtype_of(scales)}, the weight {dtype_of(weight)} and the "
-                         f"activation {x_dtype}; the fused op takes scales in the activation's dtype")
+    if dtype_of(scales) != x_dtype or x_dtype not in FLOAT_ACTIVATION_DTYPES:
+        raise NotFusable(f"{FOUND} its scales are {dtype_of(scales)} and the activation {x_dtype}; the fused op "
+                         "takes scales in the activation's dtype")
     for name, stored in (("values", q), ("scales", scales), ("zero points", zero_point)):
         if stored is not None and stored.op not in ("placeholder", "get_attr"):
             raise NotFusable(f"{FOUND} its {name} are computed on every call ({stored.name}); the fused op "

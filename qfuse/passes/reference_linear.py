@@ -52,6 +52,7 @@ from qfuse.passes.graph_utils import (
     aten,
     converted_dtype,
     dtype_of,
+    is_subtraction,
     same_size,
     shape_of,
     single_user,
@@ -116,7 +117,7 @@ def _strip_weight(node: Node) -> tuple[Node, bool]:
 def _column_sum_correction(user: Node | None, acc: Node, b: Node):
     """The zero point zp of `acc - colsum(b) * zp` (how a uint8 activation's zero point is undone
     after `_int_mm(a_u8, b)`), or None when `user` is not that."""
-    if user is None or user.target != aten.sub.Tensor or user.args[0] is not acc:
+    if not is_subtraction(user) or user.args[0] is not acc:
         return None
     product = user.args[1]
     if not isinstance(product, Node) or product.target != aten.mul.Tensor:

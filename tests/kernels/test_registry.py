@@ -220,16 +220,22 @@ def test_a_kernel_slower_here_is_still_taken_when_no_later_one_can_run():
     (512, BF16, False, None, "takes groups of (32, 64, 128, 256), not 512"),
     (128, BF16, True, None, "where bf16 would round it"),
     (128, BF16, False, 256, "slower than Inductor's own dequantize + mm"),
+    (128, FP32, False, None, "taken at a static M = 1 only, not at a dynamic M"),
+    (128, FP32, False, 4, "taken at a static M = 1 only, not at M = 4"),
+    (128, FP32, False, 0, "taken at a static M = 1 only, not at M = 0"),
+    (128, BF16, "foldable", None, ""),  # torchao's int8-stored zero points: folded, else a dense weight
 ])
 def test_int4_weight_only_on_cpu_is_the_torch_kernels(group, activation, zero_point, m, reason):
     scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, activation, weight_group_size=group)
     key = GemmKey(scheme, m=m, n=4096, k=4096, out_dtype=activation, bias_dtype=None, device_type="cpu",
-                  weight_zero_point=zero_point)
+                  weight_zero_point=bool(zero_point), weight_zero_point_foldable=zero_point == "foldable")
     choice = choose_kernel(key, ZEN4)
     if not reason:
         assert choice.kernel.name == "torch"
     else:
         assert choice.kernel is None and reason in choice.rejected["torch"]
+        if "Inductor's own" in reason:  # a speed rule: a forced kernel still runs the linear
+            assert choose_kernel(key, ZEN4, forced="torch").kernel.name == "torch"
 
 
 @pytest.mark.parametrize("group, zero_point, m", [(128, False, 1), (32, True, None), (4096, False, 4096)])

@@ -241,3 +241,15 @@ def test_bad_int8_storage_operands_raise_naming_the_problem(change, message):
                 packed_zeros=model.zero_point, bias=model.bias, group_size=32, out_dtype=FP32, kernel="torch") | change
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         OP(**args)
+
+
+def test_a_dense_weight_of_sorted_rows_gathers_the_activation():
+    """Act order with zero points the CPU kernel cannot hold in bf16: the kernel dequantizes the
+    (group-sorted) rows once, and the op still gathers the activation's columns in their order."""
+    model = gptq_packed_int4(BF16, group_size=64, symmetric=False, act_order=True)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(BF16)
+    out = OP(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 64, BF16, "torch", model.g_idx)
+    _, prepared = prepared_int4_weight("torch", model.qweight, model.shifts, model.scales, model.qzeros, 64, model.g_idx)
+    assert prepared.packing == "dense" and prepared.input_order is not None
+    reference = x.double() @ model.reference_weight.t() + model.bias.double()
+    assert (out.double() - reference).abs().max() <= 2**-7 * reference.abs().max()

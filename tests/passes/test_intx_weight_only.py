@@ -98,18 +98,69 @@ class WeightUsedTwice(torch.nn.Module):
         return torch.nn.functional.linear(x, weight, model.bias), weight.sum()
 
 
-@pytest.mark.parametrize("wrapper, reason", [
-    (ValuesComputedPerCall, "its values are computed on every call"),
-    (WeightUsedTwice, "the dequantized weight has 2 users"),
+class AddmmScalesItsTerms(torch.nn.Module):
+    """addmm(bias, x, w.t(), beta=0.5, alpha=2): not a linear of w."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        model = self.model
+        n, k = model.qdata.shape
+        values = model.qdata.view(n, k // model.group_size, model.group_size).to(x.dtype)
+        weight = (values * model.scale.view(n, -1, 1)).view(n, k)
+        return torch.addmm(model.bias, x, weight.t(), beta=0.5, alpha=2.0)
+
+
+class ZeroPointScaledBySub(torch.nn.Module):
+    """torch.sub(q, zp, alpha=2): q - 2 zp, no dequantize of any scheme's form."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        model = self.model
+        n, k = model.qdata.shape
+        groups = k // model.group_size
+        values = torch.sub(model.qdata.view(n, groups, model.group_size).to(x.dtype),
+                           model.zero_point.view(n, groups, 1).to(x.dtype), alpha=2)
+        return torch.nn.functional.linear(x, (values * model.scale.view(n, groups, 1)).view(n, k), model.bias)
+
+
+class ValuesStoredGrouped(torch.nn.Module):
+    """The int8 values stored as [N, K / g, g] already: not torchao's [N, K] storage."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        n, k = model.qdata.shape
+        self.register_buffer("grouped", model.qdata.view(n, k // model.group_size, model.group_size).clone())
+
+    def forward(self, x):
+        n, groups, group_size = self.grouped.shape
+        weight = (self.grouped.to(x.dtype) * self.model.scale.view(n, groups, 1)).view(n, groups * group_size)
+        return torch.nn.functional.linear(x, weight, self.model.bias)
+
+
+@pytest.mark.parametrize("wrapper, family, reason", [
+    (ValuesComputedPerCall, "intx_weight_only", "its values are computed on every call"),
+    (WeightUsedTwice, "intx_weight_only", "the dequantized weight has 2 users"),
+    (AddmmScalesItsTerms, "intx_weight_only", "the addmm scales its terms (alpha or beta)"),
+    (ZeroPointScaledBySub, None, ""),
+    (ValuesStoredGrouped, "fake_quant_linear", "times one scale per group of 32 input channels"),
 ])
-def test_forms_not_taken_are_named_and_stay_correct(wrapper, reason):
-    model = wrapper(wo.torchao_intx_int4(FP32, group_size=32, zero_points="none"))
-    x = wo.example_input(256, FP32)
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+def test_forms_not_taken_are_named_and_stay_correct(wrapper, family, reason, dtype):
+    model = wrapper(wo.torchao_intx_int4(dtype, group_size=32, zero_points="int4"))
+    x = wo.example_input(256, dtype, tokens=1)
     with torch.no_grad():
         eager = model(x)
         explanation = qfuse.explain(model, x)
         out = torch.compile(model, backend="qfuse")(x)
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
-    records = [record for record in explanation.records if record.family == "intx_weight_only"]
-    assert records and not any(record.fused for record in records), explanation
-    assert any(reason in record.reason for record in records), explanation
+    assert not any(record.fused for record in explanation.records), explanation
+    if family is not None:
+        records = [record for record in explanation.records if record.family == family]
+        assert any(reason in record.reason for record in records), explanation
