@@ -132,16 +132,19 @@ def test_compressed_tensors_unpack_has_no_shifts_tensor():
     assert Int4WeightOnlyMmArgs.of(fused).shifts is None
 
 
-def test_a_dynamic_batch_compiles_once_and_fuses():
-    model = wo.gptq_packed_int4(BF16, group_size=64)
+def assert_a_dynamic_batch_compiles_once_and_fuses(model, dtype):
     compiled = torch.compile(model, backend="qfuse", dynamic=True)
     marker = qfuse.graphs_compiled()
     with torch.no_grad():
         for rows in (2, 7, 33):
-            x = torch.randn(rows, 256).to(BF16)
+            x = torch.randn(rows, 256).to(dtype)
             assert_close_relative(compiled(x), model(x))
     reports = qfuse.reports_since(marker)
     assert len(reports) == 1 and reports[0].fused and not reports[0].near_misses
+
+
+def test_a_dynamic_batch_compiles_once_and_fuses():
+    assert_a_dynamic_batch_compiles_once_and_fuses(wo.gptq_packed_int4(BF16, group_size=64), BF16)
 
 
 NEAR_MISSES = {

@@ -11,12 +11,14 @@ be rewritten, each with its reason.
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 import qfuse
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
 from qfuse.passes import intx_weight_only
 from tests.passes.post_grad import run_family
-from tests.passes.test_int4_weight_only import INT4_OP, ONE_ROW, assert_close_relative, cpu_kernel_declines
+from tests.passes.test_int4_weight_only import (INT4_OP, ONE_ROW, assert_a_dynamic_batch_compiles_once_and_fuses,
+                                               assert_close_relative, cpu_kernel_declines)
 from tests.peers import weight_only_models as wo
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -57,103 +59,58 @@ def test_the_op_gets_the_stored_tensors():
 
 
 def test_a_dynamic_batch_compiles_once_and_fuses():
-    model = wo.torchao_intx_int4(BF16, group_size=32)
-    compiled = torch.compile(model, backend="qfuse", dynamic=True)
-    marker = qfuse.graphs_compiled()
-    with torch.no_grad():
-        for rows in (2, 7, 33):
-            x = torch.randn(rows, 256).to(BF16)
-            assert_close_relative(compiled(x), model(x))
-    reports = qfuse.reports_since(marker)
-    assert len(reports) == 1 and reports[0].fused and not reports[0].near_misses
+    assert_a_dynamic_batch_compiles_once_and_fuses(wo.torchao_intx_int4(BF16, group_size=32), BF16)
 
 
-class ValuesComputedPerCall(torch.nn.Module):
-    """The int8 values are computed in the forward (a clamp of the stored ones): nothing to prepare once."""
+def dequantized(model, x, values=None):
+    """The intx weight [N, K] of `values` (the stored ones by default), as torchao dequantizes it."""
+    n, k = model.qdata.shape
+    values = model.qdata if values is None else values
+    return (values.view(n, k // model.group_size, -1).to(x.dtype) * model.scale.view(n, -1, 1)).view(n, k)
 
-    def __init__(self, model):
+
+def zero_point_scaled_by_sub(model, x):
+    n, k = model.qdata.shape
+    groups = k // model.group_size
+    values = torch.sub(model.qdata.view(n, groups, -1).to(x.dtype), model.zero_point.view(n, groups, 1).to(x.dtype),
+                       alpha=2)
+    return F.linear(x, (values * model.scale.view(n, groups, 1)).view(n, k), model.bias)
+
+
+def weight_used_twice(model, x):
+    weight = dequantized(model, x)
+    return F.linear(x, weight, model.bias), weight.sum()
+
+
+#: forms that are not torchao's intx linear, or not provably: (forward(model, x), family, its reason)
+NOT_TAKEN = {
+    "values computed per call": (lambda model, x: F.linear(x, dequantized(model, x, model.qdata.clamp(-8, 7)), model.bias),
+                                 "intx_weight_only", "its values are computed on every call"),
+    "weight used twice": (weight_used_twice, "intx_weight_only", "the dequantized weight has 2 users"),
+    "addmm scales its terms": (lambda model, x: torch.addmm(model.bias, x, dequantized(model, x).t(), beta=0.5, alpha=2.0),
+                               "intx_weight_only", "the addmm scales its terms (alpha or beta)"),
+    "sub scales the zero point": (zero_point_scaled_by_sub, None, ""),  # q - 2 zp: no family's dequantize
+    "values stored grouped": (lambda model, x: F.linear(x, dequantized(model, x, model.grouped), model.bias),
+                              "fake_quant_linear", "times one scale per group of 32 input channels"),
+}
+
+
+class Form(torch.nn.Module):
+    def __init__(self, model, forward):
         super().__init__()
-        self.model = model
+        self.model, self.form = model, forward
+        n, k = model.qdata.shape  # the values stored as [N, K / g, g]: not torchao's [N, K] storage
+        model.register_buffer("grouped", model.qdata.view(n, k // model.group_size, -1).clone())
 
     def forward(self, x):
-        model = self.model
-        n, k = model.qdata.shape
-        values = model.qdata.clamp(-8, 7).view(n, k // model.group_size, model.group_size).to(x.dtype)
-        weight = (values * model.scale.view(n, -1, 1)).view(n, k)
-        return torch.nn.functional.linear(x, weight, model.bias)
+        return self.form(self.model, x)
 
 
-class WeightUsedTwice(torch.nn.Module):
-    """The dequantized weight also leaves the model: replacing the matmul would not remove it."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        model = self.model
-        n, k = model.qdata.shape
-        values = model.qdata.view(n, k // model.group_size, model.group_size).to(x.dtype)
-        weight = (values * model.scale.view(n, -1, 1)).view(n, k)
-        return torch.nn.functional.linear(x, weight, model.bias), weight.sum()
-
-
-class AddmmScalesItsTerms(torch.nn.Module):
-    """addmm(bias, x, w.t(), beta=0.5, alpha=2): not a linear of w."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        model = self.model
-        n, k = model.qdata.shape
-        values = model.qdata.view(n, k // model.group_size, model.group_size).to(x.dtype)
-        weight = (values * model.scale.view(n, -1, 1)).view(n, k)
-        return torch.addmm(model.bias, x, weight.t(), beta=0.5, alpha=2.0)
-
-
-class ZeroPointScaledBySub(torch.nn.Module):
-    """torch.sub(q, zp, alpha=2): q - 2 zp, no dequantize of any scheme's form."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        model = self.model
-        n, k = model.qdata.shape
-        groups = k // model.group_size
-        values = torch.sub(model.qdata.view(n, groups, model.group_size).to(x.dtype),
-                           model.zero_point.view(n, groups, 1).to(x.dtype), alpha=2)
-        return torch.nn.functional.linear(x, (values * model.scale.view(n, groups, 1)).view(n, k), model.bias)
-
-
-class ValuesStoredGrouped(torch.nn.Module):
-    """The int8 values stored as [N, K / g, g] already: not torchao's [N, K] storage."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-        n, k = model.qdata.shape
-        self.register_buffer("grouped", model.qdata.view(n, k // model.group_size, model.group_size).clone())
-
-    def forward(self, x):
-        n, groups, group_size = self.grouped.shape
-        weight = (self.grouped.to(x.dtype) * self.model.scale.view(n, groups, 1)).view(n, groups * group_size)
-        return torch.nn.functional.linear(x, weight, self.model.bias)
-
-
-@pytest.mark.parametrize("wrapper, family, reason", [
-    (ValuesComputedPerCall, "intx_weight_only", "its values are computed on every call"),
-    (WeightUsedTwice, "intx_weight_only", "the dequantized weight has 2 users"),
-    (AddmmScalesItsTerms, "intx_weight_only", "the addmm scales its terms (alpha or beta)"),
-    (ZeroPointScaledBySub, None, ""),
-    (ValuesStoredGrouped, "fake_quant_linear", "times one scale per group of 32 input channels"),
-])
+@pytest.mark.parametrize("form", list(NOT_TAKEN))
 @pytest.mark.parametrize("dtype", [BF16, FP32])
-def test_forms_not_taken_are_named_and_stay_correct(wrapper, family, reason, dtype):
-    model = wrapper(wo.torchao_intx_int4(dtype, group_size=32, zero_points="int4"))
+def test_forms_not_taken_are_named_and_stay_correct(form, dtype):
+    forward, family, reason = NOT_TAKEN[form]
+    model = Form(wo.torchao_intx_int4(dtype, group_size=32, zero_points="int4"), forward)
     x = wo.example_input(256, dtype, tokens=1)
     with torch.no_grad():
         eager = model(x)
