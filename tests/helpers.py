@@ -26,6 +26,12 @@ def compile_and_get_code(model, x, **compile_kwargs):
     return out, "\n".join(code), qfuse.reports_since(marker)[-1]
 
 
+def eager_compiled_and_explained(model, x):
+    """(model(x), the output of `model` compiled with backend="qfuse", `qfuse.explain(model, x)`), without grad."""
+    with torch.no_grad():
+        return model(x), torch.compile(model, backend="qfuse")(x), qfuse.explain(model, x)
+
+
 def outputs_and_code_per_call(compiled, calls):
     """Run `compiled(*args)` for each args of `calls` in turn, without resetting Dynamo: a list of
     (output, the code Inductor generated during that call: '' where an earlier compile served it)."""

@@ -18,6 +18,7 @@ import torch
 import qfuse
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
 from qfuse.passes import int4_weight_only
+from tests.helpers import eager_compiled_and_explained
 from tests.passes.post_grad import run_family
 from tests.peers import weight_only_models as wo
 
@@ -83,10 +84,7 @@ def test_int4_forms_fuse_on_the_stored_words_and_match_eager(form, dtype, shape)
     builder, options = FORMS[form]
     model = build(builder, dtype, **options)
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-    with torch.no_grad():
-        eager = model(x)
-        explanation = qfuse.explain(model, x)
-        out = torch.compile(model, backend="qfuse")(x)
+    eager, out, explanation = eager_compiled_and_explained(model, x)
     assert_close_relative(out, eager)
     (record,) = explanation.records
     declined = cpu_kernel_declines(dtype, shape, form in ZERO_POINT_FORMS)
@@ -158,10 +156,7 @@ def test_forms_not_taken_are_named_and_stay_correct(form):
     builder, options, reason = NEAR_MISSES[form]
     model = builder(FP32, **options)
     x = wo.example_input(256, FP32)
-    with torch.no_grad():
-        eager = model(x)
-        explanation = qfuse.explain(model, x)
-        out = torch.compile(model, backend="qfuse")(x)
+    eager, out, explanation = eager_compiled_and_explained(model, x)
     assert_close_relative(out, eager)
     int4_records = [record for record in explanation.records
                     if record.family == "int4_weight_only" or "int4_weight_only" in record.note]

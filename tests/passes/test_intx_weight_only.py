@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import qfuse
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
 from qfuse.passes import intx_weight_only
+from tests.helpers import eager_compiled_and_explained
 from tests.passes.post_grad import run_family
 from tests.passes.test_int4_weight_only import (INT4_OP, ONE_ROW, assert_a_dynamic_batch_compiles_once_and_fuses,
                                                assert_close_relative, cpu_kernel_declines)
@@ -33,10 +33,7 @@ PATTERN = "int8-stored int4 (torchao intx) + dequantize + float linear"
 def test_intx_weights_fuse_and_match_eager(zero_points, values, group_size, dtype, shape):
     model = wo.torchao_intx_int4(dtype, group_size=group_size, zero_points=zero_points, values=values)
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-    with torch.no_grad():
-        eager = model(x)
-        explanation = qfuse.explain(model, x)
-        out = torch.compile(model, backend="qfuse")(x)
+    eager, out, explanation = eager_compiled_and_explained(model, x)
     assert_close_relative(out, eager)
     (record,) = explanation.records
     declined = cpu_kernel_declines(dtype, shape, zero_points=False)  # int8 storage: zero points never decline
@@ -112,10 +109,7 @@ def test_forms_not_taken_are_named_and_stay_correct(form, dtype):
     forward, family, reason = NOT_TAKEN[form]
     model = Form(wo.torchao_intx_int4(dtype, group_size=32, zero_points="int4"), forward)
     x = wo.example_input(256, dtype, tokens=1)
-    with torch.no_grad():
-        eager = model(x)
-        explanation = qfuse.explain(model, x)
-        out = torch.compile(model, backend="qfuse")(x)
+    eager, out, explanation = eager_compiled_and_explained(model, x)
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
     assert not any(record.fused for record in explanation.records), explanation
     if family is not None:
