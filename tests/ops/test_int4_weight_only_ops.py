@@ -16,7 +16,8 @@ import torch
 import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
 from qfuse.kernels.prepared import cached_weight_count
 from qfuse.ops.int4_weight_only import folded_zero_points, prepared_int4_weight, unpack
-from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
+from tests.peers.weight_only_models import (autogptq_int4, awq_int4, gptq_packed_int4, pack_int4_along_first,
+                                            torchao_intx_int4)
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 OP = torch.ops.qfuse.int4_weight_only_mm
@@ -253,3 +254,19 @@ def test_a_dense_weight_of_sorted_rows_gathers_the_activation():
     assert prepared.packing == "dense" and prepared.input_order is not None
     reference = x.double() @ model.reference_weight.t() + model.bias.double()
     assert (out.double() - reference).abs().max() <= 2**-7 * reference.abs().max()
+
+
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+def test_gptq_zero_points_of_eight_fold_into_a_symmetric_weight(kernel):
+    """Words whose zero points are all 8 (z - 8 = 0): the prepared weight has no zero points, and the
+    result is the model's."""
+    model = gptq_packed_int4(BF16, group_size=32, symmetric=False)
+    model.qzeros = pack_int4_along_first(torch.full((128, 8), 8, dtype=torch.int32))
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(6)).to(BF16)
+    _, prepared = prepared_int4_weight(kernel, model.qweight, model.shifts, model.scales, model.qzeros, 32)
+    assert prepared.zero_point is None and prepared.packing != "dense"
+    if kernel == "torch":  # ATen's float zero is 0: the layout of a symmetric weight
+        assert torch.equal(prepared.scale[..., 1], torch.zeros_like(prepared.scale[..., 1]))
+    eager = model(x)
+    out = OP(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 32, BF16, kernel)
+    assert (out.float() - eager.float()).abs().max() <= 2**-7 * eager.float().abs().max()
