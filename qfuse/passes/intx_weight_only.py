@@ -14,8 +14,10 @@ values and their differences are exact in each), the product rounded once to the
 dtype (computed there, or in float32 and cast after). One group spanning K is a scale per channel.
 
 The fused op takes q, s and zp themselves (its int8 storage). int8 storage proves nothing about
-int4's range, so the op checks the values once per weight and runs an int4 kernel, or multiplies by
-the weight dequantized once (`qfuse.ops.int4_weight_only`): exact either way. 8da4w's activation is
+int4's range (torchao's intx holds int1 to int8 values the same way, and the graph does not say
+which), so the op checks the values once per weight and runs an int4 kernel, or multiplies by the
+weight dequantized once (`qfuse.ops.int4_weight_only`; a float copy of the weight is kept, and
+logged): exact either way. The report calls every such linear int4. 8da4w's activation is
 fake-quantized in float (per-token asymmetric int8); that stays in the graph and the fused op takes
 its float result, the math eager runs.
 

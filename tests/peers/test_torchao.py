@@ -119,3 +119,27 @@ def test_float8_dynamic_configs_on_the_gpu(config):
     error, inductor_error = ((y - expected).norm() / expected.norm() for y in (out, inductor))
     print(f"{config}: relative error vs eager: qfuse {error:.2e}, Inductor {inductor_error:.2e}")
     assert error < max(1.5 * inductor_error, 1e-2)
+
+
+@pytest.mark.parametrize("weight_dtype, packing", [(torch.int2, "int4pack_cpu"), (torch.int8, "dense")])
+def test_intx_weights_of_other_widths_run_exactly(weight_dtype, packing):
+    """torchao's intx stores int1-int8 values alike, and the graph does not say which: int2 values run
+    on the int4 kernel, int8 ones (outside int4's range) on the weight dequantized once."""
+    from torchao.quantization import IntxWeightOnlyConfig, PerGroup, quantize_
+
+    from qfuse.ops.int4_weight_only import prepared_int4_weight
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128)).to(torch.bfloat16).eval()
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=weight_dtype, granularity=PerGroup(32)))
+    x = torch.randn(4, 256).to(torch.bfloat16)
+    with torch.no_grad():
+        expected = model(x)
+        explanation = qfuse.explain(model, x)
+        out = torch.compile(model, backend="qfuse")(x)
+    (record,) = explanation.records
+    assert record.fused and record.family == "intx_weight_only", explanation
+    weight = model[0].weight
+    _, prepared = prepared_int4_weight("torch", weight.qdata, None, weight.scale, weight.zero_point, 32)
+    assert prepared.packing == packing
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
