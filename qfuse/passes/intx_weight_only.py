@@ -32,8 +32,8 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import (CONVERT_OPS, VIEW_OPS, aten, converted_dtype, dtype_of, is_call, is_subtraction,
-                                     shape_of, static_int)
+from qfuse.passes.graph_utils import (CONVERT_OPS, aten, converted_dtype, dtype_of, is_call, is_subtraction, shape_of,
+                                     static_int, strip_views)
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, Granularity, QuantScheme
 
 FAMILY = "intx_weight_only"
@@ -41,17 +41,11 @@ FOUND = "torchao's int4 intx weight (int8 values, a scale per group) found, but"
 ANCHORS = (aten.mm.default, aten.addmm.default)
 
 
-def _under_views(node):
-    while is_call(node, *VIEW_OPS):
-        node = node.args[0]
-    return node
-
-
 def _stored_int8(node, shape: tuple) -> Node | None:
     """The stored int8 tensor of `shape` under `node` = stored.view(...).to(float), else None."""
     if not (is_call(node, *CONVERT_OPS) and converted_dtype(node) in FLOAT_ACTIVATION_DTYPES):
         return None
-    stored = _under_views(node.args[0])
+    stored = strip_views(node.args[0])[0]
     if isinstance(stored, Node) and dtype_of(stored) == torch.int8 and tuple(shape_of(stored) or ()) == shape:
         return stored
     return None
@@ -71,9 +65,9 @@ def _dequantized_weight(anchor: Node) -> tuple[Node, Node | None, Node | None]:
 
 def _product(weight: Node) -> Node | None:
     """The grouped `(values) * scales` under the [N, K] weight: under views and one float cast."""
-    node = _under_views(weight)
+    node = strip_views(weight)[0]
     if is_call(node, *CONVERT_OPS):
-        node = _under_views(node.args[0])
+        node = strip_views(node.args[0])[0]
     return node if is_call(node, aten.mul.Tensor) and len(shape_of(node) or ()) == 3 else None
 
 
@@ -98,7 +92,7 @@ def analyze(anchor: Node) -> FusedLinear | None:
             if zero_point is None or tuple(shape_of(zero_factor)) != (n, groups, 1):
                 continue
         q = _stored_int8(values, (n, groups * group_size))
-        scales = _under_views(scale_factor)
+        scales = strip_views(scale_factor)[0]
         if q is not None and isinstance(scales, Node) and tuple(shape_of(scales) or ()) == (n, groups) \
                 and tuple(shape_of(scale_factor)) == (n, groups, 1):
             return _linear(anchor, x2d, bias, weight, q, scales, zero_point, group_size)
