@@ -286,13 +286,17 @@ def case_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
     return rows
 
 
-# Decode: (tile, K splits); the tile's BLOCK_M is 16 (`int4_mm.DECODE_ROWS`).
+# Decode: (tile, K splits); the tile's BLOCK_M is 16 (`int4_mm.DECODE_ROWS`). num_stages sets how far
+# ahead the weight's loads run: Triton keeps num_stages - 1 buffers of the weight tile in shared memory.
 TUNE_DECODE = {
-    "gptq": [((16, bn, bk, 1, 4, 3), splits) for bn in (32, 64, 128) for bk in (256, 512) for splits in (1, 2, 4, 8)],
+    "gptq": [((16, bn, bk, 1, 4, stages), splits) for bn in (32, 64, 128) for bk in (256, 512) for stages in (3, 4, 6)
+             for splits in (1, 2, 4, 8)],
+    "intx": [((16, bn, bk, 1, 4, stages), splits) for bn in (32, 64) for bk in (128, 256, 512) for stages in (3, 4, 5, 6)
+             for splits in (1, 2, 4)],
     "awq": [((16, bn, bk, 1, warps, 3), splits) for bn in (64, 128, 256) for bk in (64, 128, 256) for warps in (4, 8)
             for splits in (1, 2, 4)],
-    "fp8-block": [((16, bn, bk, 1, warps, 3), splits) for bn in (32, 64, 128) for bk in (128, 256, 512)
-                  for warps in (4, 8) for splits in (1, 2, 4)],
+    "fp8-block": [((16, bn, bk, 1, warps, stages), splits) for bn in (32, 64, 128) for bk in (128, 256, 512)
+                  for warps in (4, 8) for stages in (3, 5) for splits in (1, 2, 4)],
 }
 
 

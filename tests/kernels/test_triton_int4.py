@@ -6,7 +6,8 @@ the step, M = 0 / 1 / 17 and 3D through the op, stored shifts in another order, 
 GPTQ's act order through the op (rows sorted by group once), zero points stored minus one (plus one
 after the mask, a zero point of 16 included, or before it, AutoGPTQ's), AutoGPTQ's [K / 8, N]
 tensors read transposed, AWQ's [K, N / 8] words packed along N (masked K steps included); torchao's int8
-storage read value by value.
+storage read value by value; the decode loop on nibble planes (`int4_planes`: K a multiple of 128,
+groups of a multiple of 128 or per channel), on a GPU also its two-values-a-register dequantize.
 """
 
 import pytest
@@ -16,6 +17,8 @@ pytest.importorskip("triton")
 
 import qfuse.ops  # noqa: F401, E402  (registers torch.ops.qfuse)
 from qfuse.kernels.triton.int4_mm import DECODE_ROWS, pick_int4_config, triton_int4_mm  # noqa: E402
+from qfuse.kernels.triton.int4_planes import (PLANE_TILE, paired, permute_planes, plane_splits,  # noqa: E402
+                                              takes_planes, triton_int4_planes_mm)
 from qfuse.kernels.triton.weight_stream import fit_block_k, split_k, step_meta  # noqa: E402
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4  # noqa: E402
 
@@ -186,3 +189,51 @@ def test_int8_storage_is_read_value_by_value(dtype, zero_points, values, in_feat
     out = triton_int4_mm(x, model.qdata, None, model.scale, model.zero_point, model.bias, 32, dtype, config=config,
                          splits=splits)
     assert_matches(out, model, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("symmetric, zeros_minus_one", [(True, False), (False, False), (False, True)],
+                         ids=["symmetric", "zero_points", "zero_points_minus_one"])
+@pytest.mark.parametrize("group_size", [128, 256, None], ids=["g128", "g256", "per_channel"])
+@pytest.mark.parametrize("m, splits", [(1, 1), (16, 2), (7, 4)])
+def test_nibble_planes_match_the_model_and_float64(dtype, symmetric, zeros_minus_one, group_size, m, splits):
+    model = model_on_device(dtype, group_size=group_size, symmetric=symmetric, zeros_minus_one=zeros_minus_one,
+                            in_features=512, out_features=72)  # 72 columns: a masked column block
+    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(12)).to(dtype).to(DEVICE)
+    convention = "plus_one" if zeros_minus_one else "stored"
+    out = triton_int4_planes_mm(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias,
+                                model.group_size, dtype, dict(ZERO_ADD=int(zeros_minus_one), ZERO_WRAP=False), 132,
+                                splits=splits)
+    assert_matches(out, model, x)
+    auto = triton_int4_mm(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, model.group_size,
+                          dtype, splits=splits, zero_convention=convention)
+    assert torch.equal(auto, out)  # the kernel's own choice at decode
+
+
+def test_nibble_planes_read_stored_shifts_in_another_order_and_computed_ones():
+    model = model_on_device(HALF, group_size=128, symmetric=False)
+    model.shifts = model.shifts.flip(0).contiguous()
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(13)).to(HALF).to(DEVICE)
+    eager = model(x)
+    torch.testing.assert_close(kernel_call(model, x), eager, rtol=2**-9, atol=2**-9 * eager.abs().max().item())
+    model.shifts = model.shifts.flip(0).contiguous()
+    assert torch.equal(kernel_call(model, x, shifts=None), kernel_call(model, x))
+
+
+def test_nibble_planes_take_whole_steps_in_one_group():
+    assert takes_planes(4096, 128, False, False) and takes_planes(4096, 4096, False, False)
+    assert not takes_planes(4096, 32, False, False)  # four groups a step: `int4_dot`
+    assert not takes_planes(4160, 4160, False, False)  # K not whole steps
+    assert not takes_planes(4096, 128, True, False) and not takes_planes(4096, 128, False, True)  # AWQ, int8 storage
+    assert PLANE_TILE[2] == 128
+    # as many splits as keep 8 steps each, and two programs a multiprocessor (H100: 132)
+    assert [plane_splits(n, k, 64, 132) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))] == [4, 4, 8]
+    assert plane_splits(4096, 128, 64, 132) == 1  # one step: nothing to split
+    assert not paired(torch.float32, torch.float32, torch.device(DEVICE))
+    assert not paired(torch.bfloat16, torch.float32, torch.device(DEVICE))  # the scale's rounding would differ
+
+
+def test_permute_planes_puts_nibble_i_of_word_j_at_16_i_plus_j():
+    x = torch.arange(256.0).reshape(1, 256)
+    xp = permute_planes(x)
+    assert xp[0, 16 * 3 + 5].item() == 8 * 5 + 3 and xp[0, 128 + 16 * 7 + 15].item() == 128 + 8 * 15 + 7

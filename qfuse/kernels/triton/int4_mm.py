@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
+from qfuse.kernels.triton.int4_planes import takes_planes, triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
 from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k, split_k,
                                                 split_k_tile, step_meta, sum_splits)
@@ -199,6 +200,11 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
     if m == 0 or n == 0 or k == 0:
         return empty_result(m, n, bias, out_dtype, x.device)
     sms = multiprocessors(x.device)
+    meta = weight_meta(shifts is not None, packed_zeros is not None, zero_convention, packed_along_n,
+                       packed.dtype == torch.int8)
+    if config is None and m <= DECODE_ROWS and takes_planes(k, group_size, packed_along_n, packed.dtype == torch.int8):
+        return triton_int4_planes_mm(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, meta, sms,
+                                     splits=splits)
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_int4_config(m)
     block_k = fit_block_k(block_k, group_size, k)
     splits = splits or split_k(m, n, k, block_n, block_k, sms)
@@ -210,8 +216,6 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
         m, n, k, *x.stride(), *(packed.stride()[::-1] if packed_along_n else packed.stride()), *scales.stride(),
         *zeros.stride(), *out.stride(),
         HAS_BIAS=bias is not None and splits == 1, SPLIT_K=splits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages, **step_meta(block_k, group_size, k),
-        **weight_meta(shifts is not None, packed_zeros is not None, zero_convention, packed_along_n,
-                      packed.dtype == torch.int8),
+        GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages, **step_meta(block_k, group_size, k), **meta,
     )
     return out[0] if splits == 1 else sum_splits(out, bias, out_dtype)
