@@ -4,8 +4,7 @@ of qfuse's op, no unpacked weight), with numerics equal to eager for symmetric a
 weights, groups and per channel, bias, 3D, static and dynamic M, default mode, max-autotune and
 CUDA graphs; GPTQ's act order, zero points stored minus one and AutoGPTQ's [K / 8, N] layout at decode
 and prefill (act order: Inductor's own dequantize + mm at every M, lowerings/int4_weight_only.py); AWQ's
-words packed along N; torchao's intx weights (int8 storage); the nibble-plane template where a step of
-128 lies in one group (`int4_planes`)."""
+words packed along N; torchao's intx weights (int8 storage)."""
 
 import pytest
 import torch
@@ -15,8 +14,7 @@ from tests.helpers import assert_close_to_eager, assert_one_compile_per_decode_b
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-TEMPLATE_MARK = "from qfuse.kernels.triton.int4_"  # either int4 template: int4_mm.int4_dot, int4_planes.plane_dot
-PLANES_MARK = "from qfuse.kernels.triton.int4_planes import plane_dot"
+TEMPLATE_MARK = "from qfuse.kernels.triton.int4_mm import int4_dot"
 EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -34,9 +32,6 @@ def test_gptq_form_runs_as_the_template(dtype, symmetric, group_size):
     assert TEMPLATE_MARK in code and EXTERN_CALL not in code
     (record,) = report.fused
     assert record.kernel == "triton" and record.lowered.startswith("Triton template"), record.lowered
-    # groups of 128 and per channel (one group a step of 128): the nibble-plane loop; groups of 32: the words'
-    assert (PLANES_MARK in code) == (group_size != 32), record.lowered
-    assert ("by nibble plane, two values a register" in record.lowered) == (group_size != 32 and dtype != FP32)
 
 
 @pytest.mark.parametrize("shape", [(1, 256), (2, 3, 256), (17, 256), (3, 70, 256), (300, 256)],

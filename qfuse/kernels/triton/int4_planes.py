@@ -19,11 +19,16 @@ dtype (`paired`), planes i and i + 4 are dequantized together, two values per 32
     t = fma(t, 1, -(MAGIC + z))                 q - z, exact
     t = fma(t, s, -0)                           (q - z) * s rounded once, as eager's `(q - z).to(dtype) * s`
 
-which is 4-5 instructions a value (`scratch`-measured on an H100, GPTQ g128, decode M = 16: 12.9 /
-27.0 / 29.2 µs a linear at N x K = 4096 x 4096 / 14336 x 4096 / 4096 x 14336 against 17.5 / 48.7 /
-42.0 for `int4_dot`; docs/benchmarks.md). Otherwise (float32 activations, scales in another dtype,
+which is about 6 SASS instructions a value. Otherwise (float32 activations, scales in another dtype,
 or no GPU: Triton's interpreter) each plane is dequantized in float32 as `int4_dot` does, still
 without the reshape. Both are eager's values exactly; only the order of the sum differs.
+
+Measured on an H100 (GPTQ g128, decode, docs/benchmarks.md "nibble planes"): the eager launcher
+(`int4_mm.triton_int4_mm` takes this loop where `takes_planes`) runs 15.6-17.2 / 28.0-32.5 /
+30.5-35.1 µs a linear at N x K = 4096 x 4096 / 14336 x 4096 / 4096 x 14336, the permute and the
+split sum included, where `int4_dot` ran 16.8-17.6 / 47.4-49.0 / 42.1-42.7. As an Inductor template
+it lost to `int4_dot`'s at two of the three shapes, so the lowering keeps that one
+(`qfuse.lowerings.int4_weight_only`).
 """
 
 from __future__ import annotations
@@ -41,7 +46,6 @@ PLANE_STEP = 128  # K values a step: 16 words a row, a tl.dot of K = 16 a plane
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): the best 64-wide tile of 48 on an H100
 # (within 6% of the best at every decode shape), at the split `plane_splits` picks.
 PLANE_TILE = (DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3)
-AUTOTUNE_PLANE_TILES = ((DECODE_ROWS, 128, PLANE_STEP, 1, 4, 3), (DECODE_ROWS, 32, PLANE_STEP, 1, 4, 3))
 MIN_STEPS_PER_SPLIT = 8
 MAX_SPLITS = 16
 
@@ -117,6 +121,12 @@ def _dequantized_pair(words, scale, minus_zero, shift_lo, shift_hi):
 
 
 @triton.jit
+def _entry(table, index, i: tl.constexpr):
+    """table[i] of a small register table (a loop-invariant select and sum, hoisted out of the K loop)."""
+    return tl.sum(tl.where(index == i, table, 0), axis=0)
+
+
+@triton.jit
 def _row_zero_point(Z, SHIFTS, group, offs_n, mask_n, stride_zn, stride_zg, HAS_SHIFTS: tl.constexpr,
                     HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr):
     """z [BLOCK_N] of one group: 8, or the packed zero point by the zero convention (`int4_mm` docstring)."""
@@ -141,6 +151,11 @@ def plane_dot(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_en
     PLANE_STEP (before bias); XP the activation permuted by `permute_planes`."""
     WORDS: tl.constexpr = 16
     j = tl.arange(0, WORDS)
+    nibble = tl.arange(0, 8)
+    if HAS_SHIFTS:
+        shift_table = tl.load(SHIFTS + nibble)  # read once: the loop takes plane i's shift from registers
+    else:
+        shift_table = nibble * 4
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, 128):
         words = tl.load(W + offs_n[:, None] * stride_wn + (k0 // 8 + j)[None, :] * stride_wk, mask=mask_n[:, None],
@@ -153,12 +168,8 @@ def plane_dot(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_en
         if PAIRED:
             minus_zero = (-(zero.to(tl.float32) + _magic(scale.dtype))).to(scale.dtype)
             for i in tl.static_range(4):
-                if HAS_SHIFTS:
-                    shift_lo = tl.load(SHIFTS + i) + tl.zeros((1, 1), tl.int32)
-                    shift_hi = tl.load(SHIFTS + i + 4) + tl.zeros((1, 1), tl.int32)
-                else:
-                    shift_lo = tl.full((1, 1), 4 * i, tl.int32)
-                    shift_hi = tl.full((1, 1), 4 * i + 16, tl.int32)
+                shift_lo = _entry(shift_table, nibble, i) + tl.zeros((1, 1), tl.int32)
+                shift_hi = _entry(shift_table, nibble, i + 4) + tl.zeros((1, 1), tl.int32)
                 w_lo, w_hi = _dequantized_pair(words, scale, minus_zero, shift_lo, shift_hi)
                 x_lo = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
                 x_hi = tl.load(x_rows + WORDS * (i + 4), mask=mask_m[None, :], other=0.0)
@@ -166,10 +177,7 @@ def plane_dot(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_en
                 acc = tl.dot(w_hi, x_hi, acc)
         else:
             for i in tl.static_range(8):
-                if HAS_SHIFTS:
-                    shift = tl.load(SHIFTS + i)
-                else:
-                    shift = 4 * i
+                shift = _entry(shift_table, nibble, i)
                 x_i = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
                 w = (((words >> shift) & 0xF) - zero).to(tl.float32) * scale.to(tl.float32)
                 if x_i.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
