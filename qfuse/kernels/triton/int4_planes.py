@@ -121,12 +121,6 @@ def _dequantized_pair(words, scale, minus_zero, shift_lo, shift_hi):
 
 
 @triton.jit
-def _entry(table, index, i: tl.constexpr):
-    """table[i] of a small register table (a loop-invariant select and sum, hoisted out of the K loop)."""
-    return tl.sum(tl.where(index == i, table, 0), axis=0)
-
-
-@triton.jit
 def _row_zero_point(Z, SHIFTS, group, offs_n, mask_n, stride_zn, stride_zg, HAS_SHIFTS: tl.constexpr,
                     HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr):
     """z [BLOCK_N] of one group: 8, or the packed zero point by the zero convention (`int4_mm` docstring)."""
@@ -151,11 +145,6 @@ def plane_dot(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_en
     PLANE_STEP (before bias); XP the activation permuted by `permute_planes`."""
     WORDS: tl.constexpr = 16
     j = tl.arange(0, WORDS)
-    nibble = tl.arange(0, 8)
-    if HAS_SHIFTS:
-        shift_table = tl.load(SHIFTS + nibble)  # read once: the loop takes plane i's shift from registers
-    else:
-        shift_table = nibble * 4
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, 128):
         words = tl.load(W + offs_n[:, None] * stride_wn + (k0 // 8 + j)[None, :] * stride_wk, mask=mask_n[:, None],
@@ -168,8 +157,12 @@ def plane_dot(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_en
         if PAIRED:
             minus_zero = (-(zero.to(tl.float32) + _magic(scale.dtype))).to(scale.dtype)
             for i in tl.static_range(4):
-                shift_lo = _entry(shift_table, nibble, i) + tl.zeros((1, 1), tl.int32)
-                shift_hi = _entry(shift_table, nibble, i + 4) + tl.zeros((1, 1), tl.int32)
+                if HAS_SHIFTS:
+                    shift_lo = tl.load(SHIFTS + i) + tl.zeros((1, 1), tl.int32)
+                    shift_hi = tl.load(SHIFTS + i + 4) + tl.zeros((1, 1), tl.int32)
+                else:  # constants: 4 i and 4 i + 16
+                    shift_lo = tl.full((1, 1), 4 * i, tl.int32)
+                    shift_hi = tl.full((1, 1), 4 * i + 16, tl.int32)
                 w_lo, w_hi = _dequantized_pair(words, scale, minus_zero, shift_lo, shift_hi)
                 x_lo = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
                 x_hi = tl.load(x_rows + WORDS * (i + 4), mask=mask_m[None, :], other=0.0)
@@ -177,7 +170,10 @@ def plane_dot(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_en
                 acc = tl.dot(w_hi, x_hi, acc)
         else:
             for i in tl.static_range(8):
-                shift = _entry(shift_table, nibble, i)
+                if HAS_SHIFTS:
+                    shift = tl.load(SHIFTS + i)
+                else:
+                    shift = 4 * i
                 x_i = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
                 w = (((words >> shift) & 0xF) - zero).to(tl.float32) * scale.to(tl.float32)
                 if x_i.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
