@@ -202,8 +202,7 @@ def test_nibble_planes_match_the_model_and_float64(dtype, symmetric, zeros_minus
     x = torch.randn(m, 512, generator=torch.Generator().manual_seed(12)).to(dtype).to(DEVICE)
     convention = "plus_one" if zeros_minus_one else "stored"
     out = triton_int4_planes_mm(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias,
-                                model.group_size, dtype, dict(ZERO_ADD=int(zeros_minus_one), ZERO_WRAP=False), 132,
-                                splits=splits)
+                                model.group_size, dtype, 132, splits=splits, zero_convention=convention)
     assert_matches(out, model, x)
     auto = triton_int4_mm(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, model.group_size,
                           dtype, splits=splits, zero_convention=convention)

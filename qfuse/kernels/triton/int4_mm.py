@@ -35,8 +35,8 @@ partial sums [SPLIT_K, M, N] are added after (`triton_int4_mm`; the template lea
 and the cast to Inductor's code). It still reads the weight at 650-780 GB/s, a third of an H100's
 HBM, as every other structure tried did (docs/benchmarks.md, gpu_weight_only): 1.3-1.5x the bf16
 matmul. The eager launcher runs decode calls whose K steps of 128 lie in one scale group on the
-nibble-plane loop instead (`int4_planes`). Prefill runs on Inductor's own dequantize + mm instead (`qfuse.lowerings.int4_weight_only`):
-this kernel is 3.5-4x cuBLAS's time there.
+nibble-plane loop instead (`int4_planes`). Prefill runs on Inductor's own dequantize + mm instead
+(`qfuse.lowerings.int4_weight_only`): this kernel is 3.5-4x cuBLAS's time there.
 
 AWQ's words, packed along N, are loaded as stored too, a [BLOCK_K, BLOCK_N / 8] tile unpacked along N
 and transposed in registers: 2.8-3.8x Inductor at decode, but 57.7 µs at 14336 x 4096 where the
@@ -57,8 +57,8 @@ import triton.language as tl
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton.int4_planes import takes_planes, triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
-from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k, split_k,
-                                                split_k_tile, step_meta, sum_splits)
+from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k,
+                                                packed_zero_points, split_k, split_k_tile, step_meta, sum_splits)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 PREFILL_TILE = (128, 256, 128, 8, 8, 3)
@@ -116,16 +116,8 @@ def int4_weight_tile(W, SHIFTS, S, Z, k0, K, offs_n, mask_n, stride_wn, stride_w
         zero = tl.load(Z + offs_n[:, None] * stride_zn + groups[None, :] * stride_zg, mask=mask, other=0)
         zero = zero.to(tl.int32)[:, :, None]
     elif HAS_ZEROS:
-        if HAS_SHIFTS:
-            zero_shift = tl.load(SHIFTS + offs_n % 8)
-        else:
-            zero_shift = (offs_n % 8) * 4
-        zero_words = tl.load(Z + (offs_n // 8)[:, None] * stride_zn + groups[None, :] * stride_zg, mask=mask, other=0)
-        zero_words = zero_words >> zero_shift[:, None]
-        if ZERO_WRAP:
-            zero = ((zero_words + ZERO_ADD) & 0xF)[:, :, None]
-        else:
-            zero = ((zero_words & 0xF) + ZERO_ADD)[:, :, None]
+        zero = packed_zero_points(Z, SHIFTS, offs_n, groups, mask, stride_zn, stride_zg, HAS_SHIFTS, ZERO_ADD,
+                                  ZERO_WRAP)[:, :, None]
     elif INT8_VALUES:
         zero = 0
     else:
@@ -201,11 +193,9 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
     if m == 0 or n == 0 or k == 0:
         return empty_result(m, n, bias, out_dtype, x.device)
     sms = multiprocessors(x.device)
-    meta = weight_meta(shifts is not None, packed_zeros is not None, zero_convention, packed_along_n,
-                       packed.dtype == torch.int8)
     if config is None and m <= DECODE_ROWS and takes_planes(k, group_size, packed_along_n, packed.dtype == torch.int8):
-        return triton_int4_planes_mm(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, meta, sms,
-                                     splits=splits)
+        return triton_int4_planes_mm(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, sms,
+                                     splits=splits, zero_convention=zero_convention)
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_int4_config(m)
     block_k = fit_block_k(block_k, group_size, k)
     splits = splits or split_k(m, n, k, block_n, block_k, sms)
@@ -217,6 +207,8 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
         m, n, k, *x.stride(), *(packed.stride()[::-1] if packed_along_n else packed.stride()), *scales.stride(),
         *zeros.stride(), *out.stride(),
         HAS_BIAS=bias is not None and splits == 1, SPLIT_K=splits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages, **step_meta(block_k, group_size, k), **meta,
+        GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages, **step_meta(block_k, group_size, k),
+        **weight_meta(shifts is not None, packed_zeros is not None, zero_convention, packed_along_n,
+                      packed.dtype == torch.int8),
     )
     return out[0] if splits == 1 else sum_splits(out, bias, out_dtype)

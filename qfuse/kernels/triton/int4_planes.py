@@ -40,14 +40,13 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.kernels.triton.weight_stream import split_k_tile, sum_splits
+from qfuse.kernels.triton.weight_stream import MAX_SPLIT_K, packed_zero_points, split_k_tile, sum_splits
 
 PLANE_STEP = 128  # K values a step: 16 words a row, a tl.dot of K = 16 a plane
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): the best 64-wide tile of 48 on an H100
 # (within 6% of the best at every decode shape), at the split `plane_splits` picks.
 PLANE_TILE = (DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3)
 MIN_STEPS_PER_SPLIT = 8
-MAX_SPLITS = 16
 
 # t = the low halves of word $2 >> $5 and >> $6 side by side (prmt), masked to a nibble each, OR
 # MAGIC: the pair (MAGIC + q_lo, MAGIC + q_hi) (lop3 0xEA: a & b | c); then
@@ -85,13 +84,13 @@ def paired(x_dtype: torch.dtype, scale_dtype: torch.dtype, device: torch.device)
 
 
 def plane_splits(n: int, k: int, block_n: int, multiprocessor_count: int) -> int:
-    """K splits: as many as keep MIN_STEPS_PER_SPLIT steps each (a power of two, at most MAX_SPLITS), and
+    """K splits: as many as keep MIN_STEPS_PER_SPLIT steps each (a power of two, at most MAX_SPLIT_K), and
     at least enough for two programs a multiprocessor. On an H100 this picks the best split of 1-8 at
     each decode shape (4, 4 and 8 at N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336)."""
     steps = k // PLANE_STEP
     wanted = max(steps // MIN_STEPS_PER_SPLIT, triton.cdiv(2 * multiprocessor_count, triton.cdiv(n, block_n)))
     splits = 1
-    while splits * 2 <= min(wanted, MAX_SPLITS, steps):
+    while splits * 2 <= min(wanted, MAX_SPLIT_K, steps):
         splits *= 2
     return splits
 
@@ -121,22 +120,6 @@ def _dequantized_pair(words, scale, minus_zero, shift_lo, shift_hi):
 
 
 @triton.jit
-def _row_zero_point(Z, SHIFTS, group, offs_n, mask_n, stride_zn, stride_zg, HAS_SHIFTS: tl.constexpr,
-                    HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr):
-    """z [BLOCK_N] of one group: 8, or the packed zero point by the zero convention (`int4_mm` docstring)."""
-    if HAS_ZEROS:
-        if HAS_SHIFTS:
-            zero_shift = tl.load(SHIFTS + offs_n % 8)
-        else:
-            zero_shift = (offs_n % 8) * 4
-        word = tl.load(Z + (offs_n // 8) * stride_zn + group * stride_zg, mask=mask_n, other=0) >> zero_shift
-        if ZERO_WRAP:
-            return (word + ZERO_ADD) & 0xF
-        return (word & 0xF) + ZERO_ADD
-    return tl.full(offs_n.shape, 8, tl.int32)
-
-
-@triton.jit
 def plane_dot(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_end, stride_xm, stride_wn,
               stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE: tl.constexpr, HAS_SHIFTS: tl.constexpr,
               HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr, PAIRED: tl.constexpr,
@@ -151,8 +134,11 @@ def plane_dot(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_en
                         other=0)
         group = k0 // GROUP_SIZE
         scale = tl.load(S + offs_n * stride_sn + group * stride_sg, mask=mask_n, other=0.0)[:, None]
-        zero = _row_zero_point(Z, SHIFTS, group, offs_n, mask_n, stride_zn, stride_zg, HAS_SHIFTS, HAS_ZEROS,
-                               ZERO_ADD, ZERO_WRAP)[:, None]
+        if HAS_ZEROS:  # [BLOCK_N, 1]: one group a step
+            zero = packed_zero_points(Z, SHIFTS, offs_n, tl.full((1,), group, tl.int32), mask_n[:, None], stride_zn,
+                                      stride_zg, HAS_SHIFTS, ZERO_ADD, ZERO_WRAP)
+        else:
+            zero = tl.full((BLOCK_N, 1), 8, tl.int32)
         x_rows = XP + offs_m[None, :] * stride_xm + (k0 + j)[:, None]
         if PAIRED:
             minus_zero = (-(zero.to(tl.float32) + _magic(scale.dtype))).to(scale.dtype)
@@ -203,10 +189,12 @@ def _int4_planes_kernel(XP, W, SHIFTS, S, Z, BIAS, OUT, M, N, K, stride_xm, stri
 
 def triton_int4_planes_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor | None, scales: torch.Tensor,
                           packed_zeros: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
-                          out_dtype: torch.dtype, zero_meta: dict, multiprocessor_count: int,
-                          config=None, splits: int | None = None) -> torch.Tensor:
-    """x [M, K] @ w^T + bias for a call `takes_planes` accepts (M, N, K > 0); `zero_meta` the zero
-    convention's constexprs (`int4_mm.weight_meta`)."""
+                          out_dtype: torch.dtype, multiprocessor_count: int, config=None,
+                          splits: int | None = None, zero_convention: str = "stored") -> torch.Tensor:
+    """x [M, K] @ w^T + bias for a call `takes_planes` accepts (M, N, K > 0), the zero points by
+    `zero_convention` (`qfuse.ops.int4_weight_only.ZERO_CONVENTIONS`)."""
+    from qfuse.ops.int4_weight_only import ZERO_CONVENTIONS
+
     m, k = x.shape
     n = scales.shape[0]
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or PLANE_TILE
@@ -214,12 +202,13 @@ def triton_int4_planes_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.T
     out = torch.empty(splits, m, n, device=x.device, dtype=out_dtype if splits == 1 else torch.float32)
     zeros = packed_zeros if packed_zeros is not None else packed
     is_paired = paired(x.dtype, scales.dtype, x.device)
+    zero_add, zero_wrap = ZERO_CONVENTIONS[zero_convention]
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), splits)
     _int4_planes_kernel[grid](
         permute_planes(x), packed, shifts if shifts is not None else packed, scales, zeros,
         bias if bias is not None else scales, out, m, n, k, k, *packed.stride(), *scales.stride(), *zeros.stride(),
         *out.stride(), GROUP_SIZE=group_size, HAS_SHIFTS=shifts is not None, HAS_ZEROS=packed_zeros is not None,
-        ZERO_ADD=zero_meta["ZERO_ADD"], ZERO_WRAP=zero_meta["ZERO_WRAP"], PAIRED=is_paired,
+        ZERO_ADD=zero_add, ZERO_WRAP=zero_wrap, PAIRED=is_paired,
         HAS_BIAS=bias is not None and splits == 1, SPLIT_K=splits, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages,
     )

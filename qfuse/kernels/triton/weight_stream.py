@@ -15,6 +15,8 @@ weight on the wide side of the tensor-core shape. The pieces here are that loop'
                       added after (`sum_splits` in eager, Inductor's code in a template)
     fit_block_k       a K step that holds whole scale groups along K or lies in one (int4 groups of g,
     step_meta         fp8 blocks of 128), and the constexprs that say so
+    packed_zero_points  int4 zero points packed eight rows to an int32, by the zero convention
+                      (`int4_mm` and `int4_planes`)
 """
 
 from __future__ import annotations
@@ -45,6 +47,22 @@ def accumulate(w, x_t, acc):
     if x_t.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
         return tl.dot(w, x_t, acc, input_precision="ieee")
     return tl.dot(w, x_t, acc)
+
+
+@triton.jit
+def packed_zero_points(Z, SHIFTS, offs_n, groups, mask, stride_zn, stride_zg, HAS_SHIFTS: tl.constexpr,
+                       ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr):
+    """z [BLOCK_N, len(groups)] of zero points packed as int32 [N / 8, K / g]: row n at shift SHIFTS[n % 8]
+    (4 * (n % 8) without SHIFTS), plus ZERO_ADD after the mask, or before it with ZERO_WRAP."""
+    if HAS_SHIFTS:
+        zero_shift = tl.load(SHIFTS + offs_n % 8)
+    else:
+        zero_shift = (offs_n % 8) * 4
+    words = tl.load(Z + (offs_n // 8)[:, None] * stride_zn + groups[None, :] * stride_zg, mask=mask, other=0)
+    words = words >> zero_shift[:, None]
+    if ZERO_WRAP:
+        return (words + ZERO_ADD) & 0xF
+    return (words & 0xF) + ZERO_ADD
 
 
 @triton.jit
