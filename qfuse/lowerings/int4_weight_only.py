@@ -16,14 +16,21 @@ weight is unpacked, repacked or cached, and Inductor launches the kernel itself.
 Tiles: `int4_mm.DECODE_TILE` and `fit_block_k`; under max-autotune also `int4_mm.AUTOTUNE_TILES`
 (the split is the call's, shared by every tile: it decides the output's shape).
 
-The op's int8 storage (torchao's intx: int8 [N, K] values, int8 zero points) takes the same template,
-which reads the values as they are (`INT8_VALUES`).
+Words packed along K in whole steps of 128 with one scale group a step (groups of a multiple of 128,
+or per channel: `int4_planes.takes_planes`, GPTQ g128 among them) take the nibble-plane template
+instead (`qfuse.kernels.triton.int4_planes.plane_dot`; its tile `PLANE_TILE`, its split
+`plane_splits`), on X permuted by plane in Inductor's code (a copy of the M x K activation):
 
-Not the nibble-plane loop (`qfuse.kernels.triton.int4_planes`), though the eager launcher takes it: as
-a template on an H100 (commit f4c6ce1, `gpu_weight_only.py --form gptq --ms 1,16`, docs/benchmarks.md)
-it was faster at 14336 x 4096 (27.0 / 30.5 µs at M = 1 / 16 against 32.9 / 33.4) and slower at 4096 x
-4096 (14.0 / 16.7 against 11.4 / 11.7) and 4096 x 14336 (31.6 / 38.7 against 29.1 / 29.7), with one
-more kernel a call (the activation permuted by plane).
+    partial = template(XP [M, K], W, SHIFTS?, S, Z?)      the same output and epilogue as above
+
+On an H100 (GPTQ g128, session 18, docs/benchmarks.md) it took 10.8 / 13.3, 20.3 / 23.9 and 24.7 /
+31.5 µs at M = 1 / 16 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336 against the words
+template's 11.4 / 11.7, 33.4 / 33.5 and 29.3 / 29.5: faster but at M = 16 with N = 4096 (up to 14%
+slower there), 12-32% less for a decoder layer's seven linears. The activation's plane copy is one
+small kernel per activation, shared by the linears that read it.
+
+The op's int8 storage (torchao's intx: int8 [N, K] values, int8 zero points) takes the words
+template, which reads the values as they are (`INT8_VALUES`).
 
 Prefill (M > 16), and act order (a `g_idx`) at any M: Inductor's own dequantize + mm, written here
 in IR from the same stored tensors
@@ -74,6 +81,30 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
         {{stride("S", 0)}}, {{stride("S", 1)}}, {{stride("Z", 0) if HAS_ZEROS else 0}}, {{stride("Z", 1) if HAS_ZEROS else 0}},
         GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PACKED_ALONG_N, INT8_VALUES, EVEN_K,
         BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+{% if HAS_BIAS %}
+    acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+{% endif %}
+    offs_m = offs_m + pid_k * M
+{{STORE_TILE}}"""
+
+# The nibble-plane loop (`qfuse.kernels.triton.int4_planes`): X is the activation permuted by plane.
+_PLANES_SOURCE = r"""
+from qfuse.kernels.triton.int4_planes import plane_dot
+from qfuse.kernels.triton.weight_stream import k_range
+from qfuse.kernels.triton.scaled_mm import grouped_tile
+{{def_kernel(INPUTS)}}
+    M = {{size("X", 0)}}
+    N = {{size("S", 0)}}
+    K = {{size("X", 1)}}
+{{TILE_OFFSETS}}
+    pid_k = tl.program_id(1)
+    k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
+    acc = plane_dot(
+        X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, offs_m, offs_n, mask_m, mask_n,
+        k_start, k_end, {{stride("X", 0)}}, {{stride("W", 0)}}, {{stride("W", 1)}}, {{stride("S", 0)}}, {{stride("S", 1)}},
+        {{stride("Z", 0) if HAS_ZEROS else 0}}, {{stride("Z", 1) if HAS_ZEROS else 0}},
+        GROUP_SIZE, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PAIRED, BLOCK_M, BLOCK_N,
     )
 {% if HAS_BIAS %}
     acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -132,7 +163,18 @@ def lower_int4_weight_only_mm(*args, **kwargs):
 
 
 def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int):
-    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, DECODE_TILE, weight_meta
+    from qfuse.kernels.triton.int4_mm import weight_meta
+    from qfuse.kernels.triton.int4_planes import takes_planes
+
+    meta = weight_meta(call.shifts is not None, call.packed_zeros is not None, call.zero_convention,
+                       call.packed_along_n, _is_int8_storage(call))
+    if takes_planes(k, call.group_size, call.packed_along_n, _is_int8_storage(call)):
+        return _planes_template(call, x2d, rows, n, k, meta)
+    return _words_template(call, x2d, rows, n, k, meta)
+
+
+def _words_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta: dict):
+    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, DECODE_TILE
     from qfuse.kernels.triton.scaled_mm import multiprocessors
     from qfuse.kernels.triton.weight_stream import fit_block_k, split_k, step_meta
 
@@ -141,13 +183,47 @@ def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int):
     splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()))
     named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
              "BIAS": call.bias if splits == 1 else None}
-    meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits) | weight_meta(
-        call.shifts is not None, call.packed_zeros is not None, call.zero_convention, call.packed_along_n,
-        _is_int8_storage(call))
+    meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits) | meta
     out, how = split_k_linear(_SOURCE, "qfuse_int4_linear", named, rows, n, splits, call.bias, tiles,
                               lambda tile: meta | step_meta(tile[2], call.group_size, k))
     record_lowering(how + "; the int4 words dequantized in registers")
     return out
+
+
+def _planes_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta: dict):
+    """The nibble-plane template on the activation permuted by plane (`int4_planes.permute_planes`, in
+    Inductor's code: a copy of the M x K activation, fused with what produces it where Inductor can)."""
+    from qfuse.kernels.triton.int4_planes import AUTOTUNE_PLANE_TILES, PLANE_TILE, paired, plane_splits
+    from qfuse.kernels.triton.scaled_mm import multiprocessors
+
+    tiles = [PLANE_TILE] + (list(AUTOTUNE_PLANE_TILES) if max_autotune() else [])
+    device = x2d.get_device()
+    splits = plane_splits(n, k, PLANE_TILE[1], multiprocessors(device))
+    named = {"X": _permuted_by_plane(call.x, x2d, rows, k), "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
+             "BIAS": call.bias if splits == 1 else None}
+    is_paired = paired(x2d.get_dtype(), call.scales.get_dtype(), device)
+    meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits, GROUP_SIZE=call.group_size,
+                HAS_SHIFTS=meta["HAS_SHIFTS"], HAS_ZEROS=meta["HAS_ZEROS"], ZERO_ADD=meta["ZERO_ADD"],
+                ZERO_WRAP=meta["ZERO_WRAP"], PAIRED=is_paired)
+    out, how = split_k_linear(_PLANES_SOURCE, "qfuse_int4_planes", named, rows, n, splits, call.bias, tiles,
+                              lambda tile: meta)
+    record_lowering(how + "; the int4 words dequantized in registers by nibble plane"
+                    + (", two values a register" if is_paired else ""))
+    return out
+
+
+def _permuted_by_plane(x, x2d, rows, k: int):
+    """x2d permuted by plane (`int4_planes.permute_planes`) in Inductor IR, made once per activation of
+    the graph: the linears that read one activation (q / k / v, gate / up) share the copy."""
+    from qfuse.kernels.triton.int4_planes import PLANE_STEP
+
+    made = V.graph.__dict__.setdefault("_qfuse_activations_by_plane", {})
+    if id(x) not in made:
+        by_plane = lower(aten.permute.default,
+                         lower(aten.reshape.default, x2d, [rows, k // PLANE_STEP, PLANE_STEP // 8, 8]), [0, 1, 3, 2])
+        copy = lower(aten.clone.default, by_plane, memory_format=torch.contiguous_format)
+        made[id(x)] = (x, lower(aten.reshape.default, copy, [rows, k]))  # x kept: its id stays its own
+    return made[id(x)][1]
 
 
 def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):

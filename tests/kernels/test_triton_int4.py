@@ -209,6 +209,25 @@ def test_nibble_planes_match_the_model_and_float64(dtype, symmetric, zeros_minus
     assert torch.equal(auto, out)  # the kernel's own choice at decode
 
 
+@pytest.mark.parametrize("dtype", [FP16, *([BF16] if DEVICE == "cuda" else [])])
+@pytest.mark.parametrize("shifts", ["stored", "stored_in_another_order", "computed"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "zero_points"])
+def test_nibble_planes_dequantize_exactly_as_eager(dtype, shifts, symmetric):
+    """One-hot rows read single weights back: each is eager's (q - z).to(dtype) * s bit for bit (on a GPU
+    the paired dequantize: the nibble-order asm for computed shifts and a stored table in that order,
+    the shifted one for a table in another order)."""
+    model = model_on_device(dtype, group_size=128, symmetric=symmetric, bias=False, out_features=72)
+    if shifts == "stored_in_another_order":
+        model.shifts = model.shifts.flip(0).contiguous()
+    columns = torch.randperm(256, generator=torch.Generator().manual_seed(14))[:16]
+    one_hot = torch.zeros(16, 256, dtype=dtype)
+    one_hot[torch.arange(16), columns] = 1
+    one_hot = one_hot.to(DEVICE)
+    out = triton_int4_planes_mm(one_hot, model.qweight, None if shifts == "computed" else model.shifts, model.scales,
+                                model.qzeros, None, model.group_size, dtype, 132, splits=1)
+    assert torch.equal(out, model(one_hot))
+
+
 def test_nibble_planes_read_stored_shifts_in_another_order_and_computed_ones():
     model = model_on_device(HALF, group_size=128, symmetric=False)
     model.shifts = model.shifts.flip(0).contiguous()

@@ -88,7 +88,7 @@ def test_act_order_and_zero_conventions_in_ir(form):
 
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-TEMPLATE_MARK = "from qfuse.kernels.triton.int4_mm import int4_dot"
+TEMPLATE_MARK = "from qfuse.kernels.triton.int4_"  # either int4 template: int4_mm.int4_dot, int4_planes.plane_dot
 
 
 @pytest.mark.parametrize("device, rows", [("cpu", 40), pytest.param("cuda", 40, marks=NEEDS_CUDA),

@@ -4,7 +4,8 @@ of qfuse's op, no unpacked weight), with numerics equal to eager for symmetric a
 weights, groups and per channel, bias, 3D, static and dynamic M, default mode, max-autotune and
 CUDA graphs; GPTQ's act order, zero points stored minus one and AutoGPTQ's [K / 8, N] layout at decode
 and prefill (act order: Inductor's own dequantize + mm at every M, lowerings/int4_weight_only.py); AWQ's
-words packed along N; torchao's intx weights (int8 storage)."""
+words packed along N; torchao's intx weights (int8 storage); the nibble-plane template where a step of
+128 lies in one group (`int4_planes`)."""
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from tests.helpers import assert_close_to_eager, assert_one_compile_per_decode_b
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-TEMPLATE_MARK = "from qfuse.kernels.triton.int4_mm import int4_dot"
+TEMPLATE_MARK = "from qfuse.kernels.triton.int4_"  # either int4 template: int4_mm.int4_dot, int4_planes.plane_dot
+PLANES_MARK = "from qfuse.kernels.triton.int4_planes import plane_dot"
 EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -32,6 +34,9 @@ def test_gptq_form_runs_as_the_template(dtype, symmetric, group_size):
     assert TEMPLATE_MARK in code and EXTERN_CALL not in code
     (record,) = report.fused
     assert record.kernel == "triton" and record.lowered.startswith("Triton template"), record.lowered
+    # groups of 128 and per channel (one group a step of 128): the nibble-plane loop; groups of 32: the words'
+    assert (PLANES_MARK in code) == (group_size != 32), record.lowered
+    assert ("by nibble plane, two values a register" in record.lowered) == (group_size != 32 and dtype != FP32)
 
 
 @pytest.mark.parametrize("shape", [(1, 256), (2, 3, 256), (17, 256), (3, 70, 256), (300, 256)],
@@ -65,16 +70,17 @@ def test_modes(mode):
 
 
 def test_the_cast_and_next_op_fuse_into_the_store():
-    model = gptq_packed_int4(BF16, group_size=128).cuda()
+    model = gptq_packed_int4(BF16, group_size=128, in_features=128).cuda()  # one K step: no split
 
     def block(x):
         return torch.nn.functional.silu(model(x)) * 2
 
-    x = torch.randn(8, 256, device="cuda", dtype=BF16)
+    x = torch.randn(8, 128, device="cuda", dtype=BF16)
     with torch.no_grad():
         out, code, _ = compile_and_get_code(block, x)
         expected = torch.nn.functional.silu(model(x)) * 2
-    assert code.count(".run(") == 1, code  # the template alone: the silu and the multiply are in its store
+    # the activation permuted by plane, then the template, whose store holds the silu and the multiply
+    assert code.count(".run(") == 2, code
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
 
 

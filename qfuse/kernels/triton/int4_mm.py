@@ -34,8 +34,8 @@ blocks is 64 programs for 132 multiprocessors), so K is split in `split_k` range
 partial sums [SPLIT_K, M, N] are added after (`triton_int4_mm`; the template leaves the sum, the bias
 and the cast to Inductor's code). It still reads the weight at 650-780 GB/s, a third of an H100's
 HBM, as every other structure tried did (docs/benchmarks.md, gpu_weight_only): 1.3-1.5x the bf16
-matmul. The eager launcher runs decode calls whose K steps of 128 lie in one scale group on the
-nibble-plane loop instead (`int4_planes`). Prefill runs on Inductor's own dequantize + mm instead
+matmul. Decode calls whose K steps of 128 lie in one scale group (GPTQ g128, per channel) run on
+the nibble-plane loop instead (`int4_planes`), in the eager launcher and as the lowering's template. Prefill runs on Inductor's own dequantize + mm instead
 (`qfuse.lowerings.int4_weight_only`): this kernel is 3.5-4x cuBLAS's time there.
 
 AWQ's words, packed along N, are loaded as stored too, a [BLOCK_K, BLOCK_N / 8] tile unpacked along N

@@ -12,23 +12,34 @@ activation's matching rows, so the dequantized tile goes to the tensor cores as 
 
 A step lies inside one scale group (groups of a multiple of 128, or one per row: `takes_planes`),
 so scale and zero point are one value per row. With bf16 / fp16 activations whose scales have their
-dtype (`paired`), planes i and i + 4 are dequantized together, two values per 32-bit register:
+dtype (`paired`), the dequantize writes the tensor cores' registers directly. The dot operand's layout
+holds a row's words 2c and 2c + 1 in one thread, so one inline asm (pack=2) takes that pair and
+returns, for each plane, the half-float pair (value of word 2c, value of word 2c + 1), the register
+the MMA reads:
 
-    t = nibble_lo | nibble_hi << 16 | MAGIC     the half-float pair (MAGIC + q_lo, MAGIC + q_hi):
-                                                MAGIC = 128 (bf16) or 1024 (fp16), whose ulp is 1
-    t = fma(t, 1, -(MAGIC + z))                 q - z, exact
-    t = fma(t, s, -0)                           (q - z) * s rounded once, as eager's `(q - z).to(dtype) * s`
+    t = byte j of both words, side by side (prmt)
+    u = t & 0x000F000F | MAGIC                  the pair (MAGIC + q, MAGIC + q') of plane 2 j; after
+                                                t >> 4 the same gives plane 2 j + 1; MAGIC = 128 (bf16)
+                                                or 1024 (fp16), whose ulp is 1
+    u = fma(u, 1, -(MAGIC + z))                 q - z, exact
+    u = fma(u, s, -0)                           (q - z) * s rounded once, as eager's `(q - z).to(dtype) * s`
 
-which is about 6 SASS instructions a value. Otherwise (float32 activations, scales in another dtype,
-or no GPU: Triton's interpreter) each plane is dequantized in float32 as `int4_dot` does, still
-without the reshape. Both are eager's values exactly; only the order of the sum differs.
+Eight planes of two words cost 4 prmt, 4 shifts, 8 lop3 and 16 half2 fma: 2 instructions a value.
+The nibble order is the computed shifts' (`shifts` None) and every GPTQ checkpoint's stored table
+(0, 4, ..., 28), which the kernel checks once a program (`_nibble_order`); a table in another order
+takes the same loop with each plane's words shifted by its entry (arithmetic shifts, as eager's `>>`),
+3 instructions a value. Compiled offline for sm_90 (Triton 3.6), the K loop issues 4.3-4.7 SASS
+instructions a weight value in nibble order (5.8-6.3 with another table), where the session-17
+loop, two planes of one word a register and a repack, issued 5.7-6.6. Otherwise (float32
+activations, scales in another dtype, or no GPU: Triton's interpreter) each plane is dequantized in
+float32 as `int4_dot` does, still without the reshape. All are eager's values exactly; only the order
+of the sum differs.
 
-Measured on an H100 (GPTQ g128, decode, docs/benchmarks.md "nibble planes"): the eager launcher
-(`int4_mm.triton_int4_mm` takes this loop where `takes_planes`) runs 15.6-17.2 / 28.0-32.5 /
-30.5-35.1 µs a linear at N x K = 4096 x 4096 / 14336 x 4096 / 4096 x 14336, the permute and the
-split sum included, where `int4_dot` ran 16.8-17.6 / 47.4-49.0 / 42.1-42.7. As an Inductor template
-it lost to `int4_dot`'s at two of the three shapes, so the lowering keeps that one
-(`qfuse.lowerings.int4_weight_only`).
+Measured on an H100 (GPTQ g128 with its stored shift table, decode, docs/benchmarks.md "The nibble-
+plane template"): compiled, the template takes 10.8 / 13.3, 20.3 / 23.9 and 24.7 / 31.5 µs of GPU time a
+linear at M = 1 / 16 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336, where `int4_dot`'s took
+11.4 / 11.7, 33.4 / 33.5 and 29.3 / 29.5 in the same run (the lowering takes this template; the
+bf16 matmul: 16.5 / 16.7, 41.6 / 42.2, 44.2 / 45.1).
 """
 
 from __future__ import annotations
@@ -46,27 +57,40 @@ PLANE_STEP = 128  # K values a step: 16 words a row, a tl.dot of K = 16 a plane
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): the best 64-wide tile of 48 on an H100
 # (within 6% of the best at every decode shape), at the split `plane_splits` picks.
 PLANE_TILE = (DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3)
+AUTOTUNE_PLANE_TILES = ((DECODE_ROWS, 128, PLANE_STEP, 1, 4, 3), (DECODE_ROWS, 32, PLANE_STEP, 1, 4, 3))
 MIN_STEPS_PER_SPLIT = 8
 
-# t = the low halves of word $2 >> $5 and >> $6 side by side (prmt), masked to a nibble each, OR
-# MAGIC: the pair (MAGIC + q_lo, MAGIC + q_hi) (lop3 0xEA: a & b | c); then
-# t = (t - (MAGIC + z)) * s with one rounding, s = $3 and -(MAGIC + z) = $4 in both halves.
-_PAIR_ASM = """{{
-    .reg .b32 lo, hi, t, s2, z2, one, neg0;
-    shr.u32 lo, $2, $5;
-    shr.u32 hi, $2, $6;
-    prmt.b32 t, lo, hi, 0x5410;
-    lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;
-    mov.b32 s2, {{$3, $3}};
-    mov.b32 z2, {{$4, $4}};
-    mov.b32 one, {one};
+# Two values a register, as the tensor cores take them: the asm gets the words of columns 2c and 2c + 1
+# of a row (pack=2: the dot operand's layout holds them side by side) and returns, for a plane, the
+# half-float pair (value of word 2c, value of word 2c + 1). A nibble q goes in a half's low bits OR
+# MAGIC (lop3 0xEA: a & b | c), the half float MAGIC + q; then (t - (MAGIC + z)) * s, one rounding.
+# $S = the pair (s, s), $Z = the pair (-(MAGIC + z), -(MAGIC + z)).
+_DEQUANTIZE = """    lop3.b32 u, t, 0x000F000F, {magic}, 0xEA;
+    fma.rn.{pair} u, u, one, $Z;
+    fma.rn.{pair} $OUT, u, $S, neg0;
+"""
+# Nibble order (nibble i at bits 4 i; `shifts` None): prmt puts byte j of both words in the halves' low
+# bytes; its low nibble is plane 2 j, and after a shift by 4 its high nibble plane 2 j + 1. Eight
+# planes of two words: $0..$7, words $8 and $9, $S = $10, $Z = $11.
+_NIBBLE_PLANES = "".join(
+    f"    prmt.b32 t, $8, $9, 0x{j + 4:x}{j + 4:x}{j:x}{j:x};\n" + _DEQUANTIZE.replace("$OUT", f"${2 * j}")
+    + "    shr.u32 t, t, 4;\n" + _DEQUANTIZE.replace("$OUT", f"${2 * j + 1}") for j in range(4)
+).replace("$S", "$10").replace("$Z", "$11")
+# A stored shift table (any values, as `(words >> shift) & 0xF` reads them, arithmetic shift): one plane
+# of two words: $0, words $1 and $2 shifted by $5 and $6 (one value), $S = $3, $Z = $4.
+_SHIFTED_PLANE = ("    shr.s32 a, $1, $5;\n    shr.s32 b, $2, $6;\n    prmt.b32 t, a, b, 0x5410;\n"
+                  + _DEQUANTIZE.replace("$OUT", "$0").replace("$S", "$3").replace("$Z", "$4"))
+_ASM_FRAME = """{{{{
+    .reg .b32 a, b, t, u, one, neg0;
+    mov.b32 one, {{one}};
     mov.b32 neg0, 0x80008000;
-    fma.rn.{pair} t, t, one, z2;
-    fma.rn.{pair} t, t, s2, neg0;
-    mov.b32 {{$0, $1}}, t;
-}}"""
-_BF16_PAIR = tl.constexpr(_PAIR_ASM.format(magic="0x43004300", one="0x3F803F80", pair="bf16x2"))  # 128.0, 1.0
-_FP16_PAIR = tl.constexpr(_PAIR_ASM.format(magic="0x64006400", one="0x3C003C00", pair="f16x2"))  # 1024.0, 1.0
+{body}}}}}"""
+_HALVES = {"bf16": dict(magic="0x43004300", one="0x3F803F80", pair="bf16x2"),   # 128.0, 1.0
+           "fp16": dict(magic="0x64006400", one="0x3C003C00", pair="f16x2")}    # 1024.0, 1.0
+_BF16_NIBBLES = tl.constexpr(_ASM_FRAME.format(body=_NIBBLE_PLANES).format(**_HALVES["bf16"]))
+_FP16_NIBBLES = tl.constexpr(_ASM_FRAME.format(body=_NIBBLE_PLANES).format(**_HALVES["fp16"]))
+_BF16_SHIFTED = tl.constexpr(_ASM_FRAME.format(body=_SHIFTED_PLANE).format(**_HALVES["bf16"]))
+_FP16_SHIFTED = tl.constexpr(_ASM_FRAME.format(body=_SHIFTED_PLANE).format(**_HALVES["fp16"]))
 _PAIRED_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -110,13 +134,33 @@ def _magic(dtype: tl.constexpr):
 
 
 @triton.jit
-def _dequantized_pair(words, scale, minus_zero, shift_lo, shift_hi):
-    """((q_lo - z) * s, (q_hi - z) * s) in s's dtype, q = (words >> shift) & 0xF; `minus_zero` = -(MAGIC + z)."""
+def _nibble_planes(words, scale, minus_zero):
+    """The 8 planes (q_i - z) * s of [BLOCK_N, 16] words, q_i = (words >> 4 i) & 0xF, in s's dtype;
+    `minus_zero` = -(MAGIC + z), both broadcast to the words' shape."""
     if scale.dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise(_BF16_PAIR, "=h,=h,r,h,h,r,r", [words, scale, minus_zero, shift_lo, shift_hi],
-                                         dtype=(scale.dtype, scale.dtype), is_pure=True, pack=1)
-    return tl.inline_asm_elementwise(_FP16_PAIR, "=h,=h,r,h,h,r,r", [words, scale, minus_zero, shift_lo, shift_hi],
-                                     dtype=(scale.dtype, scale.dtype), is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(_BF16_NIBBLES, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [words, scale, minus_zero],
+                                         dtype=(scale.dtype,) * 8, is_pure=True, pack=2)
+    return tl.inline_asm_elementwise(_FP16_NIBBLES, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [words, scale, minus_zero],
+                                     dtype=(scale.dtype,) * 8, is_pure=True, pack=2)
+
+
+@triton.jit
+def _shifted_plane(words, scale, minus_zero, shift):
+    """One plane (q - z) * s, q = (words >> shift) & 0xF, in s's dtype (all four broadcast to one shape)."""
+    if scale.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(_BF16_SHIFTED, "=r,r,r,r,r,r,r", [words, scale, minus_zero, shift],
+                                         dtype=scale.dtype, is_pure=True, pack=2)
+    return tl.inline_asm_elementwise(_FP16_SHIFTED, "=r,r,r,r,r,r,r", [words, scale, minus_zero, shift],
+                                     dtype=scale.dtype, is_pure=True, pack=2)
+
+
+@triton.jit
+def _nibble_order(SHIFTS):
+    """Whether a stored shift table is 0, 4, ..., 28: nibble i at bits 4 i (every GPTQ checkpoint's)."""
+    in_order = tl.load(SHIFTS) == 0
+    for i in tl.static_range(1, 8):
+        in_order = in_order & (tl.load(SHIFTS + i) == 4 * i)
+    return in_order
 
 
 @triton.jit
@@ -125,7 +169,31 @@ def plane_dot(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_en
               HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr, PAIRED: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The float32 [BLOCK_M, BLOCK_N] tile of x @ w^T over k in [k_start, k_end), whole steps of
-    PLANE_STEP (before bias); XP the activation permuted by `permute_planes`."""
+    PLANE_STEP (before bias); XP the activation permuted by `permute_planes`. A stored shift table in
+    nibble order (checked once a program) takes the paired loop's nibble-order dequantize."""
+    if PAIRED and HAS_SHIFTS:
+        if _nibble_order(SHIFTS):
+            acc = _plane_loop(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_end, stride_xm,
+                              stride_wn, stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE, True,
+                              HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PAIRED, BLOCK_M, BLOCK_N)
+        else:
+            acc = _plane_loop(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_end, stride_xm,
+                              stride_wn, stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE, False,
+                              HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PAIRED, BLOCK_M, BLOCK_N)
+    else:
+        acc = _plane_loop(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_end, stride_xm, stride_wn,
+                          stride_wk, stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE, not HAS_SHIFTS, HAS_SHIFTS,
+                          HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PAIRED, BLOCK_M, BLOCK_N)
+    return tl.trans(acc)
+
+
+@triton.jit
+def _plane_loop(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_end, stride_xm, stride_wn, stride_wk,
+                stride_sn, stride_sg, stride_zn, stride_zg, GROUP_SIZE: tl.constexpr, NIBBLE_ORDER: tl.constexpr,
+                HAS_SHIFTS: tl.constexpr, HAS_ZEROS: tl.constexpr, ZERO_ADD: tl.constexpr, ZERO_WRAP: tl.constexpr,
+                PAIRED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc^T [BLOCK_N, BLOCK_M]; the values' nibble i at bits 4 i (NIBBLE_ORDER) or at SHIFTS[i]. The zero
+    points' words are read by SHIFTS where HAS_SHIFTS, whatever the values' order."""
     WORDS: tl.constexpr = 16
     j = tl.arange(0, WORDS)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -141,32 +209,31 @@ def plane_dot(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_en
             zero = tl.full((BLOCK_N, 1), 8, tl.int32)
         x_rows = XP + offs_m[None, :] * stride_xm + (k0 + j)[:, None]
         if PAIRED:
-            minus_zero = (-(zero.to(tl.float32) + _magic(scale.dtype))).to(scale.dtype)
-            for i in tl.static_range(4):
-                if HAS_SHIFTS:
-                    shift_lo = tl.load(SHIFTS + i) + tl.zeros((1, 1), tl.int32)
-                    shift_hi = tl.load(SHIFTS + i + 4) + tl.zeros((1, 1), tl.int32)
-                else:  # constants: 4 i and 4 i + 16
-                    shift_lo = tl.full((1, 1), 4 * i, tl.int32)
-                    shift_hi = tl.full((1, 1), 4 * i + 16, tl.int32)
-                w_lo, w_hi = _dequantized_pair(words, scale, minus_zero, shift_lo, shift_hi)
-                x_lo = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
-                x_hi = tl.load(x_rows + WORDS * (i + 4), mask=mask_m[None, :], other=0.0)
-                acc = tl.dot(w_lo, x_lo, acc)
-                acc = tl.dot(w_hi, x_hi, acc)
+            scale = tl.broadcast_to(scale, words.shape)
+            minus_zero = tl.broadcast_to((-(zero.to(tl.float32) + _magic(scale.dtype))).to(scale.dtype), words.shape)
+            if NIBBLE_ORDER:
+                planes = _nibble_planes(words, scale, minus_zero)
+                for i in tl.static_range(8):
+                    x_i = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
+                    acc = tl.dot(planes[i], x_i, acc)
+            else:
+                for i in tl.static_range(8):
+                    shift = tl.broadcast_to(tl.load(SHIFTS + i), words.shape)
+                    x_i = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
+                    acc = tl.dot(_shifted_plane(words, scale, minus_zero, shift), x_i, acc)
         else:
             for i in tl.static_range(8):
-                if HAS_SHIFTS:
-                    shift = tl.load(SHIFTS + i)
-                else:
+                if NIBBLE_ORDER:
                     shift = 4 * i
+                else:
+                    shift = tl.load(SHIFTS + i)
                 x_i = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
                 w = (((words >> shift) & 0xF) - zero).to(tl.float32) * scale.to(tl.float32)
                 if x_i.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
                     acc = tl.dot(w, x_i, acc, input_precision="ieee")
                 else:
                     acc = tl.dot(w.to(x_i.dtype), x_i, acc)
-    return tl.trans(acc)
+    return acc
 
 
 @triton.jit
