@@ -23,11 +23,10 @@ instead (`qfuse.kernels.triton.int4_planes.plane_dot`; its tile `PLANE_TILE`, it
 
     partial = template(XP [M, K], W, SHIFTS?, S, Z?)      the same output and epilogue as above
 
-On an H100 (GPTQ g128, session 18, docs/benchmarks.md) it took 10.8 / 13.3, 20.3 / 23.9 and 24.7 /
-31.5 µs at M = 1 / 16 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336 against the words
-template's 11.4 / 11.7, 33.4 / 33.5 and 29.3 / 29.5: faster but at M = 16 with N = 4096 (up to 14%
-slower there), 12-32% less for a decoder layer's seven linears. The activation's plane copy is one
-small kernel per activation, shared by the linears that read it.
+On an H100 (GPTQ g128, session 18, docs/benchmarks.md) it took 9.3 / 9.8, 20.6 / 22.5 and 18.6 /
+23.8 µs at M = 1 / 16 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336, where the words template
+took 11.4 / 11.7, 33.4 / 33.5 and 29.3 / 29.5. The activation's plane copy is one small kernel per
+activation, shared by the linears that read it.
 
 The op's int8 storage (torchao's intx: int8 [N, K] values, int8 zero points) takes the words
 template, which reads the values as they are (`INT8_VALUES`).

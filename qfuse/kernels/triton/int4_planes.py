@@ -27,19 +27,21 @@ the MMA reads:
 Eight planes of two words cost 4 prmt, 4 shifts, 8 lop3 and 16 half2 fma: 2 instructions a value.
 The nibble order is the computed shifts' (`shifts` None) and every GPTQ checkpoint's stored table
 (0, 4, ..., 28), which the kernel checks once a program (`_nibble_order`); a table in another order
-takes the same loop with each plane's words shifted by its entry (arithmetic shifts, as eager's `>>`),
-3 instructions a value. Compiled offline for sm_90 (Triton 3.6), the K loop issues 4.3-4.7 SASS
-instructions a weight value in nibble order (5.8-6.3 with another table), where the session-17
-loop, two planes of one word a register and a repack, issued 5.7-6.6. Otherwise (float32
-activations, scales in another dtype, or no GPU: Triton's interpreter) each plane is dequantized in
-float32 as `int4_dot` does, still without the reshape. All are eager's values exactly; only the order
-of the sum differs.
+takes the same loop with each plane's words shifted by its entry (arithmetic shifts, as eager's `>>`).
+Each plane is a K = 16 slice of the MMA's operand as it stands, so the eight are joined side by side
+at no cost (`_plane_major`) and a step is one dot of K = 128, whose wgmma instructions run back to
+back; a dot per plane had waited for each (the loop was latency-bound). Compiled offline for sm_90
+(Triton 3.6), the K loop issues 4.1-4.4 SASS instructions a weight value in nibble order, where the
+session-17 loop (two planes of one word a register, repacked, a dot per plane) issued 5.7-6.6.
+Otherwise (float32 activations, scales in another dtype, or no GPU: Triton's interpreter) each
+plane is dequantized in float32 as `int4_dot` does, still without the reshape. All are eager's
+values exactly; only the order of the sum differs.
 
 Measured on an H100 (GPTQ g128 with its stored shift table, decode, docs/benchmarks.md "The nibble-
-plane template"): compiled, the template takes 10.8 / 13.3, 20.3 / 23.9 and 24.7 / 31.5 µs of GPU time a
-linear at M = 1 / 16 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336, where `int4_dot`'s took
-11.4 / 11.7, 33.4 / 33.5 and 29.3 / 29.5 in the same run (the lowering takes this template; the
-bf16 matmul: 16.5 / 16.7, 41.6 / 42.2, 44.2 / 45.1).
+plane template"): compiled, the template takes 9.3 / 9.8, 20.6 / 22.5 and 18.6 / 23.8 µs of GPU time a
+linear at M = 1 / 16 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336, 1.7-2.4x the bf16 matmul
+in the same run (16.5 / 16.9, 41.5 / 42.4, 44.7 / 45.3), where `int4_dot`'s template took 11.4 /
+11.7, 33.4 / 33.5 and 29.3 / 29.5 (another run); the lowering takes this template.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ import triton.language as tl
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton.weight_stream import MAX_SPLIT_K, packed_zero_points, split_k_tile, sum_splits
 
-PLANE_STEP = 128  # K values a step: 16 words a row, a tl.dot of K = 16 a plane
+PLANE_STEP = 128  # K values a step: 16 words a row, a K = 16 slice of the step's dot a plane
+_STEP = tl.constexpr(PLANE_STEP)
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): the best 64-wide tile of 48 on an H100
 # (within 6% of the best at every decode shape), at the split `plane_splits` picks.
 PLANE_TILE = (DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3)
@@ -155,6 +158,49 @@ def _shifted_plane(words, scale, minus_zero, shift):
 
 
 @triton.jit
+def _shifted_planes(words, scale, minus_zero, SHIFTS):
+    """The 8 planes of `_shifted_plane`, plane i at the stored shift SHIFTS[i]."""
+    return (_shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 0), words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 1), words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 2), words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 3), words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 4), words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 5), words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 6), words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 7), words.shape)))
+
+
+@triton.jit
+def _float_plane(words, zero, scale, shift):
+    return (((words >> shift) & 0xF) - zero).to(tl.float32) * scale.to(tl.float32)
+
+
+@triton.jit
+def _float_planes(words, zero, scale, SHIFTS, NIBBLE_ORDER: tl.constexpr):
+    """The 8 planes (q_i - z) * s in float32 (no GPU pairing): nibble i at bits 4 i, or at SHIFTS[i]."""
+    if NIBBLE_ORDER:
+        return (_float_plane(words, zero, scale, 0), _float_plane(words, zero, scale, 4),
+                _float_plane(words, zero, scale, 8), _float_plane(words, zero, scale, 12),
+                _float_plane(words, zero, scale, 16), _float_plane(words, zero, scale, 20),
+                _float_plane(words, zero, scale, 24), _float_plane(words, zero, scale, 28))
+    return (_float_plane(words, zero, scale, tl.load(SHIFTS + 0)), _float_plane(words, zero, scale, tl.load(SHIFTS + 1)),
+            _float_plane(words, zero, scale, tl.load(SHIFTS + 2)), _float_plane(words, zero, scale, tl.load(SHIFTS + 3)),
+            _float_plane(words, zero, scale, tl.load(SHIFTS + 4)), _float_plane(words, zero, scale, tl.load(SHIFTS + 5)),
+            _float_plane(words, zero, scale, tl.load(SHIFTS + 6)), _float_plane(words, zero, scale, tl.load(SHIFTS + 7)))
+
+
+@triton.jit
+def _plane_major(planes):
+    """The 8 planes [BLOCK_N, 16] side by side, [BLOCK_N, 128] with plane i at columns 16 i .. 16 i + 15 (as
+    `permute_planes` lays out X). The joins only rename registers: each plane is already a K = 16 slice
+    of the MMA's operand, so the step is one dot of K = 128, whose wgmma instructions run back to back
+    (a dot per plane waited for each one: the loop was latency-bound)."""
+    w = tl.join(tl.join(tl.join(planes[0], planes[1]), tl.join(planes[2], planes[3])),
+                tl.join(tl.join(planes[4], planes[5]), tl.join(planes[6], planes[7])))  # [BLOCK_N, 16, 2, 2, 2]
+    return tl.reshape(tl.permute(w, (0, 4, 3, 2, 1)), (w.shape[0], _STEP))
+
+
+@triton.jit
 def _nibble_order(SHIFTS):
     """Whether a stored shift table is 0, 4, ..., 28: nibble i at bits 4 i (every GPTQ checkpoint's)."""
     in_order = tl.load(SHIFTS) == 0
@@ -194,10 +240,10 @@ def _plane_loop(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_
                 PAIRED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc^T [BLOCK_N, BLOCK_M]; the values' nibble i at bits 4 i (NIBBLE_ORDER) or at SHIFTS[i]. The zero
     points' words are read by SHIFTS where HAS_SHIFTS, whatever the values' order."""
-    WORDS: tl.constexpr = 16
-    j = tl.arange(0, WORDS)
+    j = tl.arange(0, 16)
+    k = tl.arange(0, _STEP)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(k_start, k_end, 128):
+    for k0 in range(k_start, k_end, _STEP):
         words = tl.load(W + offs_n[:, None] * stride_wn + (k0 // 8 + j)[None, :] * stride_wk, mask=mask_n[:, None],
                         other=0)
         group = k0 // GROUP_SIZE
@@ -207,32 +253,21 @@ def _plane_loop(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_
                                       stride_zg, HAS_SHIFTS, ZERO_ADD, ZERO_WRAP)
         else:
             zero = tl.full((BLOCK_N, 1), 8, tl.int32)
-        x_rows = XP + offs_m[None, :] * stride_xm + (k0 + j)[:, None]
+        x = tl.load(XP + offs_m[None, :] * stride_xm + (k0 + k)[:, None], mask=mask_m[None, :], other=0.0)
         if PAIRED:
             scale = tl.broadcast_to(scale, words.shape)
             minus_zero = tl.broadcast_to((-(zero.to(tl.float32) + _magic(scale.dtype))).to(scale.dtype), words.shape)
             if NIBBLE_ORDER:
                 planes = _nibble_planes(words, scale, minus_zero)
-                for i in tl.static_range(8):
-                    x_i = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
-                    acc = tl.dot(planes[i], x_i, acc)
             else:
-                for i in tl.static_range(8):
-                    shift = tl.broadcast_to(tl.load(SHIFTS + i), words.shape)
-                    x_i = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
-                    acc = tl.dot(_shifted_plane(words, scale, minus_zero, shift), x_i, acc)
+                planes = _shifted_planes(words, scale, minus_zero, SHIFTS)
+            acc = tl.dot(_plane_major(planes), x, acc)
         else:
-            for i in tl.static_range(8):
-                if NIBBLE_ORDER:
-                    shift = 4 * i
-                else:
-                    shift = tl.load(SHIFTS + i)
-                x_i = tl.load(x_rows + WORDS * i, mask=mask_m[None, :], other=0.0)
-                w = (((words >> shift) & 0xF) - zero).to(tl.float32) * scale.to(tl.float32)
-                if x_i.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
-                    acc = tl.dot(w, x_i, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(w.to(x_i.dtype), x_i, acc)
+            w = _plane_major(_float_planes(words, zero, scale, SHIFTS, NIBBLE_ORDER))
+            if x.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
+                acc = tl.dot(w, x, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(w.to(x.dtype), x, acc)
     return acc
 
 
