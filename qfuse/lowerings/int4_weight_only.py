@@ -62,8 +62,9 @@ ACT_ORDER = ("a g_idx: act order gathers every column's scale and zero point, wh
 
 # INPUTS: X, W, S, and each of SHIFTS, Z, BIAS that the call has (`template_for_inputs`). The output
 # holds SPLIT_K row blocks of M rows: split pid_k stores its partial sums at rows pid_k * M + m.
-_SOURCE = r"""
-from qfuse.kernels.triton.int4_mm import int4_dot
+# MAIN_LOOP is the decode loop's import and call (the words' or the nibble planes').
+_FRAME = r"""
+MAIN_LOOP_IMPORT
 from qfuse.kernels.triton.weight_stream import k_range
 from qfuse.kernels.triton.scaled_mm import grouped_tile
 {{def_kernel(INPUTS)}}
@@ -73,43 +74,29 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile
 {{TILE_OFFSETS}}
     pid_k = tl.program_id(1)
     k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
-    acc = int4_dot(
+    acc = MAIN_LOOP_CALL
+{% if HAS_BIAS %}
+    acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+{% endif %}
+    offs_m = offs_m + pid_k * M
+{{STORE_TILE}}"""
+_SOURCE = _FRAME.replace("MAIN_LOOP_IMPORT", "from qfuse.kernels.triton.int4_mm import int4_dot").replace(
+    "MAIN_LOOP_CALL", r"""int4_dot(
         X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, offs_m, offs_n, mask_m, mask_n,
         K, k_start, k_end, {{stride("X", 0)}}, {{stride("X", 1)}}, {{stride("W", 1 if PACKED_ALONG_N else 0)}},
         {{stride("W", 0 if PACKED_ALONG_N else 1)}},
         {{stride("S", 0)}}, {{stride("S", 1)}}, {{stride("Z", 0) if HAS_ZEROS else 0}}, {{stride("Z", 1) if HAS_ZEROS else 0}},
         GROUP_SIZE, GROUPS_PER_STEP, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PACKED_ALONG_N, INT8_VALUES, EVEN_K,
         BLOCK_M, BLOCK_N, BLOCK_K,
-    )
-{% if HAS_BIAS %}
-    acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-{% endif %}
-    offs_m = offs_m + pid_k * M
-{{STORE_TILE}}"""
-
+    )""")
 # The nibble-plane loop (`qfuse.kernels.triton.int4_planes`): X is the activation permuted by plane.
-_PLANES_SOURCE = r"""
-from qfuse.kernels.triton.int4_planes import plane_dot
-from qfuse.kernels.triton.weight_stream import k_range
-from qfuse.kernels.triton.scaled_mm import grouped_tile
-{{def_kernel(INPUTS)}}
-    M = {{size("X", 0)}}
-    N = {{size("S", 0)}}
-    K = {{size("X", 1)}}
-{{TILE_OFFSETS}}
-    pid_k = tl.program_id(1)
-    k_start, k_end = k_range(K, pid_k, SPLIT_K, BLOCK_K)
-    acc = plane_dot(
+_PLANES_SOURCE = _FRAME.replace("MAIN_LOOP_IMPORT", "from qfuse.kernels.triton.int4_planes import plane_dot").replace(
+    "MAIN_LOOP_CALL", r"""plane_dot(
         X, W, {{"SHIFTS" if HAS_SHIFTS else "W"}}, S, {{"Z" if HAS_ZEROS else "W"}}, offs_m, offs_n, mask_m, mask_n,
         k_start, k_end, {{stride("X", 0)}}, {{stride("W", 0)}}, {{stride("W", 1)}}, {{stride("S", 0)}}, {{stride("S", 1)}},
         {{stride("Z", 0) if HAS_ZEROS else 0}}, {{stride("Z", 1) if HAS_ZEROS else 0}},
         GROUP_SIZE, HAS_SHIFTS, HAS_ZEROS, ZERO_ADD, ZERO_WRAP, PAIRED, BLOCK_M, BLOCK_N,
-    )
-{% if HAS_BIAS %}
-    acc += tl.load(BIAS + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-{% endif %}
-    offs_m = offs_m + pid_k * M
-{{STORE_TILE}}"""
+    )""")
 
 
 def _is_int8_storage(call: Int4WeightOnlyMmArgs) -> bool:

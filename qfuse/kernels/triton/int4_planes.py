@@ -58,7 +58,8 @@ from qfuse.kernels.triton.weight_stream import MAX_SPLIT_K, packed_zero_points, 
 PLANE_STEP = 128  # K values a step: 16 words a row, a K = 16 slice of the step's dot a plane
 _STEP = tl.constexpr(PLANE_STEP)
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): the best 64-wide tile of 48 on an H100
-# (within 6% of the best at every decode shape), at the split `plane_splits` picks.
+# (session 17). With one dot a step, a sweep of 8 tiles in the eager launch found none faster by more
+# than 4% at the split `plane_splits` picks (docs/benchmarks.md).
 PLANE_TILE = (DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3)
 AUTOTUNE_PLANE_TILES = ((DECODE_ROWS, 128, PLANE_STEP, 1, 4, 3), (DECODE_ROWS, 32, PLANE_STEP, 1, 4, 3))
 MIN_STEPS_PER_SPLIT = 8
