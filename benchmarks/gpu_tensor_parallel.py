@@ -140,10 +140,11 @@ def main() -> None:
                     write(out, rows)
         if rank == 0:
             print(table(rows))
-        # Results first: on 2 H100s (torch 2.11) the ranks did not exit after this point (they waited
-        # until `timeout` ended them, not investigated), so everything is written and printed before.
         print(f"wrote {out}", flush=True)
     finally:
+        # The CUDA graphs of mode="reduce-overhead" hold NCCL work: destroying the process group
+        # while they live hangs (pytorch/pytorch#115388, docs/distributed.md). Free them first.
+        torch._dynamo.reset()
         dist.destroy_process_group()
 
 
