@@ -189,8 +189,7 @@ def _planes_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta
              "BIAS": call.bias if splits == 1 else None}
     is_paired = paired(x2d.get_dtype(), call.scales.get_dtype(), device)
     meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits, GROUP_SIZE=call.group_size,
-                HAS_SHIFTS=meta["HAS_SHIFTS"], HAS_ZEROS=meta["HAS_ZEROS"], ZERO_ADD=meta["ZERO_ADD"],
-                ZERO_WRAP=meta["ZERO_WRAP"], PAIRED=is_paired)
+                PAIRED=is_paired) | {key: meta[key] for key in ("HAS_SHIFTS", "HAS_ZEROS", "ZERO_ADD", "ZERO_WRAP")}
     out, how = split_k_linear(_PLANES_SOURCE, "qfuse_int4_planes", named, rows, n, splits, call.bias, tiles,
                               lambda tile: meta)
     record_lowering(how + "; the int4 words dequantized in registers by nibble plane"

@@ -35,8 +35,9 @@ partial sums [SPLIT_K, M, N] are added after (`triton_int4_mm`; the template lea
 and the cast to Inductor's code). It still reads the weight at 650-780 GB/s, a third of an H100's
 HBM, as every other structure tried did (docs/benchmarks.md, gpu_weight_only): 1.3-1.5x the bf16
 matmul. Decode calls whose K steps of 128 lie in one scale group (GPTQ g128, per channel) run on
-the nibble-plane loop instead (`int4_planes`), in the eager launcher and as the lowering's template. Prefill runs on Inductor's own dequantize + mm instead
-(`qfuse.lowerings.int4_weight_only`): this kernel is 3.5-4x cuBLAS's time there.
+the nibble-plane loop instead (`int4_planes`), in the eager launcher and as the lowering's template.
+Prefill runs on Inductor's own dequantize + mm instead (`qfuse.lowerings.int4_weight_only`): this
+kernel is 3.5-4x cuBLAS's time there.
 
 AWQ's words, packed along N, are loaded as stored too, a [BLOCK_K, BLOCK_N / 8] tile unpacked along N
 and transposed in registers: 2.8-3.8x Inductor at decode, but 57.7 µs at 14336 x 4096 where the

@@ -113,8 +113,9 @@ def paired(x_dtype: torch.dtype, scale_dtype: torch.dtype, device: torch.device)
 
 def plane_splits(n: int, k: int, block_n: int, multiprocessor_count: int) -> int:
     """K splits: as many as keep MIN_STEPS_PER_SPLIT steps each (a power of two, at most MAX_SPLIT_K), and
-    at least enough for two programs a multiprocessor. On an H100 this picks the best split of 1-8 at
-    each decode shape (4, 4 and 8 at N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336)."""
+    at least enough for two programs a multiprocessor: 4, 4 and 8 at N x K = 4096 x 4096, 14336 x 4096,
+    4096 x 14336 on an H100. As the template no split measured faster there (one split at 14336 x 4096,
+    faster in the eager launch, was 5-11% slower as the template: docs/benchmarks.md)."""
     steps = k // PLANE_STEP
     wanted = max(steps // MIN_STEPS_PER_SPLIT, triton.cdiv(2 * multiprocessor_count, triton.cdiv(n, block_n)))
     splits = 1
@@ -159,16 +160,26 @@ def _shifted_plane(words, scale, minus_zero, shift):
 
 
 @triton.jit
-def _shifted_planes(words, scale, minus_zero, SHIFTS):
-    """The 8 planes of `_shifted_plane`, plane i at the stored shift SHIFTS[i]."""
-    return (_shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 0), words.shape)),
-            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 1), words.shape)),
-            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 2), words.shape)),
-            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 3), words.shape)),
-            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 4), words.shape)),
-            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 5), words.shape)),
-            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 6), words.shape)),
-            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(tl.load(SHIFTS + 7), words.shape)))
+def _value_shifts(SHIFTS, NIBBLE_ORDER: tl.constexpr):
+    """The shifts of the values' 8 nibbles: 4 i in nibble order, else the stored table SHIFTS[i] (loaded
+    where it is used: a table read once before the K loop measured 15-20% slower, session 17)."""
+    if NIBBLE_ORDER:
+        return (0, 4, 8, 12, 16, 20, 24, 28)
+    return (tl.load(SHIFTS + 0), tl.load(SHIFTS + 1), tl.load(SHIFTS + 2), tl.load(SHIFTS + 3),
+            tl.load(SHIFTS + 4), tl.load(SHIFTS + 5), tl.load(SHIFTS + 6), tl.load(SHIFTS + 7))
+
+
+@triton.jit
+def _shifted_planes(words, scale, minus_zero, shifts):
+    """The 8 planes of `_shifted_plane`, plane i at shifts[i]."""
+    return (_shifted_plane(words, scale, minus_zero, tl.broadcast_to(shifts[0], words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(shifts[1], words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(shifts[2], words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(shifts[3], words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(shifts[4], words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(shifts[5], words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(shifts[6], words.shape)),
+            _shifted_plane(words, scale, minus_zero, tl.broadcast_to(shifts[7], words.shape)))
 
 
 @triton.jit
@@ -177,17 +188,12 @@ def _float_plane(words, zero, scale, shift):
 
 
 @triton.jit
-def _float_planes(words, zero, scale, SHIFTS, NIBBLE_ORDER: tl.constexpr):
-    """The 8 planes (q_i - z) * s in float32 (no GPU pairing): nibble i at bits 4 i, or at SHIFTS[i]."""
-    if NIBBLE_ORDER:
-        return (_float_plane(words, zero, scale, 0), _float_plane(words, zero, scale, 4),
-                _float_plane(words, zero, scale, 8), _float_plane(words, zero, scale, 12),
-                _float_plane(words, zero, scale, 16), _float_plane(words, zero, scale, 20),
-                _float_plane(words, zero, scale, 24), _float_plane(words, zero, scale, 28))
-    return (_float_plane(words, zero, scale, tl.load(SHIFTS + 0)), _float_plane(words, zero, scale, tl.load(SHIFTS + 1)),
-            _float_plane(words, zero, scale, tl.load(SHIFTS + 2)), _float_plane(words, zero, scale, tl.load(SHIFTS + 3)),
-            _float_plane(words, zero, scale, tl.load(SHIFTS + 4)), _float_plane(words, zero, scale, tl.load(SHIFTS + 5)),
-            _float_plane(words, zero, scale, tl.load(SHIFTS + 6)), _float_plane(words, zero, scale, tl.load(SHIFTS + 7)))
+def _float_planes(words, zero, scale, shifts):
+    """The 8 planes (q_i - z) * s in float32 (no GPU pairing), nibble i at shifts[i]."""
+    return (_float_plane(words, zero, scale, shifts[0]), _float_plane(words, zero, scale, shifts[1]),
+            _float_plane(words, zero, scale, shifts[2]), _float_plane(words, zero, scale, shifts[3]),
+            _float_plane(words, zero, scale, shifts[4]), _float_plane(words, zero, scale, shifts[5]),
+            _float_plane(words, zero, scale, shifts[6]), _float_plane(words, zero, scale, shifts[7]))
 
 
 @triton.jit
@@ -261,10 +267,10 @@ def _plane_loop(XP, W, SHIFTS, S, Z, offs_m, offs_n, mask_m, mask_n, k_start, k_
             if NIBBLE_ORDER:
                 planes = _nibble_planes(words, scale, minus_zero)
             else:
-                planes = _shifted_planes(words, scale, minus_zero, SHIFTS)
+                planes = _shifted_planes(words, scale, minus_zero, _value_shifts(SHIFTS, False))
             acc = tl.dot(_plane_major(planes), x, acc)
         else:
-            w = _plane_major(_float_planes(words, zero, scale, SHIFTS, NIBBLE_ORDER))
+            w = _plane_major(_float_planes(words, zero, scale, _value_shifts(SHIFTS, NIBBLE_ORDER)))
             if x.dtype == tl.float32:  # eager's fp32 matmul is IEEE fp32, not TF32
                 acc = tl.dot(w, x, acc, input_precision="ieee")
             else:
