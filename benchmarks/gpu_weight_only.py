@@ -19,7 +19,7 @@ decoder's layers do (one linear alone would be served from an H100's 50 MiB L2).
 
     inductor, inductor:max-autotune-no-cudagraphs (M >= 1024), qfuse     the GPTQ form compiled
     bf16 (inductor)                      a stack of bf16 nn.Linear of the same sizes, compiled
-    ...:reduce-overhead (M <= 16)        the same with CUDA graphs
+    ...:reduce-overhead (M <= 256)       the same with CUDA graphs
     triton kernel (eager)                qfuse's kernel alone (`triton_int4_mm` at decode, `triton_w8a16_mm`
                                          at every M), GPU time only
     HBM floor                            weight bytes / the bandwidth of a device-to-device copy
@@ -255,7 +255,7 @@ def variants_for(m: int) -> list[str]:
     names = ["inductor", "qfuse"]
     if m >= 1024:
         names.append("inductor:max-autotune-no-cudagraphs")
-    if m <= 16:
+    if m <= 256:  # decode and batched decode: where CUDA graphs pay
         names += ["inductor:reduce-overhead", "qfuse:reduce-overhead"]
     return names
 
@@ -272,10 +272,10 @@ def case_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
         for variant in variants_for(m):
             rows.append(label | measure(stack, x, variant, expected))
         floats = bf16_stack(n, k, layers)
-        for variant in ["inductor"] + (["inductor:reduce-overhead"] if m <= 16 else []):
+        for variant in ["inductor"] + (["inductor:reduce-overhead"] if m <= 256 else []):
             row = measure(floats, x, variant, floats(x))
             rows.append(label | row | {"variant": "bf16 " + variant})
-        if m <= 16 or BITS[form] == 8:  # int4 at prefill: 3.5-4x cuBLAS's time, so the op runs Inductor's mm
+        if m <= 256 or BITS[form] == 8:  # int4 above 256 rows: the op runs Inductor's dequantize + mm
             kernel = graph_ms_per_call(kernel_calls(stack, x)) * 1e3
             rows.append(label | {"variant": "triton kernel (eager)", "gpu_us": kernel * layers})
         rows.append(label | {"variant": "HBM floor", "gpu_us": hbm_floor_us(n, k, form) * layers})

@@ -18,20 +18,24 @@ Tiles: `int4_mm.DECODE_TILE` and `fit_block_k`; under max-autotune also `int4_mm
 
 Words packed along K in whole steps of 128 with one scale group a step (groups of a multiple of 128,
 or per channel: `int4_planes.takes_planes`, GPTQ g128 among them) take the nibble-plane template
-instead (`qfuse.kernels.triton.int4_planes.plane_dot`; its tile `PLANE_TILE`, its split
-`plane_splits`), on X permuted by plane in Inductor's code (a copy of the M x K activation):
+instead (`qfuse.kernels.triton.int4_planes.plane_dot`), on X permuted by plane in Inductor's code (a
+copy of the M x K activation), up to `int4_planes.PLANE_MAX_ROWS` = 256 rows, batched decode
+included: a tile and a split per M bucket (16, 32, 64, 128, 256: `PLANE_TILES`, `plane_splits`; a
+dynamic M guarded on its bucket):
 
     partial = template(XP [M, K], W, SHIFTS?, S, Z?)      the same output and epilogue as above
 
 On an H100 (GPTQ g128, session 18, docs/benchmarks.md) it took 9.3 / 9.8, 20.6 / 22.5 and 18.6 /
 23.8 µs at M = 1 / 16 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336, where the words template
-took 11.4 / 11.7, 33.4 / 33.5 and 29.3 / 29.5. The activation's plane copy is one small kernel per
-activation, shared by the linears that read it.
+took 11.4 / 11.7, 33.4 / 33.5 and 29.3 / 29.5. From M = 17 to 256 (session 19) it took 1.44-4.70x
+less GPU time than Inductor's dequantize + mm on the same form. The activation's plane copy is one
+small kernel per activation, shared by the linears that read it.
 
 The op's int8 storage (torchao's intx: int8 [N, K] values, int8 zero points) takes the words
 template, which reads the values as they are (`INT8_VALUES`).
 
-Prefill (M > 16), and act order (a `g_idx`) at any M: Inductor's own dequantize + mm, written here
+Above the template's rows (M > 16, or M > 256 on planes), and act order (a `g_idx`) at any M:
+Inductor's own dequantize + mm, written here
 in IR from the same stored tensors
 (the weight dequantized into a buffer by one pointwise kernel, then Inductor's GEMM: cuBLAS, or its
 autotuned templates under max-autotune), on any device. That is what Inductor compiles from the model's own code,
@@ -108,6 +112,21 @@ def _is_decode(call: Int4WeightOnlyMmArgs, rows) -> bool:
     return call.g_idx is None and rows_at_most(rows, DECODE_ROWS)
 
 
+def _template_bounds(call: Int4WeightOnlyMmArgs, k: int) -> list[int]:
+    """The M buckets a template runs, by their bound: the plane template's (up to PLANE_MAX_ROWS), or the
+    words template's decode bucket; none with act order."""
+    from qfuse.kernels.triton.int4_planes import PLANE_TILES, takes_planes
+
+    if call.g_idx is not None:
+        return []
+    return sorted(PLANE_TILES) if takes_planes(k, call.group_size, call.packed_along_n, _is_int8_storage(call)) else [DECODE_ROWS]
+
+
+def _template_bucket(rows, bounds: list[int]) -> int:
+    """The bound of M's bucket (a dynamic M guarded on it, `rows_at_most`), 0 above them all."""
+    return next((bound for bound in bounds if rows_at_most(rows, bound)), 0)
+
+
 def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
     """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call.
     M is looked at (and a dynamic M guarded) only for a call that can be lowered at all."""
@@ -131,31 +150,33 @@ def lower_int4_weight_only_mm(*args, **kwargs):
         log.debug("qfuse: int4_weight_only_mm stays an extern call: %s", reason)
         record_lowering(f"extern call of qfuse::int4_weight_only_mm ({reason})")
         return extern_call(call)
-    decode = _is_decode(call, rows)
+    bounds = _template_bounds(call, int(k))
+    bucket = _template_bucket(rows, bounds)
     n = int(call.scales.get_size()[0])
     x2d = lower(aten.reshape.default, call.x, [rows, k])
-    if not decode:
+    if not bucket:
         dynamic = not sympy.sympify(rows).is_number
         if call.g_idx is not None:
             why = ACT_ORDER
         else:
-            why = "prefill" + (f": a dynamic M, guarded above {DECODE_ROWS}" if dynamic else "")
+            why = f"M above {bounds[-1]}" + (": a dynamic M, guarded" if dynamic else "")
         out = _dequantize_and_mm(call, x2d, n, int(k))
         record_lowering(f"Inductor's own dequantize + mm ({why}); the bias in the GEMM, the cast and what follows "
                         "in its fused pointwise code")
     else:
-        out = _decode_template(call, x2d, rows, n, int(k))
+        out = _template(call, x2d, rows, n, int(k), bucket)
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
 
 
-def _decode_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int):
+def _template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, bucket: int):
+    """The template for M's bucket: the plane template where it takes the call, else the words template (decode)."""
     from qfuse.kernels.triton.int4_mm import weight_meta
     from qfuse.kernels.triton.int4_planes import takes_planes
 
     meta = weight_meta(call.shifts is not None, call.packed_zeros is not None, call.zero_convention,
                        call.packed_along_n, _is_int8_storage(call))
     if takes_planes(k, call.group_size, call.packed_along_n, _is_int8_storage(call)):
-        return _planes_template(call, x2d, rows, n, k, meta)
+        return _planes_template(call, x2d, rows, n, k, meta, bucket)
     return _words_template(call, x2d, rows, n, k, meta)
 
 
@@ -176,15 +197,16 @@ def _words_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta:
     return out
 
 
-def _planes_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta: dict):
-    """The nibble-plane template on the activation permuted by plane (`int4_planes.permute_planes`, in
-    Inductor's code: a copy of the M x K activation, fused with what produces it where Inductor can)."""
-    from qfuse.kernels.triton.int4_planes import AUTOTUNE_PLANE_TILES, PLANE_TILE, paired, plane_splits
+def _planes_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta: dict, bucket: int):
+    """The nibble-plane template for M's bucket on the activation permuted by plane (`int4_planes.permute_planes`,
+    in Inductor's code: a copy of the M x K activation, fused with what produces it where Inductor can)."""
+    from qfuse.kernels.triton.int4_planes import PLANE_TILES, autotune_plane_tiles, paired, plane_splits
     from qfuse.kernels.triton.scaled_mm import multiprocessors
 
-    tiles = [PLANE_TILE] + (list(AUTOTUNE_PLANE_TILES) if max_autotune() else [])
+    tile = PLANE_TILES[bucket]
+    tiles = [tile] + (autotune_plane_tiles(tile) if max_autotune() else [])
     device = x2d.get_device()
-    splits = plane_splits(n, k, PLANE_TILE[1], multiprocessors(device))
+    splits = plane_splits(bucket, n, k, tile[0], tile[1], multiprocessors(device))
     named = {"X": _permuted_by_plane(call.x, x2d, rows, k), "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
              "BIAS": call.bias if splits == 1 else None}
     is_paired = paired(x2d.get_dtype(), call.scales.get_dtype(), device)

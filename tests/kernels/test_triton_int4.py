@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 import qfuse.ops  # noqa: F401, E402  (registers torch.ops.qfuse)
 from qfuse.kernels.triton.int4_mm import DECODE_ROWS, pick_int4_config, triton_int4_mm  # noqa: E402
-from qfuse.kernels.triton.int4_planes import (PLANE_TILE, paired, permute_planes, plane_splits,  # noqa: E402
+from qfuse.kernels.triton.int4_planes import (PLANE_TILE, paired, permute_planes, plane_splits, plane_tile,  # noqa: E402
                                               takes_planes, triton_int4_planes_mm)
 from qfuse.kernels.triton.weight_stream import fit_block_k, split_k, step_meta  # noqa: E402
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4  # noqa: E402
@@ -244,9 +244,14 @@ def test_nibble_planes_take_whole_steps_in_one_group():
     assert not takes_planes(4160, 4160, False, False)  # K not whole steps
     assert not takes_planes(4096, 128, True, False) and not takes_planes(4096, 128, False, True)  # AWQ, int8 storage
     assert PLANE_TILE[2] == 128
-    # as many splits as keep 8 steps each, and two programs a multiprocessor (H100: 132)
-    assert [plane_splits(n, k, 64, 132) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))] == [4, 4, 8]
-    assert plane_splits(4096, 128, 64, 132) == 1  # one step: nothing to split
+    # splits until the grid holds 4 programs a multiprocessor at decode (H100: 132), 1 at 128 rows, each
+    # split at least 8 steps deep
+    shapes = ((4096, 4096), (14336, 4096), (4096, 14336))
+    assert [plane_splits(16, n, k, 16, 64, 132) for n, k in shapes] == [4, 2, 8]
+    assert [plane_splits(128, n, k, 128, 128, 132) for n, k in shapes] == [4, 1, 4]
+    assert [plane_splits(256, n, k, 128, 128, 132) for n, k in shapes] == [2, 1, 2]  # two row blocks
+    assert plane_splits(1, 4096, 128, 16, 64, 132) == 1  # one step: nothing to split
+    assert [plane_tile(m)[0] for m in (1, 16, 17, 33, 128, 129, 256)] == [16, 16, 32, 64, 128, 128, 128]
     assert not paired(torch.float32, torch.float32, torch.device(DEVICE))
     assert not paired(torch.bfloat16, torch.float32, torch.device(DEVICE))  # the scale's rounding would differ
 

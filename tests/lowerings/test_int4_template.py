@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from tests.helpers import assert_close_to_eager, assert_one_compile_per_decode_bucket, compile_and_get_code
+from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS
+from tests.helpers import (assert_close_to_eager, assert_one_compile_per_decode_bucket, compile_and_get_code,
+                           outputs_and_code_per_call)
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -39,24 +41,46 @@ def test_gptq_form_runs_as_the_template(dtype, symmetric, group_size):
     assert ("by nibble plane, two values a register" in record.lowered) == (group_size != 32 and dtype != FP32)
 
 
-@pytest.mark.parametrize("shape", [(1, 256), (2, 3, 256), (17, 256), (3, 70, 256), (300, 256)],
-                         ids=["M1", "3D_decode", "M17", "3D", "M300"])
-def test_decode_is_the_template_and_prefill_inductors_dequantize_and_mm(shape):
-    model = gptq_packed_int4(BF16, group_size=64, symmetric=False).cuda()
+@pytest.mark.parametrize("shape", [(1, 256), (2, 3, 256), (17, 256), (100, 256), (3, 70, 256), (257, 256), (300, 256)],
+                         ids=["M1", "3D_decode", "M17", "M100", "3D", "M257", "M300"])
+@pytest.mark.parametrize("group_size", [64, 128], ids=["words", "planes"])
+def test_decode_is_the_template_and_prefill_inductors_dequantize_and_mm(shape, group_size):
+    """The words template up to 16 rows; the plane template (a step of 128 in one group) up to 256 rows,
+    batched decode included; above, Inductor's dequantize + mm."""
+    model = gptq_packed_int4(BF16, group_size=group_size, symmetric=False).cuda()
     x = torch.randn(*shape, device="cuda", dtype=BF16)
     with torch.no_grad():
         out, code, report = compile_and_get_code(model, x)
         assert_close_to_eager(out, model, x)
     (record,) = report.fused
     assert EXTERN_CALL not in code
-    if x.numel() // 256 <= 16:
+    if x.numel() // 256 <= (PLANE_MAX_ROWS if group_size == 128 else 16):
         assert TEMPLATE_MARK in code and record.lowered.startswith("Triton template"), record.lowered
+        assert (PLANES_MARK in code) == (group_size == 128)
     else:
         assert TEMPLATE_MARK not in code and record.lowered.startswith("Inductor's own dequantize + mm"), record.lowered
+        assert f"M above {PLANE_MAX_ROWS if group_size == 128 else 16}" in record.lowered, record.lowered
 
 
 def test_dynamic_m_compiles_once_per_m_bucket():
-    assert_one_compile_per_decode_bucket(gptq_packed_int4(BF16, group_size=128).cuda(), TEMPLATE_MARK, EXTERN_CALL)
+    assert_one_compile_per_decode_bucket(gptq_packed_int4(BF16, group_size=64).cuda(), TEMPLATE_MARK, EXTERN_CALL)
+
+
+def test_dynamic_m_compiles_once_per_plane_bucket():
+    """The plane template's buckets (16, 32, 64, 128, 256 rows; `int4_planes.PLANE_TILES`), a dynamic M
+    guarded on each: every bucket compiled once, its own tile; above 256 rows Inductor's dequantize + mm."""
+    model = gptq_packed_int4(BF16, group_size=128).cuda()
+    compiled = torch.compile(model, backend="qfuse", dynamic=True)
+    ms = (1, 16, 40, 1000, 5, 64, 200, 130, 33)
+    calls = [(torch.randn(m, 256, device="cuda", dtype=BF16),) for m in ms]
+    with torch.no_grad():
+        results = outputs_and_code_per_call(compiled, calls)
+        for (out, _), (x,) in zip(results, calls):
+            assert_close_to_eager(out, model, x)
+    codes = dict(zip(ms, (code for _, code in results)))
+    assert [m for m in ms if codes[m]] == [1, 16, 40, 1000, 200]  # 5, 64, 130 and 33 reuse a bucket's code
+    assert all(PLANES_MARK in codes[m] for m in (1, 16, 40, 200)) and PLANES_MARK not in codes[1000]
+    assert EXTERN_CALL not in "".join(codes.values())
 
 
 @pytest.mark.parametrize("mode", ["max-autotune-no-cudagraphs", "reduce-overhead"])

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.kernels.triton.int4_planes import takes_planes, triton_int4_planes_mm
+from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS, takes_planes, triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
 from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k,
                                                 packed_zero_points, split_k, split_k_tile, step_meta, sum_splits)
@@ -194,7 +194,7 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
     if m == 0 or n == 0 or k == 0:
         return empty_result(m, n, bias, out_dtype, x.device)
     sms = multiprocessors(x.device)
-    if config is None and m <= DECODE_ROWS and takes_planes(k, group_size, packed_along_n, packed.dtype == torch.int8):
+    if config is None and m <= PLANE_MAX_ROWS and takes_planes(k, group_size, packed_along_n, packed.dtype == torch.int8):
         return triton_int4_planes_mm(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, sms,
                                      splits=splits, zero_convention=zero_convention)
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_int4_config(m)

@@ -57,11 +57,26 @@ from qfuse.kernels.triton.weight_stream import MAX_SPLIT_K, packed_zero_points, 
 
 PLANE_STEP = 128  # K values a step: 16 words a row, a K = 16 slice of the step's dot a plane
 _STEP = tl.constexpr(PLANE_STEP)
-# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): the best 64-wide tile of 48 on an H100
-# (session 17). With one dot a step, a sweep of 8 tiles in the eager launch found none faster by more
-# than 4% at the split `plane_splits` picks (docs/benchmarks.md).
-PLANE_TILE = (DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3)
-AUTOTUNE_PLANE_TILES = ((DECODE_ROWS, 128, PLANE_STEP, 1, 4, 3), (DECODE_ROWS, 32, PLANE_STEP, 1, 4, 3))
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) by M bucket: the tile for M up to the key.
+# Decode (M <= 16): the best 64-wide tile of 48 on an H100 (session 17); with one dot a step, a sweep of
+# 8 tiles in the eager launch found none faster by more than 4% at the split `plane_splits` picks.
+# Batched decode (16 < M <= 128): one row block covers M, so each weight tile is read and dequantized
+# once for every row; BLOCK_M is the MMA's N. Each the best of 6-12 tiles in the eager launch on an
+# H100 at the three Llama shapes, or within 6% of it (session 19, docs/benchmarks.md). Up to
+# PLANE_MAX_ROWS the template still beat Inductor's dequantize + mm (1.44-1.66x at M = 256; 1.02-1.10x
+# at 512, where it stops).
+PLANE_TILES = {
+    DECODE_ROWS: (DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3),
+    32: (32, 64, PLANE_STEP, 1, 4, 3),
+    64: (64, 128, PLANE_STEP, 1, 8, 3),
+    128: (128, 128, PLANE_STEP, 1, 8, 3),
+    256: (128, 128, PLANE_STEP, 1, 8, 3),
+}
+PLANE_MAX_ROWS = max(PLANE_TILES)
+PLANE_TILE = PLANE_TILES[DECODE_ROWS]
+# K is split until the grid holds this many programs a multiprocessor, by BLOCK_M: the splits' float32
+# partial sums, written and read again, grow with the rows (`plane_splits`).
+PROGRAMS_PER_SM = {16: 4, 32: 4, 64: 2, 128: 1}
 MIN_STEPS_PER_SPLIT = 8
 
 # Two values a register, as the tensor cores take them: the asm gets the words of columns 2c and 2c + 1
@@ -111,15 +126,28 @@ def paired(x_dtype: torch.dtype, scale_dtype: torch.dtype, device: torch.device)
             and torch.cuda.get_device_capability(device) >= (8, 0))
 
 
-def plane_splits(n: int, k: int, block_n: int, multiprocessor_count: int) -> int:
-    """K splits: as many as keep MIN_STEPS_PER_SPLIT steps each (a power of two, at most MAX_SPLIT_K), and
-    at least enough for two programs a multiprocessor: 4, 4 and 8 at N x K = 4096 x 4096, 14336 x 4096,
-    4096 x 14336 on an H100. As the template no split measured faster there (one split at 14336 x 4096,
-    faster in the eager launch, was 5-11% slower as the template: docs/benchmarks.md)."""
-    steps = k // PLANE_STEP
-    wanted = max(steps // MIN_STEPS_PER_SPLIT, triton.cdiv(2 * multiprocessor_count, triton.cdiv(n, block_n)))
+def plane_tile(rows: int) -> tuple[int, int, int, int, int, int]:
+    """The tile for M = `rows` (at most PLANE_MAX_ROWS): its bucket's."""
+    return PLANE_TILES[next(bound for bound in sorted(PLANE_TILES) if rows <= bound)]
+
+
+def autotune_plane_tiles(tile) -> list[tuple[int, int, int, int, int, int]]:
+    """max-autotune's other choices beside `tile`: its BLOCK_M (the bucket's rows) with other widths and warps."""
+    others = [(tile[0], width, PLANE_STEP, 1, warps, 3) for width in (32, 64, 128) for warps in (4, 8)]
+    return [other for other in others if other != tile]
+
+
+def plane_splits(m: int, n: int, k: int, block_m: int, block_n: int, multiprocessor_count: int) -> int:
+    """K splits for M = `m` rows: a power of two, until the grid holds PROGRAMS_PER_SM[BLOCK_M] programs a
+    multiprocessor, each split at least MIN_STEPS_PER_SPLIT steps deep (and at most MAX_SPLIT_K).
+
+    Measured as the template on an H100 (session 19, docs/benchmarks.md), splits 1, 2, 4, 8 at M = 1
+    to 256 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336: this rule's pick was the fastest or
+    within 4% of it in each of the 21 cases (4, 2, 8 splits at decode; 4, 1, 4 at M = 128)."""
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    wanted = PROGRAMS_PER_SM.get(block_m, 1) * multiprocessor_count // tiles
     splits = 1
-    while splits * 2 <= min(wanted, MAX_SPLIT_K, steps):
+    while splits * 2 <= min(wanted, MAX_SPLIT_K, k // PLANE_STEP // MIN_STEPS_PER_SPLIT):
         splits *= 2
     return splits
 
@@ -306,8 +334,8 @@ def triton_int4_planes_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.T
 
     m, k = x.shape
     n = scales.shape[0]
-    block_m, block_n, block_k, group_m, num_warps, num_stages = config or PLANE_TILE
-    splits = splits or plane_splits(n, k, block_n, multiprocessor_count)
+    block_m, block_n, block_k, group_m, num_warps, num_stages = config or plane_tile(min(m, PLANE_MAX_ROWS))
+    splits = splits or plane_splits(m, n, k, block_m, block_n, multiprocessor_count)
     out = torch.empty(splits, m, n, device=x.device, dtype=out_dtype if splits == 1 else torch.float32)
     zeros = packed_zeros if packed_zeros is not None else packed
     is_paired = paired(x.dtype, scales.dtype, x.device)
