@@ -27,7 +27,7 @@ dynamic M guarded on its bucket):
 
 On an H100 (GPTQ g128, session 18, docs/benchmarks.md) it took 9.3 / 9.8, 20.6 / 22.5 and 18.6 /
 23.8 µs at M = 1 / 16 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336, where the words template
-took 11.4 / 11.7, 33.4 / 33.5 and 29.3 / 29.5. From M = 17 to 256 (session 19) it took 1.44-4.70x
+took 11.4 / 11.7, 33.4 / 33.5 and 29.3 / 29.5. From M = 17 to 256 (session 19) it took 1.44-5.00x
 less GPU time than Inductor's dequantize + mm on the same form. The activation's plane copy is one
 small kernel per activation, shared by the linears that read it.
 

@@ -92,7 +92,7 @@ class TritonKernel(Kernel):
         scheme = key.scheme
         if scheme.weight_dtype == INT4_DTYPE and int4_tinygemm.wins_here(key, platform):
             return ("at M = 1 under CUDA graphs ATen's tinygemm, which the torch kernel calls, is faster than the "
-                    "decode template (7.2 against 11.4 µs at 4096 x 4096 on an H100; kernels/int4_tinygemm.py)")
+                    "plane template (7.2 against 11.0 µs at 4096 x 4096 on an H100; kernels/int4_tinygemm.py)")
         blocked = Granularity.BLOCK == scheme.weight_granularity or Granularity.PER_GROUP == scheme.activation_granularity
         if key.m is not None and key.m > FP8_TEMPLATE_MAX_ROWS and scheme.activation_dtype == FP8_DTYPE:
             if reason := fp8_template_yields_to_cublas(blocked, platform):

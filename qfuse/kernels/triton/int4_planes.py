@@ -62,9 +62,9 @@ _STEP = tl.constexpr(PLANE_STEP)
 # 8 tiles in the eager launch found none faster by more than 4% at the split `plane_splits` picks.
 # Batched decode (16 < M <= 128): one row block covers M, so each weight tile is read and dequantized
 # once for every row; BLOCK_M is the MMA's N. Each the best of 6-12 tiles in the eager launch on an
-# H100 at the three Llama shapes, or within 6% of it (session 19, docs/benchmarks.md). Up to
-# PLANE_MAX_ROWS the template still beat Inductor's dequantize + mm (1.44-1.66x at M = 256; 1.02-1.10x
-# at 512, where it stops).
+# H100 at the three Llama shapes, or within 6% of it (session 19, `benchmarks/gpu_int4_planes_batched.py
+# --part tiles`). Up to PLANE_MAX_ROWS the template beat Inductor's dequantize + mm on the GPU clock
+# (1.44-1.69x at M = 256; 1.00-1.08x at 512, where it stops: `--part splits`).
 PLANE_TILES = {
     DECODE_ROWS: (DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3),
     32: (32, 64, PLANE_STEP, 1, 4, 3),
@@ -141,9 +141,11 @@ def plane_splits(m: int, n: int, k: int, block_m: int, block_n: int, multiproces
     """K splits for M = `m` rows: a power of two, until the grid holds PROGRAMS_PER_SM[BLOCK_M] programs a
     multiprocessor, each split at least MIN_STEPS_PER_SPLIT steps deep (and at most MAX_SPLIT_K).
 
-    Measured as the template on an H100 (session 19, docs/benchmarks.md), splits 1, 2, 4, 8 at M = 1
-    to 256 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336: this rule's pick was the fastest or
-    within 4% of it in each of the 21 cases (4, 2, 8 splits at decode; 4, 1, 4 at M = 128)."""
+    Measured as the template on an H100 (session 19, `benchmarks/gpu_int4_planes_batched.py --part
+    splits`), splits 1, 2, 4 (and 8) at M = 1 to 256 and N x K = 4096 x 4096, 14336 x 4096, 4096 x
+    14336: this rule's pick was the fastest in 19 of the 21 cases and within 6% in the other two (4, 2,
+    8 splits at decode; 4, 1, 4 at M = 128). At decode it takes 2 splits at 14336 x 4096, where an
+    earlier rule took 4: 21.5 / 22.5 µs against 22.7 / 24.2 at M = 1 / 16."""
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     wanted = PROGRAMS_PER_SM.get(block_m, 1) * multiprocessor_count // tiles
     splits = 1
