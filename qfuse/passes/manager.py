@@ -1,6 +1,8 @@
 """The pass manager: one Inductor `CustomGraphPass` that runs qfuse's passes in order.
 
-It runs as Inductor's `post_grad_custom_post_pass` (post-grad, aten level, decomposed graph).
+It runs as Inductor's `post_grad_custom_post_pass` (post-grad, aten level, decomposed graph), after
+Inductor's own post-grad patterns: first it takes back the int8 weight-only linears Inductor's
+pattern took (`inductor_woq`), then the pattern families run in order.
 `uuid()` hashes qfuse's source files and the parts of the configuration that change the output,
 so Inductor's FX graph cache never returns a graph compiled by another qfuse or another config.
 On a warm cache hit Inductor skips post-grad passes entirely: the cached graph already holds the
@@ -31,10 +33,12 @@ from qfuse.errors import contain_internal_error
 from qfuse.passes.families import PATTERN_FAMILIES, family_module
 from qfuse.passes.fused_linear import PassContext
 from qfuse.passes.graph_utils import module_path
+from qfuse.passes.inductor_woq import reclaim_woq_int8
 from qfuse.passes.report import PassReport, count_ops, inductor_quantized_nodes, matmul_nodes
 from qfuse.passes.transaction import GraphSnapshot
 
 log = logging.getLogger("qfuse")
+RECLAIMED = "taken back from Inductor's int8 weight-only pattern (woq_int8 -> _weight_int8pack_mm; passes/inductor_woq.py)"
 
 # Each family is a module with `run(graph, context)`; its docstring says what it matches.
 PASS_MODULES: dict[str, ModuleType] = {
@@ -96,6 +100,8 @@ class QfusePass(CustomGraphPass):
         context = PassContext(self.config, report)
         families = [family for family in PATTERN_FAMILIES if family in self.config.patterns]
         report.ops_before = count_ops(graph)
+        if "reference_linear" in families:  # the family that fuses what Inductor's weight-only pattern took
+            report.reclaimed_from_inductor = reclaim_woq_int8(graph)
         matmuls = {node.name: module_path(node) for node in matmul_nodes(graph)}
         report.inductor_quantized = inductor_quantized_nodes(graph)
         if self.config.debug:
@@ -107,6 +113,9 @@ class QfusePass(CustomGraphPass):
             if self.config.debug:
                 debug.dump_graph(self.config, report.graph_name, f"{step}_after_{family}", graph)
         graph.lint()
+        for name in report.reclaimed_from_inductor:
+            if (record := report.record_for(name)) is not None:
+                record.note = "; ".join(([record.note] if record.note else []) + [RECLAIMED])
         report.ops_after = count_ops(graph)
         report.float_matmuls = [
             f"{name} ({module})" if module else name for name, module in matmuls.items() if not report.record_for(name)

@@ -76,6 +76,7 @@ class PassReport(RecordSelection):
     records: list[LinearRecord] = field(default_factory=list)
     float_matmuls: list[str] = field(default_factory=list)  # matmuls with no quantized operand
     inductor_quantized: list[str] = field(default_factory=list)  # linears Inductor's own passes already took
+    reclaimed_from_inductor: list[str] = field(default_factory=list)  # mm nodes qfuse took back (`inductor_woq`)
     matches: Counter = field(default_factory=Counter)  # pattern name -> times applied
     ops_before: Counter = field(default_factory=Counter)  # op name -> count in the graph
     ops_after: Counter = field(default_factory=Counter)
@@ -155,6 +156,9 @@ class PassReport(RecordSelection):
                     lines.append(f"  also       {record.note}")
         if self.float_matmuls:
             lines += ["", "float matmuls (not quantized, left alone): " + ", ".join(self.float_matmuls)]
+        if self.reclaimed_from_inductor:
+            lines += ["", "taken back from Inductor's int8 weight-only pattern (woq_int8 -> _weight_int8pack_mm, "
+                      "passes/inductor_woq.py): " + ", ".join(self.reclaimed_from_inductor)]
         if self.inductor_quantized:
             lines += ["", "taken by Inductor's own quantization passes before qfuse ran (freezing=True lowers PT2E "
                       "linears to oneDNN; weight-only int8 / int4 patterns): " + ", ".join(self.inductor_quantized)]
@@ -172,6 +176,7 @@ class PassReport(RecordSelection):
             "linears": [dataclasses.asdict(record) for record in self.records],
             "float_matmuls": self.float_matmuls,
             "inductor_quantized": self.inductor_quantized,
+            "reclaimed_from_inductor": self.reclaimed_from_inductor,
             "matches": dict(self.matches),
             "errors": self.errors,
             "ops_before": dict(self.ops_before),

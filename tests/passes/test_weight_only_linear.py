@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import qfuse
 from tests.helpers import compile_and_run, outputs_and_code_per_call
 
 N = 48
@@ -53,18 +54,16 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 @pytest.mark.parametrize("shape", [(5, 64), (1, 64), (17, 64), (0, 64), (9, 1), (7, 40), (2, 3, 64), (100, 64)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_weight_only_linears_fuse_and_match_eager(form, family, shape, dtype):
-    if form is scale_after_the_matmul and dtype == torch.bfloat16 and shape[-1] % 16:
-        pytest.skip("plain torch.compile crashes here (torch 2.13): Inductor's own weight-only pattern takes this "
-                    "form before qfuse runs and calls the bf16 _weight_int8pack_mm, which segfaults when K % 16 != 0")
+    # bf16 scale-after: Inductor's own weight-only pattern takes it first (`woq_int8`, whose bf16
+    # _weight_int8pack_mm segfaults at K % 16 != 0 in plain torch.compile); qfuse takes it back
     args = operands(shape, dtype)
     with torch.no_grad():
         out, report = compile_and_run(form, *args)
         expected = form(*args)
     kind = "per-tensor" if form is per_tensor_scale else "per-channel"
     records = [record for record in report.records if record.family == family]
-    if dtype == torch.bfloat16 and form is scale_after_the_matmul and not records:
-        assert report.inductor_quantized, report.table()  # Inductor's own weight-only pattern took it first
-    elif dtype == torch.bfloat16 and shape[-1] % 16 == 0:
+    assert not report.inductor_quantized, report.table()
+    if dtype == torch.bfloat16 and shape[-1] % 16 == 0:
         (record,) = records
         assert record.fused and record.scheme == f"bf16 x int8 {kind} (weight-only)", report.table()
         prefill = "dequantize + bf16 mm (M > 64" in record.lowered  # above 64 rows: faster than int8pack
@@ -138,12 +137,54 @@ def test_forms_that_are_not_a_weight_only_linear_are_left_alone(form, reason):
     torch.testing.assert_close(out, expected)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_the_gpu_no_kernel_takes_it_yet_and_the_graph_is_untouched():
-    args = [tensor.cuda() for tensor in operands((5, 64), torch.bfloat16)]
+def torchao_int8_weight_only(x, w, scale, bias):
+    """torchao's int8 weight-only linear (`_linear_fp_act_int8_weight_impl`): 2D, the scale in x's dtype."""
+    return torch.mm(x.reshape(-1, x.shape[-1]), w.t().to(x.dtype)).reshape(*x.shape[:-1], -1) * scale.to(x.dtype)
+
+
+def scale_cast_in_the_graph(x, w, scale, bias):
+    return torch.mm(x, w.t().to(x.dtype)) * scale.float().to(x.dtype)
+
+
+def per_tensor(x, w, scale, bias):
+    return torch.mm(x, w.t().to(x.dtype)) * scale[:1]
+
+
+@pytest.mark.parametrize("form", [torchao_int8_weight_only, scale_cast_in_the_graph, per_tensor],
+                         ids=lambda form: form.__name__)
+@pytest.mark.parametrize("shape", [(5, 64), (100, 64), (7, 40)], ids=str)
+def test_linears_inductors_weight_only_pattern_takes_are_taken_back(form, shape):
+    """Inductor's `woq_int8` pattern takes these bf16 forms before qfuse runs (to _weight_int8pack_mm,
+    which in plain torch.compile crashes at K % 16 != 0 and raises for a per-tensor scale); qfuse puts each
+    back (`passes/inductor_woq.py`) and fuses it, or at K % 16 != 0 leaves it to Inductor's dequantize +
+    mm: equal to eager."""
+    args = operands(shape, torch.bfloat16)
     with torch.no_grad():
-        out, report = compile_and_run(dequantized_weight, *args)
-        expected = dequantized_weight(*args)
+        out, report = compile_and_run(form, *args)
+        expected = form(*args)
     (record,) = report.records
-    assert not record.fused and record.reason.startswith("no kernel can run it"), report.table()
-    torch.testing.assert_close(out, expected)
+    assert report.reclaimed_from_inductor == [record.node] and not report.inductor_quantized, report.table()
+    assert "taken back from Inductor's int8 weight-only pattern" in record.note or not record.fused, report.table()
+    assert record.fused == (shape[-1] % 16 == 0), report.table()
+    tolerance = TOLERANCE[torch.bfloat16] * expected.float().abs().max().item()
+    torch.testing.assert_close(out.float(), expected.float(), rtol=TOLERANCE[torch.bfloat16], atol=tolerance)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("form", [dequantized_weight, torchao_int8_weight_only], ids=lambda form: form.__name__)
+@pytest.mark.parametrize("rows", [5, 100])
+def test_on_the_gpu_the_triton_kernel_takes_it(form, rows):
+    """On CUDA the `triton` kernel: its template at decode, Inductor's dequantize + mm at prefill; never
+    Inductor's _weight_int8pack_mm (on an H100 17-36x slower than the bf16 matmul at 16 rows)."""
+    from torch._inductor.utils import run_and_get_code
+
+    args = [tensor.cuda() for tensor in operands((rows, 64), torch.bfloat16)]
+    marker = qfuse.graphs_compiled()
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(form, backend="qfuse"), *args)
+        expected = form(*args)
+    (record,) = qfuse.reports_since(marker)[-1].records
+    assert record.fused and record.kernel == "triton", record
+    assert "_weight_int8pack_mm" not in "\n".join(code)
+    assert record.lowered.startswith("Triton template" if rows <= 16 else "Inductor's own dequantize + mm"), record.lowered
+    torch.testing.assert_close(out.float(), expected.float(), rtol=3e-2, atol=3e-2 * expected.float().abs().max().item())

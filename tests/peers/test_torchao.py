@@ -88,18 +88,24 @@ def test_freezing_lets_inductor_take_pt2e_linears_and_the_report_says_so():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_int8_weight_only_runs_weight_only(dtype):
     """torchao's int8 weight-only linear (x @ w.to(float) * scale): Inductor's own weight-only pattern takes
-    the bf16 form before qfuse runs; qfuse recognises the fp32 one as weight-only, which no CPU kernel
-    takes (int8pack in fp32 is slower than Inductor's code), and says so."""
+    the bf16 form before qfuse runs, and qfuse takes it back (`passes/inductor_woq.py`) and fuses it (ATen's
+    int8pack on CPU, as Inductor's pattern); qfuse recognises the fp32 one as weight-only, which no CPU
+    kernel takes (int8pack in fp32 is slower than Inductor's code), and says so."""
     model, x = torchao_models.torchao_int8_weight_only_mlp(dtype=dtype)
     with torch.no_grad():
         expected = model(x)
         explanation = qfuse.explain(model, x)
         out = torch.compile(model, backend="qfuse")(x)
     report = explanation.reports[-1]
-    assert len(report.records) + len(report.inductor_quantized) == 2, report.table()
+    assert len(report.records) == 2 and not report.inductor_quantized, report.table()
+    assert len(report.reclaimed_from_inductor) == (2 if dtype == torch.bfloat16 else 0), report.table()
     for record in report.records:
         assert record.scheme.endswith("x int8 per-channel (weight-only)"), report.table()
-        assert not record.fused and record.reason.startswith("no kernel can run it"), report.table()
+        if dtype == torch.bfloat16:
+            assert record.fused and "_weight_int8pack_mm" in record.lowered, report.table()
+            assert "taken back from Inductor's int8 weight-only pattern" in record.note, report.table()
+        else:
+            assert not record.fused and record.reason.startswith("no kernel can run it"), report.table()
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 

@@ -1,0 +1,74 @@
+"""Take back the int8 weight-only linears that Inductor's own pattern took before qfuse's pass ran.
+
+Inductor's post-grad lowering patterns (`torch._inductor.fx_passes.quantization`, `woq_int8`) turn
+`mm(x, w.t().to(bf16)) * s`, with an int8 weight and bf16 x and scale (torchao's int8 weight-only
+linear, `F.linear(x, w.to(bf16)) * s`), into one node that lowers to `aten._weight_int8pack_mm`.
+They run before a `post_grad_custom_post_pass`, on CPU, CUDA and XPU. What that costs a user:
+
+- on CUDA, ATen's `_weight_int8pack_mm` is a kernel whose time grows with every row: on an H100
+  at N = K = 4096, 617 µs at M = 16 and 4.8 ms at M = 128, where the bf16 matmul takes 17 µs
+  (docs/benchmarks.md, "torchao's int8 weight-only on the GPU");
+- where the kernel's checks fail, the compiled model does, though eager runs: on CPU K not a
+  multiple of 16 crashes the process, a per-tensor scale raises.
+
+So before its families run, qfuse puts back the ATen form each such node came from,
+
+    y = mm(x.reshape(-1, K), w.permute(1, 0).to(x.dtype)) [.reshape(*x.shape[:-1], N)] * s
+
+which is the model's own arithmetic (a bf16 matmul, then the scale: two roundings, as eager), and
+the `reference_linear` family fuses it like any other scale-after weight-only linear: kernel choice
+picks per device (on CPU ATen's int8pack up to 64 rows, as Inductor's pattern would have; on CUDA
+the `triton` template). A linear kernel choice then passes over stays in that ATen form and runs as
+Inductor's own dequantize + mm, which compiles on every device.
+
+Inductor's concat-linear variant (three weights, freezing only) builds `_weight_int8pack_mm` nodes
+directly, not this node; it is left alone and reported as Inductor's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import Graph, Node
+
+from qfuse.passes.graph_utils import fake_value, insert_call
+
+aten, prims = torch.ops.aten, torch.ops.prims
+INDUCTOR_PATTERNS = "torch._inductor.fx_passes.quantization"
+
+
+def is_inductor_woq_int8(node: Node) -> bool:
+    """Whether `node` is what Inductor's int8 weight-only lowering pattern left of a linear."""
+    target = node.target
+    return (node.op == "call_function" and getattr(target, "__module__", "") == INDUCTOR_PATTERNS
+            and getattr(target, "__name__", "") == "woq_int8" and {"x", "weight", "scales"} <= set(node.kwargs))
+
+
+def reclaim_woq_int8(graph: Graph) -> list[str]:
+    """Replace each of Inductor's `woq_int8` nodes in `graph` by the ATen linear it matched; the names of
+    the linears' new `mm` nodes (what qfuse's report calls them)."""
+    reclaimed = []
+    for node in list(graph.nodes):
+        if is_inductor_woq_int8(node):
+            with graph.inserting_before(node):
+                linear, mm = _aten_linear(graph, node.kwargs["x"], node.kwargs["weight"], node.kwargs["scales"])
+            node.replace_all_uses_with(linear)
+            graph.erase_node(node)
+            reclaimed.append(mm.name)
+    return reclaimed
+
+
+def _aten_linear(graph: Graph, x: Node, weight: Node, scales: Node) -> tuple[Node, Node]:
+    """(the linear's output, its mm) for x [..., K] bf16, weight int8 [N, K], scales [N]: the form
+    `tests/peers/test_weight_only_forms.py` records for the scale-after linear."""
+    x_value = fake_value(x)
+    *lead, k = x_value.shape
+    rows = x if len(lead) == 1 else insert_call(graph, aten.reshape.default, (x, [-1, k]))
+    weight_t = insert_call(graph, prims.convert_element_type.default,
+                           (insert_call(graph, aten.permute.default, (weight, [1, 0])), x_value.dtype))
+    mm = insert_call(graph, aten.mm.default, (rows, weight_t))
+    out = mm
+    if len(lead) != 1:
+        sizes = [size if isinstance(size, int) else insert_call(graph, aten.sym_size.int, (x, dim))
+                 for dim, size in enumerate(lead)]
+        out = insert_call(graph, aten.reshape.default, (mm, [*sizes, fake_value(weight).shape[0]]))
+    return insert_call(graph, aten.mul.Tensor, (out, scales)), mm
