@@ -12,6 +12,8 @@ applied to one bf16 activation (the outputs returned as a tuple, so nothing but 
     fp8-channel  an fp8 weight with one float32 scale per output channel (Marlin fp8's checkpoints)
     intx         torchao's int4 "intx" weight: int4 values one per int8 [N, K], int8 zero points (all
                  zero) and bf16 scales of groups of 32, dequantized as `IntxUnpackedToInt8Tensor` does
+    int8-channel torchao's int8 weight-only linear: `x @ w.t().to(x.dtype) * scale`, a bf16 scale per
+                 output channel (W8A16)
 
 The stack holds at least 128 MiB of weights: every linear reads its weight from HBM, as a
 decoder's layers do (one linear alone would be served from an H100's 50 MiB L2). Rows are per linear
@@ -27,6 +29,7 @@ decoder's layers do (one linear alone would be served from an H100's 50 MiB L2).
     python benchmarks/gpu_weight_only.py [--quick] [--form FORM] [--out FILE.json] [--plot FILE.png]
     python benchmarks/gpu_weight_only.py --tune --ms 1,16   (the kernel's GPU time at each decode tile and split)
     python benchmarks/gpu_weight_only.py --tune --form fp8-block --ms 1024   (8-bit forms: each prefill tile)
+    python benchmarks/gpu_weight_only.py --tune --form int8-channel --ms 32,64,128,256   (8-bit forms: batched decode tiles)
     python benchmarks/gpu_weight_only.py --table FILE.json
 """
 
@@ -210,11 +213,35 @@ class IntxLinear(nn.Module):
                               config=config, splits=splits)
 
 
+class Int8WeightOnlyLinear(nn.Module):
+    """torchao's int8 weight-only linear (Int8WeightOnlyConfig) as its linear computes it: the int8 weight
+    [N, K] converted to x's dtype, the matmul, then the per-channel scale."""
+
+    BITS = 8
+
+    def __init__(self, n: int, k: int, generator: torch.Generator):
+        super().__init__()
+        weight = torch.randint(-128, 128, (n, k), device="cuda", generator=generator, dtype=torch.int32)
+        self.register_buffer("weight", weight.to(torch.int8))
+        scale = torch.rand(n, device="cuda", generator=generator) / (64 * math.sqrt(k))
+        self.register_buffer("scale", scale.to(torch.bfloat16))
+
+    def forward(self, x):
+        return torch.mm(x, self.weight.t().to(x.dtype)) * self.scale
+
+    def kernel_call(self, x, config=None, splits=None):
+        from qfuse.kernels.triton.w8a16_mm import triton_w8a16_mm
+
+        return triton_w8a16_mm(x, self.weight.t(), self.scale.float().view(1, -1), None, torch.bfloat16, config=config,
+                               splits=splits)
+
+
 FORMS = {
     "gptq": GptqLinear, "autogptq": AutoGptqLinear, "awq": AwqLinear, "fp8-block": Fp8WeightOnlyLinear,
     "fp8-channel": lambda n, k, generator: Fp8WeightOnlyLinear(n, k, generator, blocks=False), "intx": IntxLinear,
+    "int8-channel": Int8WeightOnlyLinear,
 }
-BITS = {"gptq": 4, "autogptq": 4, "awq": 4, "fp8-block": 8, "fp8-channel": 8, "intx": 8}  # bits a weight value is stored in
+BITS = {"gptq": 4, "autogptq": 4, "awq": 4, "fp8-block": 8, "fp8-channel": 8, "intx": 8, "int8-channel": 8}  # bits a weight value is stored in
 
 
 class Stack(nn.Module):
@@ -304,6 +331,14 @@ def kernel_calls(stack: Stack, x: torch.Tensor, **tile):
     return [lambda linear=linear: linear.kernel_call(x, **tile) for linear in stack.linears]
 
 
+# Batched decode (16 < M <= 256), the 8-bit kernel: BLOCK_M covering M (up to 128) with the decode tile's
+# shapes, and splits.
+def tune_batched(m: int) -> list[tuple[tuple, int]]:
+    block_m = min(128, max(32, 1 << (m - 1).bit_length()))
+    return [((block_m, bn, bk, 1, 8 if bn * bk >= 128 * 256 else 4, 3), splits) for bn in (32, 64, 128) for bk in (128, 256, 512)
+            for splits in (1, 2, 4) if bn * bk <= 128 * 256]
+
+
 # Prefill (M > 16), the 8-bit kernel only: (tile, 1 split) over the tensor-core tiles.
 TUNE_PREFILL = [((bm, bn, bk, 8, warps, stages), 1) for bm in (64, 128) for bn in (128, 256) for bk in (64, 128)
                 for warps in (4, 8) for stages in (3, 4) if not (bm == 128 and bn == 256 and warps == 4)]
@@ -316,7 +351,7 @@ def tune_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     rows = []
     decode = TUNE_DECODE.get(form, TUNE_DECODE["fp8-block" if BITS[form] == 8 else "gptq"])
-    for tile, splits in decode if m <= 16 else TUNE_PREFILL:
+    for tile, splits in decode if m <= 16 else tune_batched(m) if m <= 256 and BITS[form] == 8 else TUNE_PREFILL:
         row = {"m": m, "n": n, "k": k, "form": form, "tile": list(tile), "splits": splits}
         try:
             row["gpu_us"] = graph_ms_per_call(kernel_calls(stack, x, config=tile, splits=splits)) * 1e3

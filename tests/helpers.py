@@ -47,20 +47,31 @@ def outputs_and_code_per_call(compiled, calls):
     return results
 
 
-def assert_one_compile_per_decode_bucket(model, template_mark: str, extern_call: str, k: int = 256):
-    """A weight-only GPU `model` compiled with dynamic=True and called at M = 1, 16, 33, 1000, 5, 64:
-    M = 1 is static (Dynamo specializes it); a dynamic M is guarded on 16 rows, the decode template
-    (`template_mark` in its code) at most and Inductor's dequantize + mm above, each bucket compiled
-    once, never the op's extern call; every output close to eager."""
+def assert_one_compile_per_m_bucket(model, template_mark: str, extern_call: str, bounds=(16,), k: int = 256,
+                                     ms=(1, 16, 40, 1000, 5, 64, 200, 130, 33)):
+    """A weight-only GPU `model` compiled with dynamic=True and called at each M of `ms`: M = 1 is static
+    (Dynamo specializes it); a dynamic M is guarded on the template's M buckets (`bounds`, ascending),
+    the template (`template_mark` in its code) up to the last bound, Inductor's dequantize + mm above:
+    each bucket compiled once, never the op's extern call; every output close to eager."""
     compiled = torch.compile(model, backend="qfuse", dynamic=True)
-    calls = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),) for m in (1, 16, 33, 1000, 5, 64)]
+    calls = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),) for m in ms]
     with torch.no_grad():
         results = outputs_and_code_per_call(compiled, calls)
         for (out, _), (x,) in zip(results, calls):
             assert_close_to_eager(out, model, x)
+
+    def bucket(m):
+        return next((bound for bound in bounds if m <= bound), None)
+
+    seen, compiles = set(), []
+    for m in ms:
+        key = "static" if m == 1 else bucket(m)
+        compiles.append(key not in seen)
+        seen.add(key)
     codes = [code for _, code in results]
-    assert [bool(code) for code in codes] == [True, True, True, False, False, False]
-    assert template_mark in codes[1] and template_mark not in codes[2] and extern_call not in codes[1] + codes[2]
+    assert [bool(code) for code in codes] == compiles
+    for m, code in zip(ms, codes):
+        assert (template_mark in code) == (bool(code) and bucket(m) is not None) and extern_call not in code, m
 
 
 #: One rounding of a result in each activation dtype (the templates' numerics against eager).

@@ -1,6 +1,7 @@
 """Inductor lowering of `qfuse::weight_only_scaled_mm` for the `triton` kernel (int8 / fp8 W8A16), by M.
 
-Decode (M <= 16; a dynamic M guarded on it, `ir.rows_at_most`): a Triton template on the stored weight.
+Decode and batched decode (M <= 256; a tile per M bucket, a dynamic M guarded on its bucket,
+`ir.rows_at_most`): a Triton template on the stored weight.
 
     partial = template(X [M, K], B int8 / fp8 [K, N] (the w.t() view of a stored [N, K]), SB?, BIAS?)
             = float32 [SPLIT_K * M, N]: x @ (b * scale_b) over SPLIT_K ranges of K, the weight
@@ -9,9 +10,10 @@ Decode (M <= 16; a dynamic M guarded on it, `ir.rows_at_most`): a Triton templat
               one split the bias is inside the template and the cast and what follows fuse into its store
 
 The template reads the model's own weight and scale: nothing is converted, repacked or cached.
-Tiles: `w8a16_mm.DECODE_TILE`, under max-autotune also `w8a16_mm.AUTOTUNE_TILES`.
+Tiles: `w8a16_mm.DECODE_TILE` up to 16 rows and `w8a16_mm.BATCHED_TILES` up to 256, under
+max-autotune also `w8a16_mm.AUTOTUNE_TILES`' shapes.
 
-Prefill (M > 16): Inductor's own dequantize + mm, written here in IR from the same stored tensors:
+Prefill (M > 256): Inductor's own dequantize + mm, written here in IR from the same stored tensors:
 the weight times its scale in float32, rounded once to x's dtype (as the template's tile), then
 Inductor's GEMM (cuBLAS, or its autotuned templates under max-autotune), with a bias of x's dtype in
 the GEMM (addmm). That is what Inductor compiles from a model that dequantizes its weight, so a
@@ -74,6 +76,14 @@ def _is_decode(rows) -> bool:
     return rows_at_most(rows, DECODE_ROWS)
 
 
+def _template_bucket(rows) -> int:
+    """The bound of M's bucket that the template runs (16, then `w8a16_mm.BATCHED_TILES`'), a dynamic M
+    guarded on it (`rows_at_most`); 0 above them all."""
+    from qfuse.kernels.triton.w8a16_mm import BATCHED_TILES
+
+    return next((bound for bound in (DECODE_ROWS, *BATCHED_TILES) if rows_at_most(rows, bound)), 0)
+
+
 def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
     """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call."""
     rows = _rows(call)
@@ -111,26 +121,37 @@ def lower_w8a16(call: WeightOnlyScaledMmArgs):
     rows = _rows(call)
     x2d = lower(aten.reshape.default, call.x, [rows, k])
     scale, kind = scale_as_matrix(call, n)
-    if not _is_decode(rows):
-        dynamic = "" if sympy.sympify(rows).is_number else f": a dynamic M, guarded above {DECODE_ROWS}"
+    bucket = _template_bucket(rows) if call.x.get_device().type == "cuda" else 0  # CPU: decode stays an extern call
+    if not bucket:
+        from qfuse.kernels.triton.w8a16_mm import TEMPLATE_MAX_ROWS
+
+        dynamic = "" if sympy.sympify(rows).is_number else ": a dynamic M, guarded"
         out = _dequantize_and_mm(call, x2d, scale, kind, k, n)
-        record_lowering(f"Inductor's own dequantize + mm (prefill{dynamic}); the cast and what follows in its fused "
-                        "pointwise code")
+        record_lowering(f"Inductor's own dequantize + mm (M above {TEMPLATE_MAX_ROWS}{dynamic}); the cast and what "
+                        "follows in its fused pointwise code")
     else:
-        out = _decode_template(call, x2d, scale, kind, rows, k, n)
+        out = _template(call, x2d, scale, kind, rows, k, n, bucket)
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
 
 
-def _decode_template(call: WeightOnlyScaledMmArgs, x2d, scale, kind: int, rows, k: int, n: int):
+def _template(call: WeightOnlyScaledMmArgs, x2d, scale, kind: int, rows, k: int, n: int, bucket: int):
+    """The template for M's bucket: the decode tile up to 16 rows, then `BATCHED_TILES`' (batched decode)."""
     from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, SCALE_GROUP, multiprocessors
-    from qfuse.kernels.triton.w8a16_mm import AUTOTUNE_TILES, DECODE_PROGRAMS_PER_SM, DECODE_TILE, kernel_meta
+    from qfuse.kernels.triton.w8a16_mm import (AUTOTUNE_TILES, BATCHED_TILES, DECODE_PROGRAMS_PER_SM, DECODE_TILE,
+                                               batched_splits, kernel_meta)
     from qfuse.kernels.triton.weight_stream import fit_block_k, split_k
 
-    tiles = [DECODE_TILE] + (list(AUTOTUNE_TILES) if max_autotune() else [])
+    tile = DECODE_TILE if bucket == DECODE_ROWS else BATCHED_TILES[bucket][0]
+    # max-autotune: the decode search's next best shapes too, at this bucket's BLOCK_M
+    tiles = [tile] + ([(tile[0], *rest) for _, *rest in AUTOTUNE_TILES] if max_autotune() else [])
     if kind == BLOCK_SCALE:
         tiles = [(bm, bn, fit_block_k(bk, SCALE_GROUP, k), *rest) for bm, bn, bk, *rest in tiles]
     tiles = list(dict.fromkeys(tiles))
-    splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()), DECODE_PROGRAMS_PER_SM)
+    sms = multiprocessors(x2d.get_device())
+    if bucket == DECODE_ROWS:
+        splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], sms, DECODE_PROGRAMS_PER_SM)
+    else:
+        splits = batched_splits(bucket, n, k, tiles[0][2], sms)
     named = {"X": x2d, "B": call.b, "SB": scale, "BIAS": call.bias if splits == 1 else None}
     meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits)
     out, how = split_k_linear(_SOURCE, "qfuse_w8a16_linear", named, rows, n, splits, call.bias, tiles,

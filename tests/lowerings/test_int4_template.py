@@ -11,9 +11,8 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS
-from tests.helpers import (assert_close_to_eager, assert_one_compile_per_decode_bucket, compile_and_get_code,
-                           outputs_and_code_per_call)
+from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS, PLANE_TILES
+from tests.helpers import assert_close_to_eager, assert_one_compile_per_m_bucket, compile_and_get_code
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -63,24 +62,11 @@ def test_decode_is_the_template_and_prefill_inductors_dequantize_and_mm(shape, g
 
 
 def test_dynamic_m_compiles_once_per_m_bucket():
-    assert_one_compile_per_decode_bucket(gptq_packed_int4(BF16, group_size=64).cuda(), TEMPLATE_MARK, EXTERN_CALL)
-
-
-def test_dynamic_m_compiles_once_per_plane_bucket():
-    """The plane template's buckets (16, 32, 64, 128, 256 rows; `int4_planes.PLANE_TILES`), a dynamic M
-    guarded on each: every bucket compiled once, its own tile; above 256 rows Inductor's dequantize + mm."""
-    model = gptq_packed_int4(BF16, group_size=128).cuda()
-    compiled = torch.compile(model, backend="qfuse", dynamic=True)
-    ms = (1, 16, 40, 1000, 5, 64, 200, 130, 33)
-    calls = [(torch.randn(m, 256, device="cuda", dtype=BF16),) for m in ms]
-    with torch.no_grad():
-        results = outputs_and_code_per_call(compiled, calls)
-        for (out, _), (x,) in zip(results, calls):
-            assert_close_to_eager(out, model, x)
-    codes = dict(zip(ms, (code for _, code in results)))
-    assert [m for m in ms if codes[m]] == [1, 16, 40, 1000, 200]  # 5, 64, 130 and 33 reuse a bucket's code
-    assert all(PLANES_MARK in codes[m] for m in (1, 16, 40, 200)) and PLANES_MARK not in codes[1000]
-    assert EXTERN_CALL not in "".join(codes.values())
+    """The words template (groups of 64) at decode only; the plane template (groups of 128) up to 256 rows,
+    in the buckets of `int4_planes.PLANE_TILES`."""
+    assert_one_compile_per_m_bucket(gptq_packed_int4(BF16, group_size=64).cuda(), TEMPLATE_MARK, EXTERN_CALL)
+    assert_one_compile_per_m_bucket(gptq_packed_int4(BF16, group_size=128).cuda(), PLANES_MARK, EXTERN_CALL,
+                                    bounds=tuple(PLANE_TILES))
 
 
 @pytest.mark.parametrize("mode", ["max-autotune-no-cudagraphs", "reduce-overhead"])

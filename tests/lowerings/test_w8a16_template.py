@@ -1,14 +1,16 @@
 """The Triton W8A16 kernel as an Inductor template (GPU only; run on the GPU machine): the fp8 weight-only
 peer forms (per channel, 128 x 128 blocks by repeat_interleave or a blocked view) and an int8 one
-compile at decode to one template kernel that reads the stored weight and scale (no extern call of
-qfuse's op, no dequantized weight), and at prefill to Inductor's own dequantize + mm; numerics equal
+compile at decode and batched decode (up to 256 rows, a tile per M bucket) to one template kernel that
+reads the stored weight and scale (no extern call of qfuse's op, no dequantized weight), and above
+to Inductor's own dequantize + mm; numerics equal
 to eager in bf16 / fp32, bias, 3D, static and dynamic M, default mode, max-autotune and CUDA
 graphs, the next pointwise op fused into the store."""
 
 import pytest
 import torch
 
-from tests.helpers import assert_close_to_eager, assert_one_compile_per_decode_bucket, compile_and_get_code
+from qfuse.kernels.triton.w8a16_mm import BATCHED_TILES, TEMPLATE_MAX_ROWS
+from tests.helpers import assert_close_to_eager, assert_one_compile_per_m_bucket, compile_and_get_code
 from tests.peers.weight_only_models import fp8_weight_only, hand_written_int8
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -34,7 +36,8 @@ def test_fp8_forms_run_as_the_template_at_decode(dtype, scales):
     assert record.kernel == "triton" and record.lowered.startswith("Triton template"), record.lowered
 
 
-@pytest.mark.parametrize("shape", [(1, 256), (2, 3, 256), (17, 256), (3, 70, 256)], ids=["M1", "3D_decode", "M17", "3D"])
+@pytest.mark.parametrize("shape", [(1, 256), (2, 3, 256), (17, 256), (100, 256), (3, 70, 256), (300, 256)],
+                         ids=["M1", "3D_decode", "M17", "M100", "3D", "M300"])
 @pytest.mark.parametrize("sizes", [dict(in_features=256, out_features=384), dict(in_features=256, out_features=200)],
                          ids=["even", "N200"])
 def test_decode_is_the_template_and_prefill_inductors_dequantize_and_mm(shape, sizes):
@@ -45,7 +48,7 @@ def test_decode_is_the_template_and_prefill_inductors_dequantize_and_mm(shape, s
         assert_close_to_eager(out, model, x)
     (record,) = report.fused
     assert EXTERN_CALL not in code
-    if x.numel() // 256 <= 16:
+    if x.numel() // 256 <= TEMPLATE_MAX_ROWS:  # decode and batched decode
         assert TEMPLATE_MARK in code and record.lowered.startswith("Triton template"), record.lowered
     else:
         assert TEMPLATE_MARK not in code and record.lowered.startswith("Inductor's own dequantize + mm"), record.lowered
@@ -62,7 +65,8 @@ def test_int8_weight_only_runs_as_the_template():
 
 
 def test_dynamic_m_compiles_once_per_m_bucket():
-    assert_one_compile_per_decode_bucket(cuda_model(BF16, "block_repeat"), TEMPLATE_MARK, EXTERN_CALL)
+    assert_one_compile_per_m_bucket(cuda_model(BF16, "block_repeat"), TEMPLATE_MARK, EXTERN_CALL,
+                                    bounds=(16, *BATCHED_TILES))
 
 
 @pytest.mark.parametrize("mode", ["max-autotune-no-cudagraphs", "reduce-overhead"])

@@ -31,8 +31,8 @@ import triton.language as tl
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton.scaled_mm import (BLOCK_SCALE, NO_SCALE, SCALE_GROUP, TENSOR_SCALE, VECTOR_SCALE,
                                             multiprocessors, scale_and_bias)
-from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, empty_result, fit_block_k, split_k,
-                                                split_k_tile, step_meta, sum_splits)
+from qfuse.kernels.triton.weight_stream import (MAX_SPLIT_K, accumulate, activation_tile, empty_result, fit_block_k,
+                                                split_k, split_k_tile, step_meta, sum_splits)
 
 _BLOCK, _GROUP = tl.constexpr(BLOCK_SCALE), tl.constexpr(SCALE_GROUP)
 
@@ -44,6 +44,19 @@ _BLOCK, _GROUP = tl.constexpr(BLOCK_SCALE), tl.constexpr(SCALE_GROUP)
 # of the multiprocessors idle (`DECODE_PROGRAMS_PER_SM`, a small N).
 DECODE_TILE = (DECODE_ROWS, 32, 512, 1, 4, 3)
 DECODE_PROGRAMS_PER_SM = 0.5
+# Batched decode (16 < M <= TEMPLATE_MAX_ROWS), by M bucket: (tile, programs a multiprocessor that K is
+# split up to: `batched_splits`). BLOCK_M covers M up to 128 rows (the MMA's N), so each weight tile is
+# read once for every row. Each the fastest of 24 (tile, split) pairs, or within 6% of it, at the three
+# Llama shapes on an H100 with an int8 per-channel weight (`python benchmarks/gpu_weight_only.py --tune
+# --form int8-channel --ms 32,64,128,256`, docs/benchmarks.md). At 256 rows (two row blocks) every split
+# was slower.
+BATCHED_TILES = {
+    32: ((32, 32, 512, 1, 4, 3), 0.5),
+    64: ((64, 64, 128, 1, 4, 3), 2),
+    128: ((128, 64, 128, 1, 4, 3), 2),
+    256: ((128, 64, 128, 1, 4, 3), 0),
+}
+TEMPLATE_MAX_ROWS = max(BATCHED_TILES)
 PREFILL_TILE = (128, 128, 64, 8, 8, 3)
 # Extra decode tiles Inductor benchmarks under max-autotune (the next best of the search).
 AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 256, 1, 4, 3), (16, 128, 128, 1, 4, 3), (16, 128, 256, 1, 8, 3))
@@ -114,7 +127,22 @@ def scale_kind(scale_b: torch.Tensor | None, k: int, n: int) -> int:
 
 def pick_w8a16_config(m: int) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for M rows."""
-    return DECODE_TILE if m <= DECODE_ROWS else PREFILL_TILE
+    if m <= DECODE_ROWS:
+        return DECODE_TILE
+    return BATCHED_TILES[next(bound for bound in BATCHED_TILES if m <= bound)][0] if m <= TEMPLATE_MAX_ROWS else PREFILL_TILE
+
+
+def batched_splits(bucket: int, n: int, k: int, block_k: int, multiprocessor_count: int) -> int:
+    """K splits at batched decode (M's bucket `bucket`): a power of two, while the grid's programs stay
+    within the bucket's programs a multiprocessor (`BATCHED_TILES`; splits that would only reach it
+    rounded up took 1.5x as long at 14336 x 4096), at most MAX_SPLIT_K and the K steps."""
+    (block_m, block_n, *_), programs_per_sm = BATCHED_TILES[bucket]
+    tiles = triton.cdiv(bucket, block_m) * triton.cdiv(n, block_n)
+    wanted = int(programs_per_sm * multiprocessor_count) // tiles
+    splits = 1
+    while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k)):
+        splits *= 2
+    return splits
 
 
 def kernel_meta(kind: int, block_k: int, k: int) -> dict:
@@ -135,6 +163,8 @@ def triton_w8a16_mm(x: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor | No
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or pick_w8a16_config(m)
     if kind == BLOCK_SCALE:
         block_k = fit_block_k(block_k, SCALE_GROUP, k)
+    if not splits and DECODE_ROWS < m <= TEMPLATE_MAX_ROWS and config is None:
+        splits = batched_splits(next(bound for bound in BATCHED_TILES if m <= bound), n, k, block_k, multiprocessors(x.device))
     splits = splits or split_k(m, n, k, block_n, block_k, multiprocessors(x.device), DECODE_PROGRAMS_PER_SM)
     out = torch.empty(splits, m, n, device=x.device, dtype=out_dtype if splits == 1 else torch.float32)
     scale = scale_b.to(torch.float32) if scale_b is not None else x
