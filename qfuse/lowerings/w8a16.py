@@ -1,6 +1,6 @@
 """Inductor lowering of `qfuse::weight_only_scaled_mm` for the `triton` kernel (int8 / fp8 W8A16), by M.
 
-Decode and batched decode (M <= 256; a tile per M bucket, a dynamic M guarded on its bucket,
+Decode and batched decode (M <= 128; a tile per M bucket, a dynamic M guarded on its bucket,
 `ir.rows_at_most`): a Triton template on the stored weight.
 
     partial = template(X [M, K], B int8 / fp8 [K, N] (the w.t() view of a stored [N, K]), SB?, BIAS?)
@@ -10,10 +10,10 @@ Decode and batched decode (M <= 256; a tile per M bucket, a dynamic M guarded on
               one split the bias is inside the template and the cast and what follows fuse into its store
 
 The template reads the model's own weight and scale: nothing is converted, repacked or cached.
-Tiles: `w8a16_mm.DECODE_TILE` up to 16 rows and `w8a16_mm.BATCHED_TILES` up to 256, under
+Tiles: `w8a16_mm.DECODE_TILE` up to 16 rows and `w8a16_mm.BATCHED_TILES` up to 128, under
 max-autotune also `w8a16_mm.AUTOTUNE_TILES`' shapes.
 
-Prefill (M > 256): Inductor's own dequantize + mm, written here in IR from the same stored tensors:
+Prefill (M > 128): Inductor's own dequantize + mm, written here in IR from the same stored tensors:
 the weight times its scale in float32, rounded once to x's dtype (as the template's tile), then
 Inductor's GEMM (cuBLAS, or its autotuned templates under max-autotune), with a bias of x's dtype in
 the GEMM (addmm). That is what Inductor compiles from a model that dequantizes its weight, so a

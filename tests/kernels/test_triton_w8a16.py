@@ -106,12 +106,12 @@ def test_scale_kinds_and_tiles():
     assert scale_kind(torch.tensor(1.0), 256, 300) == TENSOR_SCALE
     assert scale_kind(torch.ones(1, 300), 256, 300) == VECTOR_SCALE
     assert scale_kind(torch.ones(2, 3), 256, 300) == BLOCK_SCALE
-    assert pick_w8a16_config(16) == DECODE_TILE and pick_w8a16_config(257) == PREFILL_TILE
-    assert [pick_w8a16_config(m)[0] for m in (17, 32, 33, 100, 256)] == [32, 32, 64, 128, 128]  # batched decode
+    assert pick_w8a16_config(16) == DECODE_TILE and pick_w8a16_config(129) == PREFILL_TILE
+    assert [pick_w8a16_config(m)[0] for m in (17, 32, 33, 100, 128)] == [32, 32, 64, 128, 128]  # batched decode
     # K split while the programs stay within the bucket's programs a multiprocessor (H100: 132)
     shapes = ((4096, 4096), (4096, 14336), (14336, 4096))
-    assert [[batched_splits(bucket, n, k, 128, 132) for n, k in shapes] for bucket in (32, 64, 128, 256)] == [
-        [1, 1, 1], [4, 4, 1], [4, 4, 1], [1, 1, 1]]
+    assert [[batched_splits(bucket, n, k, 128, 132) for n, k in shapes] for bucket in (32, 64, 128)] == [
+        [1, 1, 1], [4, 4, 1], [4, 4, 1]]
 
 
 @pytest.mark.parametrize("shape", [(0, 256), (1, 256), (17, 256), (2, 3, 256)], ids=["M0", "M1", "M17", "3D"])

@@ -1,6 +1,6 @@
 """The Triton W8A16 kernel as an Inductor template (GPU only; run on the GPU machine): the fp8 weight-only
 peer forms (per channel, 128 x 128 blocks by repeat_interleave or a blocked view) and an int8 one
-compile at decode and batched decode (up to 256 rows, a tile per M bucket) to one template kernel that
+compile at decode and batched decode (up to 128 rows, a tile per M bucket) to one template kernel that
 reads the stored weight and scale (no extern call of qfuse's op, no dequantized weight), and above
 to Inductor's own dequantize + mm; numerics equal
 to eager in bf16 / fp32, bias, 3D, static and dynamic M, default mode, max-autotune and CUDA
