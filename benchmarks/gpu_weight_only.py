@@ -29,7 +29,7 @@ decoder's layers do (one linear alone would be served from an H100's 50 MiB L2).
     python benchmarks/gpu_weight_only.py [--quick] [--form FORM] [--out FILE.json] [--plot FILE.png]
     python benchmarks/gpu_weight_only.py --tune --ms 1,16   (the kernel's GPU time at each decode tile and split)
     python benchmarks/gpu_weight_only.py --tune --form fp8-block --ms 1024   (8-bit forms: each prefill tile)
-    python benchmarks/gpu_weight_only.py --tune --form int8-channel --ms 32,64,128,256   (8-bit forms: batched decode tiles)
+    python benchmarks/gpu_weight_only.py --tune --form int8-channel --ms 32,64,128,256   (batched decode tiles)
     python benchmarks/gpu_weight_only.py --table FILE.json
 """
 
@@ -331,8 +331,7 @@ def kernel_calls(stack: Stack, x: torch.Tensor, **tile):
     return [lambda linear=linear: linear.kernel_call(x, **tile) for linear in stack.linears]
 
 
-# Batched decode (16 < M <= 256), the 8-bit kernel: BLOCK_M covering M (up to 128) with the decode tile's
-# shapes, and splits.
+# Batched decode (16 < M <= 256): BLOCK_M covering M (up to 128) with the decode tiles' shapes, and splits.
 def tune_batched(m: int) -> list[tuple[tuple, int]]:
     block_m = min(128, max(32, 1 << (m - 1).bit_length()))
     return [((block_m, bn, bk, 1, 8 if bn * bk >= 128 * 256 else 4, 3), splits) for bn in (32, 64, 128) for bk in (128, 256, 512)
@@ -351,7 +350,7 @@ def tune_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     rows = []
     decode = TUNE_DECODE.get(form, TUNE_DECODE["fp8-block" if BITS[form] == 8 else "gptq"])
-    for tile, splits in decode if m <= 16 else tune_batched(m) if m <= 256 and BITS[form] == 8 else TUNE_PREFILL:
+    for tile, splits in decode if m <= 16 else tune_batched(m) if m <= 256 else TUNE_PREFILL:
         row = {"m": m, "n": n, "k": k, "form": form, "tile": list(tile), "splits": splits}
         try:
             row["gpu_us"] = graph_ms_per_call(kernel_calls(stack, x, config=tile, splits=splits)) * 1e3
