@@ -48,7 +48,7 @@ def outputs_and_code_per_call(compiled, calls):
 
 
 def assert_one_compile_per_m_bucket(model, template_mark: str, extern_call: str, bounds=(16,), k: int = 256,
-                                     ms=(1, 16, 40, 1000, 5, 64, 200, 130, 33)):
+                                     ms=(1, 16, 40, 1000, 5, 64, 200, 130, 33, 24)):
     """A weight-only GPU `model` compiled with dynamic=True and called at each M of `ms`: M = 1 is static
     (Dynamo specializes it); a dynamic M is guarded on the template's M buckets (`bounds`, ascending),
     the template (`template_mark` in its code) up to the last bound, Inductor's dequantize + mm above:

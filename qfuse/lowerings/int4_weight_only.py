@@ -1,6 +1,7 @@
 """Inductor lowering of `qfuse::int4_weight_only_mm` for the `triton` kernel, by M.
 
-Decode (M <= 16; a dynamic M guarded on it, `ir.rows_at_most`): a Triton template on the stored words.
+Decode (M <= 16, and for AWQ's words batched decode up to 128 rows: `int4_mm.BATCHED_TILES`; a dynamic M
+guarded on its bucket, `ir.rows_at_most`): a Triton template on the stored words.
 
     partial = template(X [M, K], W int32 [N, K / 8] (AWQ: [K, N / 8]; int8 storage: int8 [N, K]), SHIFTS [8]?,
                        S [N, K / g], Z int32 [N / 8, K / g]? (int8 storage: int8 [N, K / g]?))
@@ -34,7 +35,7 @@ small kernel per activation, shared by the linears that read it.
 The op's int8 storage (torchao's intx: int8 [N, K] values, int8 zero points) takes the words
 template, which reads the values as they are (`INT8_VALUES`).
 
-Above the template's rows (M > 16, or M > 256 on planes), and act order (a `g_idx`) at any M:
+Above the template's rows (M > 16; AWQ M > 128; M > 256 on planes), and act order (a `g_idx`) at any M:
 Inductor's own dequantize + mm, written here
 in IR from the same stored tensors
 (the weight dequantized into a buffer by one pointwise kernel, then Inductor's GEMM: cuBLAS, or its
@@ -113,13 +114,17 @@ def _is_decode(call: Int4WeightOnlyMmArgs, rows) -> bool:
 
 
 def _template_bounds(call: Int4WeightOnlyMmArgs, k: int) -> list[int]:
-    """The M buckets a template runs, by their bound: the plane template's (up to PLANE_MAX_ROWS), or the
-    words template's decode bucket; none with act order."""
+    """The M buckets a template runs, by their bound: the plane template's (up to PLANE_MAX_ROWS), the words
+    template's for words packed along N (AWQ: decode and `int4_mm.BATCHED_TILES`), or its decode bucket;
+    none with act order."""
+    from qfuse.kernels.triton.int4_mm import BATCHED_TILES
     from qfuse.kernels.triton.int4_planes import PLANE_TILES, takes_planes
 
     if call.g_idx is not None:
         return []
-    return sorted(PLANE_TILES) if takes_planes(k, call.group_size, call.packed_along_n, _is_int8_storage(call)) else [DECODE_ROWS]
+    if takes_planes(k, call.group_size, call.packed_along_n, _is_int8_storage(call)):
+        return sorted(PLANE_TILES)
+    return [DECODE_ROWS, *BATCHED_TILES] if call.packed_along_n else [DECODE_ROWS]
 
 
 def _template_bucket(rows, bounds: list[int]) -> int:
@@ -151,7 +156,7 @@ def lower_int4_weight_only_mm(*args, **kwargs):
         record_lowering(f"extern call of qfuse::int4_weight_only_mm ({reason})")
         return extern_call(call)
     bounds = _template_bounds(call, int(k))
-    bucket = _template_bucket(rows, bounds)
+    bucket = _template_bucket(rows, bounds) if call.x.get_device().type == "cuda" else 0  # CPU: never a template
     n = int(call.scales.get_size()[0])
     x2d = lower(aten.reshape.default, call.x, [rows, k])
     if not bucket:
@@ -177,17 +182,24 @@ def _template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, bucket: int
                        call.packed_along_n, _is_int8_storage(call))
     if takes_planes(k, call.group_size, call.packed_along_n, _is_int8_storage(call)):
         return _planes_template(call, x2d, rows, n, k, meta, bucket)
-    return _words_template(call, x2d, rows, n, k, meta)
+    return _words_template(call, x2d, rows, n, k, meta, bucket)
 
 
-def _words_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta: dict):
-    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, DECODE_TILE
+def _words_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta: dict, bucket: int):
+    """The words template for M's bucket: the decode tile, or (AWQ) `int4_mm.BATCHED_TILES`' up to 128 rows."""
+    from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, BATCHED_PROGRAMS_PER_SM, BATCHED_TILES, DECODE_TILE
     from qfuse.kernels.triton.scaled_mm import multiprocessors
-    from qfuse.kernels.triton.weight_stream import fit_block_k, split_k, step_meta
+    from qfuse.kernels.triton.weight_stream import batched_split_k, fit_block_k, split_k, step_meta
 
-    tiles = [DECODE_TILE] + (list(AUTOTUNE_TILES) if max_autotune() else [])
+    tile = DECODE_TILE if bucket == DECODE_ROWS else BATCHED_TILES[bucket]
+    # max-autotune: the decode search's next best shapes too, at this bucket's BLOCK_M
+    tiles = [tile] + ([(tile[0], *rest) for _, *rest in AUTOTUNE_TILES] if max_autotune() else [])
     tiles = list(dict.fromkeys((bm, bn, fit_block_k(bk, call.group_size, k), *rest) for bm, bn, bk, *rest in tiles))
-    splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], multiprocessors(x2d.get_device()))
+    sms = multiprocessors(x2d.get_device())
+    if bucket == DECODE_ROWS:
+        splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], sms)
+    else:
+        splits = batched_split_k(bucket, n, k, tiles[0], BATCHED_PROGRAMS_PER_SM, sms)
     named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
              "BIAS": call.bias if splits == 1 else None}
     meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits) | meta

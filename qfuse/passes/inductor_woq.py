@@ -29,11 +29,15 @@ from __future__ import annotations
 
 import torch
 from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from qfuse.passes.graph_utils import fake_value, insert_call
+from qfuse.passes.transaction import new_nodes_removed_on_error
 
 aten, prims = torch.ops.aten, torch.ops.prims
 INDUCTOR_PATTERNS = "torch._inductor.fx_passes.quantization"
+DEVICES = ("cpu", "cuda")  # where qfuse has a kernel for the linear (XPU keeps Inductor's)
+_COPIED_META = ("nn_module_stack", "stack_trace", "source_fn_stack", "original_aten")
 
 
 def is_inductor_woq_int8(node: Node) -> bool:
@@ -44,31 +48,57 @@ def is_inductor_woq_int8(node: Node) -> bool:
 
 
 def reclaim_woq_int8(graph: Graph) -> list[str]:
-    """Replace each of Inductor's `woq_int8` nodes in `graph` by the ATen linear it matched; the names of
-    the linears' new `mm` nodes (what qfuse's report calls them)."""
+    """Replace each of Inductor's `woq_int8` nodes in `graph` that reads a 2D int8 weight on CPU or CUDA
+    by the ATen linear it matched; the names of the linears' new `mm` nodes (what qfuse's report calls
+    them). A node whose rebuilt output would not have the matched shape is left as it is."""
     reclaimed = []
     for node in list(graph.nodes):
-        if is_inductor_woq_int8(node):
-            with graph.inserting_before(node):
-                linear, mm = _aten_linear(graph, node.kwargs["x"], node.kwargs["weight"], node.kwargs["scales"])
-            node.replace_all_uses_with(linear)
-            graph.erase_node(node)
-            reclaimed.append(mm.name)
+        if not is_inductor_woq_int8(node) or not _takes(node):
+            continue
+        before = set(graph.nodes)
+        with new_nodes_removed_on_error(graph), graph.inserting_before(node):
+            linear, mm = _aten_linear(graph, node)
+        if not _same_shape(fake_value(linear), fake_value(node)):
+            for inserted in reversed([new for new in graph.nodes if new not in before]):
+                graph.erase_node(inserted)
+            continue
+        for inserted in (mm, linear):
+            inserted.meta.update({key: node.meta[key] for key in _COPIED_META if key in node.meta})
+        node.replace_all_uses_with(linear)
+        graph.erase_node(node)
+        reclaimed.append(mm.name)
     return reclaimed
 
 
-def _aten_linear(graph: Graph, x: Node, weight: Node, scales: Node) -> tuple[Node, Node]:
-    """(the linear's output, its mm) for x [..., K] bf16, weight int8 [N, K], scales [N]: the form
-    `tests/peers/test_weight_only_forms.py` records for the scale-after linear."""
-    x_value = fake_value(x)
-    *lead, k = x_value.shape
-    rows = x if len(lead) == 1 else insert_call(graph, aten.reshape.default, (x, [-1, k]))
+def _takes(node: Node) -> bool:
+    """x [..., K] and a 2D int8 weight [N, K] with static K and N, on a device with a qfuse kernel."""
+    x, weight = fake_value(node.kwargs["x"]), fake_value(node.kwargs["weight"])
+    return (x is not None and weight is not None and weight.dim() == 2 and x.dim() >= 2 and x.device.type in DEVICES
+            and all(isinstance(size, int) for size in weight.shape) and x.shape[-1] == weight.shape[1])
+
+
+def _aten_linear(graph: Graph, node: Node) -> tuple[Node, Node]:
+    """(the linear's output, its mm): y = mm(x.reshape(-1, K), w.permute(1, 0).to(x.dtype)), viewed as the
+    matched output (the matched reshape's size where the pattern had one, else x's leading sizes), times s:
+    the form `tests/peers/test_weight_only_forms.py` records for the scale-after linear."""
+    x, weight, scales = node.kwargs["x"], node.kwargs["weight"], node.kwargs["scales"]
+    x_value, out_value = fake_value(x), fake_value(node)
+    k = weight.meta["val"].shape[1]
+    rows = x if x_value.dim() == 2 else insert_call(graph, aten.reshape.default, (x, [-1, k]))
     weight_t = insert_call(graph, prims.convert_element_type.default,
                            (insert_call(graph, aten.permute.default, (weight, [1, 0])), x_value.dtype))
     mm = insert_call(graph, aten.mm.default, (rows, weight_t))
     out = mm
-    if len(lead) != 1:
-        sizes = [size if isinstance(size, int) else insert_call(graph, aten.sym_size.int, (x, dim))
-                 for dim, size in enumerate(lead)]
-        out = insert_call(graph, aten.reshape.default, (mm, [*sizes, fake_value(weight).shape[0]]))
+    if out_value.dim() != 2 or x_value.dim() != 2:
+        matched_size = node.args[-1] if node.args and isinstance(node.args[-1], (list, tuple)) else None
+        if matched_size is None or len(matched_size) != out_value.dim():  # bmm: x's leading sizes
+            matched_size = [size if isinstance(size, int) else insert_call(graph, aten.sym_size.int, (x, dim))
+                            for dim, size in enumerate(x_value.shape[:-1])] + [weight.meta["val"].shape[0]]
+        out = insert_call(graph, aten.reshape.default, (mm, list(matched_size)))
     return insert_call(graph, aten.mul.Tensor, (out, scales)), mm
+
+
+def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dim() == b.dim() and a.dtype == b.dtype and all(
+        statically_known_true(left == right) for left, right in zip(a.shape, b.shape))
+

@@ -89,6 +89,18 @@ def _run_family_or_restore(family: str, graph: torch.fx.Graph, context: PassCont
         context.report.errors.append(contain_internal_error(f"pattern family {family}", error, "the graph is left as it was before it"))
 
 
+def _reclaim_or_restore(graph: torch.fx.Graph, report: PassReport) -> None:
+    """Take back Inductor's int8 weight-only linears (`inductor_woq`); if that raises (a bug in qfuse),
+    put the graph back as it was and record the error, as for a family."""
+    snapshot = GraphSnapshot(graph)
+    try:
+        report.reclaimed_from_inductor = reclaim_woq_int8(graph)
+    except Exception as error:
+        snapshot.restore()
+        report.errors.append(contain_internal_error("taking back Inductor's woq_int8 linears", error,
+                                                    "they are left to Inductor"))
+
+
 class QfusePass(CustomGraphPass):
     def __init__(self, config: QfuseConfig | None = None) -> None:
         self.config = config if config is not None else QfuseConfig.from_env()
@@ -101,7 +113,7 @@ class QfusePass(CustomGraphPass):
         families = [family for family in PATTERN_FAMILIES if family in self.config.patterns]
         report.ops_before = count_ops(graph)
         if "reference_linear" in families:  # the family that fuses what Inductor's weight-only pattern took
-            report.reclaimed_from_inductor = reclaim_woq_int8(graph)
+            _reclaim_or_restore(graph, report)
         matmuls = {node.name: module_path(node) for node in matmul_nodes(graph)}
         report.inductor_quantized = inductor_quantized_nodes(graph)
         if self.config.debug:

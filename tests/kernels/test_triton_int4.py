@@ -16,10 +16,11 @@ import torch
 pytest.importorskip("triton")
 
 import qfuse.ops  # noqa: F401, E402  (registers torch.ops.qfuse)
-from qfuse.kernels.triton.int4_mm import DECODE_ROWS, pick_int4_config, triton_int4_mm  # noqa: E402
+from qfuse.kernels.triton.int4_mm import (BATCHED_PROGRAMS_PER_SM, BATCHED_TILES, DECODE_ROWS,  # noqa: E402
+                                          pick_int4_config, triton_int4_mm)
 from qfuse.kernels.triton.int4_planes import (PLANE_TILE, paired, permute_planes, plane_splits, plane_tile,  # noqa: E402
                                               takes_planes, triton_int4_planes_mm)
-from qfuse.kernels.triton.weight_stream import fit_block_k, split_k, step_meta  # noqa: E402
+from qfuse.kernels.triton.weight_stream import batched_split_k, fit_block_k, split_k, step_meta  # noqa: E402
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -164,6 +165,7 @@ def test_autogptq_tensors_are_read_through_their_transposes():
                          ids=["even_k", "k_not_a_multiple_of_the_step"])
 @pytest.mark.parametrize("splits", [1, 2])
 def test_awq_words_packed_along_n(in_features, config, splits):
+    """AWQ's words at a forced tile; `test_awq_batched_decode_takes_its_bucket_tile` runs the default ones."""
     model = awq_int4(HALF, group_size=32, unpack_order="shifts", in_features=in_features).to(DEVICE)
     x = torch.randn(3, in_features, generator=torch.Generator().manual_seed(11)).to(HALF).to(DEVICE)
     out = triton_int4_mm(x, model.qweight, model.shifts, model.scales.t(), model.qzeros.t(), model.bias, 32, HALF,
@@ -173,6 +175,19 @@ def test_awq_words_packed_along_n(in_features, config, splits):
     scale = reference.abs().max()
     assert (out.double() - reference).abs().max() <= TOLERANCE[HALF] * scale
     assert (out.double() - eager.double()).abs().max() <= 2 * TOLERANCE[HALF] * scale
+
+
+@pytest.mark.parametrize("rows", [17, 40, 128])
+def test_awq_batched_decode_takes_its_bucket_tile(rows):
+    """16 < M <= 128 on AWQ's words: the bucket's tile of `BATCHED_TILES` and its split rule."""
+    model = awq_int4(HALF, group_size=64, unpack_order="shifts", in_features=256).to(DEVICE)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(12)).to(HALF).to(DEVICE)
+    out = triton_int4_mm(x, model.qweight, model.shifts, model.scales.t(), model.qzeros.t(), model.bias, 64, HALF,
+                         packed_along_n=True)
+    reference = x.double() @ model.reference_weight.to(DEVICE).t() + model.bias.double()
+    assert (out.double() - reference).abs().max() <= TOLERANCE[HALF] * reference.abs().max()
+    assert [batched_split_k(rows_bound, 4096, 4096, BATCHED_TILES[rows_bound], BATCHED_PROGRAMS_PER_SM, 132)
+            for rows_bound in BATCHED_TILES] == [4, 4, 4]  # 64 column blocks: four splits make 2 programs an SM
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -26,9 +26,10 @@ def op_call(model, shifts):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("stored_shifts", [True, False])
-def test_prefill_is_inductors_dequantize_and_mm(dtype, symmetric, stored_shifts):
+@pytest.mark.parametrize("group_size", [32, 128])  # 128: the plane template's buckets on a GPU, not on CPU
+def test_prefill_is_inductors_dequantize_and_mm(dtype, symmetric, stored_shifts, group_size):
     assert register_lowerings()
-    model = gptq_packed_int4(dtype, group_size=32, symmetric=symmetric)
+    model = gptq_packed_int4(dtype, group_size=group_size, symmetric=symmetric)
     x = torch.randn(2, 20, 256).to(dtype)
     torch._dynamo.reset()
     out, code = run_and_get_code(torch.compile(op_call(model, model.shifts if stored_shifts else None)), x)

@@ -127,10 +127,11 @@ def test_autogptq_without_act_order_reads_the_transposed_words_in_the_template()
     assert_close_to_eager(out, model, x)
 
 
-@pytest.mark.parametrize("rows", [3, 40])
+@pytest.mark.parametrize("rows", [3, 40, 128, 129])
 @pytest.mark.parametrize("unpack_order, n, k", [("index", 128, 256), ("shifts", 128, 256), ("index", 2048, 1024)])
 def test_awq_runs_as_the_template_at_decode(unpack_order, n, k, rows):
-    """AutoAWQ's order gather: its shifts become a constant on the GPU (a CPU one read nan at 14336 columns)."""
+    """AutoAWQ's order gather: its shifts become a constant on the GPU (a CPU one read nan at 14336 columns).
+    The words template up to 128 rows (batched decode: `int4_mm.BATCHED_TILES`), Inductor's code above."""
     model = awq_int4(FP16, group_size=64, unpack_order=unpack_order, in_features=k, out_features=n).cuda()
     x = torch.randn(rows, k, device="cuda", dtype=FP16)
     with torch.no_grad():
@@ -138,7 +139,7 @@ def test_awq_runs_as_the_template_at_decode(unpack_order, n, k, rows):
         assert_close_to_eager(out, model, x)
     (record,) = report.fused
     assert EXTERN_CALL not in code
-    assert (TEMPLATE_MARK in code) == (rows <= 16), record.lowered
+    assert (TEMPLATE_MARK in code) == (rows <= 128), record.lowered
 
 
 @pytest.mark.parametrize("act_order", [False, True])

@@ -150,21 +150,32 @@ def per_tensor(x, w, scale, bias):
     return torch.mm(x, w.t().to(x.dtype)) * scale[:1]
 
 
-@pytest.mark.parametrize("form", [torchao_int8_weight_only, scale_cast_in_the_graph, per_tensor],
-                         ids=lambda form: form.__name__)
-@pytest.mark.parametrize("shape", [(5, 64), (100, 64), (7, 40)], ids=str)
-def test_linears_inductors_weight_only_pattern_takes_are_taken_back(form, shape):
+def gpt_fast_int8(x, w, scale, bias):
+    """gpt-fast's WeightOnlyInt8Linear: F.linear on the converted weight, then the scale (3D x: Inductor's
+    first woq pattern, with the reshapes)."""
+    return F.linear(x, w.to(dtype=x.dtype)) * scale
+
+
+@pytest.mark.parametrize("form, shape, dynamic", [
+    (torchao_int8_weight_only, (5, 64), False), (torchao_int8_weight_only, (100, 64), False),
+    (torchao_int8_weight_only, (7, 40), False), (scale_cast_in_the_graph, (5, 64), False),
+    (scale_cast_in_the_graph, (7, 40), False), (per_tensor, (5, 64), False), (per_tensor, (100, 64), False),
+    (gpt_fast_int8, (2, 9, 64), False), (gpt_fast_int8, (2, 9, 64), True),
+], ids=lambda value: getattr(value, "__name__", str(value)))
+def test_linears_inductors_weight_only_pattern_takes_are_taken_back(form, shape, dynamic):
     """Inductor's `woq_int8` pattern takes these bf16 forms before qfuse runs (to _weight_int8pack_mm,
     which in plain torch.compile crashes at K % 16 != 0 and raises for a per-tensor scale); qfuse puts each
     back (`passes/inductor_woq.py`) and fuses it, or at K % 16 != 0 leaves it to Inductor's dequantize +
     mm: equal to eager."""
     args = operands(shape, torch.bfloat16)
+    if dynamic:
+        torch._dynamo.mark_dynamic(args[0], 1)
     with torch.no_grad():
         out, report = compile_and_run(form, *args)
         expected = form(*args)
     (record,) = report.records
     assert report.reclaimed_from_inductor == [record.node] and not report.inductor_quantized, report.table()
-    assert "taken back from Inductor's int8 weight-only pattern" in record.note or not record.fused, report.table()
+    assert "taken back from Inductor's int8 weight-only pattern" in record.note, report.table()
     assert record.fused == (shape[-1] % 16 == 0), report.table()
     tolerance = TOLERANCE[torch.bfloat16] * expected.float().abs().max().item()
     torch.testing.assert_close(out.float(), expected.float(), rtol=TOLERANCE[torch.bfloat16], atol=tolerance)

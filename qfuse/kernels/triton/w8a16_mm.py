@@ -31,8 +31,8 @@ import triton.language as tl
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton.scaled_mm import (BLOCK_SCALE, NO_SCALE, SCALE_GROUP, TENSOR_SCALE, VECTOR_SCALE,
                                             multiprocessors, scale_and_bias)
-from qfuse.kernels.triton.weight_stream import (MAX_SPLIT_K, accumulate, activation_tile, empty_result, fit_block_k,
-                                                split_k, split_k_tile, step_meta, sum_splits)
+from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, batched_split_k, empty_result,
+                                                fit_block_k, split_k, split_k_tile, step_meta, sum_splits)
 
 _BLOCK, _GROUP = tl.constexpr(BLOCK_SCALE), tl.constexpr(SCALE_GROUP)
 
@@ -45,7 +45,7 @@ _BLOCK, _GROUP = tl.constexpr(BLOCK_SCALE), tl.constexpr(SCALE_GROUP)
 DECODE_TILE = (DECODE_ROWS, 32, 512, 1, 4, 3)
 DECODE_PROGRAMS_PER_SM = 0.5
 # Batched decode (16 < M <= TEMPLATE_MAX_ROWS), by M bucket: (tile, programs a multiprocessor that K is
-# split up to: `batched_splits`). BLOCK_M covers M (the MMA's N), so each weight tile is
+# split up to: `weight_stream.batched_split_k`). BLOCK_M covers M (the MMA's N), so each weight tile is
 # read once for every row. Each the fastest of 24 (tile, split) pairs, or within 6% of it, at the three
 # Llama shapes on an H100 with an int8 per-channel weight (`python benchmarks/gpu_weight_only.py --tune
 # --form int8-channel --ms 32,64,128,256`, docs/benchmarks.md). Compiled, with fp8 128 x 128 block
@@ -133,16 +133,10 @@ def pick_w8a16_config(m: int) -> tuple[int, int, int, int, int, int]:
 
 
 def batched_splits(bucket: int, n: int, k: int, block_k: int, multiprocessor_count: int) -> int:
-    """K splits at batched decode (M's bucket `bucket`): a power of two, while the grid's programs stay
-    within the bucket's programs a multiprocessor (`BATCHED_TILES`; splits that would only reach it
-    rounded up took 1.5x as long at 14336 x 4096), at most MAX_SPLIT_K and the K steps."""
-    (block_m, block_n, *_), programs_per_sm = BATCHED_TILES[bucket]
-    tiles = triton.cdiv(bucket, block_m) * triton.cdiv(n, block_n)
-    wanted = int(programs_per_sm * multiprocessor_count) // tiles
-    splits = 1
-    while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k)):
-        splits *= 2
-    return splits
+    """K splits at batched decode (M's bucket `bucket`): `weight_stream.batched_split_k` at the bucket's
+    tile (its BLOCK_K `block_k`, fitted to block scales) and programs a multiprocessor (`BATCHED_TILES`)."""
+    tile, programs_per_sm = BATCHED_TILES[bucket]
+    return batched_split_k(bucket, n, k, (*tile[:2], block_k), programs_per_sm, multiprocessor_count)
 
 
 def kernel_meta(kind: int, block_k: int, k: int) -> dict:

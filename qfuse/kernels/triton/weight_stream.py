@@ -9,10 +9,12 @@ weight on the wide side of the tensor-core shape. The pieces here are that loop'
     accumulate        acc += w @ x^T, in IEEE fp32 for an fp32 x (eager's fp32 matmul is not TF32)
     k_range           split `pid_k`'s whole K steps
     split_k_tile      an eager launch's program: its tile of the output, its split, its K range
-    split_k           how many K ranges a small-M call splits into, so that the few column blocks of
+    split_k           how many K ranges a decode call splits into, so that the few column blocks of
                       a small N still reach every multiprocessor; their partial sums [SPLIT_K, M, N]
                       (float32; int32 in the W8A8 template, `qfuse.lowerings.triton_template`) are
                       added after (`sum_splits` in eager, Inductor's code in a template)
+    batched_split_k   the same at batched decode (16 < M <= 128), where the partial sums grow with M:
+                      splits only while the programs stay within a budget a multiprocessor
     fit_block_k       a K step that holds whole scale groups along K or lies in one (int4 groups of g,
     step_meta         fp8 blocks of 128), and the constexprs that say so
     packed_zero_points  int4 zero points packed eight rows to an int32, by the zero convention
@@ -98,6 +100,19 @@ def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_c
     wanted = triton.cdiv(int(programs_per_sm * multiprocessor_count), column_blocks)
     splits = 1
     while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k) // min_steps_per_split):
+        splits *= 2
+    return splits
+
+
+def batched_split_k(rows: int, n: int, k: int, tile, programs_per_sm: float, multiprocessor_count: int) -> int:
+    """K splits at batched decode (`rows` the bound of M's bucket): a power of two while the grid's programs
+    (row blocks x column blocks x splits) stay within `programs_per_sm` a multiprocessor, rounded down
+    (splits that only reach it rounded up, two at N = 14336, took 1.5x as long on an H100: docs/benchmarks.md);
+    at most MAX_SPLIT_K and K's steps of `tile`'s BLOCK_K."""
+    block_m, block_n, block_k, *_ = tile
+    wanted = int(programs_per_sm * multiprocessor_count) // (triton.cdiv(rows, block_m) * triton.cdiv(n, block_n))
+    splits = 1
+    while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k)):
         splits *= 2
     return splits
 
