@@ -52,7 +52,9 @@ def assert_one_compile_per_m_bucket(model, template_mark: str, extern_call: str,
     """A weight-only GPU `model` compiled with dynamic=True and called at each M of `ms`: M = 1 is static
     (Dynamo specializes it); a dynamic M is guarded on the template's M buckets (`bounds`, ascending),
     the template (`template_mark` in its code) up to the last bound, Inductor's dequantize + mm above:
-    each bucket compiled once, never the op's extern call; every output close to eager."""
+    each bucket compiled once, never the op's extern call; every output close to eager. Dynamo starts
+    afresh (what it compiled for another model of the same class would count here)."""
+    torch._dynamo.reset()
     compiled = torch.compile(model, backend="qfuse", dynamic=True)
     calls = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),) for m in ms]
     with torch.no_grad():
