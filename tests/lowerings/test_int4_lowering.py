@@ -92,15 +92,13 @@ NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 TEMPLATE_MARK = "from qfuse.kernels.triton.int4_"  # either int4 template: int4_mm.int4_dot, int4_planes.plane_dot
 
 
-@pytest.mark.parametrize("device, rows", [("cpu", 40), pytest.param("cuda", 200, marks=NEEDS_CUDA),
-                                          pytest.param("cuda", 40, marks=NEEDS_CUDA),
-                                          pytest.param("cuda", 3, marks=NEEDS_CUDA)],
-                         ids=["cpu", "cuda", "cuda_batched", "cuda_decode"])
+@pytest.mark.parametrize("device, rows", [("cpu", 40), pytest.param("cuda", 40, marks=NEEDS_CUDA),
+                                          pytest.param("cuda", 3, marks=NEEDS_CUDA)], ids=["cpu", "cuda", "cuda_decode"])
 @pytest.mark.parametrize("zero_points, values", [("zero", "int4"), ("wide", "int8"), ("none", "int4")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_storage_lowers_as_the_words_do(dtype, zero_points, values, device, rows):
     """torchao's intx (int4 values one per int8, int8 zero points, any int8 values): Inductor's
-    dequantize + mm at prefill, on any device; the template on a GPU up to 128 rows, reading the values."""
+    dequantize + mm at prefill, on any device; the decode template on a GPU, reading the values."""
     assert register_lowerings()
     model = torchao_intx_int4(dtype, group_size=32, zero_points=zero_points, values=values).to(device)
 
@@ -112,7 +110,7 @@ def test_int8_storage_lowers_as_the_words_do(dtype, zero_points, values, device,
     torch._dynamo.reset()
     out, code = run_and_get_code(torch.compile(linear), x)
     code = "\n".join(code)
-    assert EXTERN_CALL not in code and (TEMPLATE_MARK in code) == (device == "cuda" and rows <= 128)
+    assert EXTERN_CALL not in code and (TEMPLATE_MARK in code) == (rows <= 16)
     expected = model(x)
     tolerance = 1e-5 if dtype == torch.float32 else 2**-7
     torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
