@@ -74,7 +74,8 @@ def _takes(node: Node) -> bool:
     """x [..., K] and a 2D int8 weight [N, K] with static K and N, on a device with a qfuse kernel."""
     x, weight = fake_value(node.kwargs["x"]), fake_value(node.kwargs["weight"])
     return (x is not None and weight is not None and weight.dim() == 2 and x.dim() >= 2 and x.device.type in DEVICES
-            and all(isinstance(size, int) for size in weight.shape) and statically_known_true(x.shape[-1] == weight.shape[1]))
+            and all(isinstance(size, int) for size in weight.shape)
+            and statically_known_true(x.shape[-1] == weight.shape[1]))
 
 
 def _aten_linear(graph: Graph, node: Node) -> tuple[Node, Node]:
