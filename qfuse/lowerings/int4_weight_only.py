@@ -55,7 +55,8 @@ from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.lowerings.ir import IR_OPS, convert, extern_call, falls_back_to_extern_call, lower, record_lowering, rows_at_most
+from qfuse.lowerings.ir import (IR_OPS, convert, extern_call, falls_back_to_extern_call, lower, record_lowering,
+                                rows_at_most, rows_bucket)
 from qfuse.lowerings.triton_template import max_autotune, split_k_linear
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, apply_zero_convention
 from qfuse.schemes import INT4_OFFSET
@@ -127,11 +128,6 @@ def _template_bounds(call: Int4WeightOnlyMmArgs, k: int) -> list[int]:
     return [DECODE_ROWS, *BATCHED_TILES] if call.packed_along_n else [DECODE_ROWS]
 
 
-def _template_bucket(rows, bounds: list[int]) -> int:
-    """The bound of M's bucket (a dynamic M guarded on it, `rows_at_most`), 0 above them all."""
-    return next((bound for bound in bounds if rows_at_most(rows, bound)), 0)
-
-
 def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
     """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call.
     M is looked at (and a dynamic M guarded) only for a call that can be lowered at all."""
@@ -156,7 +152,7 @@ def lower_int4_weight_only_mm(*args, **kwargs):
         record_lowering(f"extern call of qfuse::int4_weight_only_mm ({reason})")
         return extern_call(call)
     bounds = _template_bounds(call, int(k))
-    bucket = _template_bucket(rows, bounds) if call.x.get_device().type == "cuda" else 0  # CPU: never a template
+    bucket = rows_bucket(rows, bounds) if call.x.get_device().type == "cuda" else 0  # CPU: never a template
     n = int(call.scales.get_size()[0])
     x2d = lower(aten.reshape.default, call.x, [rows, k])
     if not bucket:

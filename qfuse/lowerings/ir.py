@@ -6,6 +6,7 @@
     numel / known_equal     sizes, compared only when Inductor can prove the answer
     rows_at_most(rows, b)   M <= b, for choosing a path or a tile by M: a dynamic M by a guard, so
                             that each M bucket gets its own compiled code
+    rows_bucket(rows, bs)   the bound of M's bucket among ascending bounds (0 above), by `rows_at_most`
     record_lowering(how)    how the op entered the generated code, into its LinearRecord (`current_record`)
     extern_call(call)       the op itself as an extern call (the fallback that is always correct)
     falls_back_to_extern_call(Args)   a lowering whose failure becomes that extern call (qfuse.errors)
@@ -78,6 +79,12 @@ def rows_at_most(rows, bound: int) -> bool:
     (vLLM) runs the first bucket's code at every M. A limit of correctness (cuBLAS's int8 GEMM needs
     17 rows) takes a static M instead."""
     return bool(V.graph.sizevars.guard_or_false(sympy.Le(rows, bound)))
+
+
+def rows_bucket(rows, bounds) -> int:
+    """The first of the ascending `bounds` that M (`rows`) is at most, 0 above them all: each bound asked in
+    turn with `rows_at_most`, so a dynamic M is guarded on its own bucket only."""
+    return next((bound for bound in bounds if rows_at_most(rows, bound)), 0)
 
 
 def current_record():

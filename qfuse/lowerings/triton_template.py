@@ -42,7 +42,7 @@ from torch._inductor.select_algorithm import SymbolicGridFn, TritonTemplate, aut
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.triton import K_ALIGNMENT
-from qfuse.lowerings.ir import convert, lower, rows_at_most
+from qfuse.lowerings.ir import convert, lower, rows_bucket
 
 aten = torch.ops.aten
 
@@ -171,7 +171,7 @@ def _bucket(rows, is_fp8: bool) -> int:
     from qfuse.kernels.triton.scaled_mm import tile_buckets
 
     hint = V.graph.sizevars.optimization_hint(rows, fallback=4096)
-    return next((bound for bound in tile_buckets(is_fp8) if rows_at_most(rows, bound)), hint)
+    return rows_bucket(rows, tile_buckets(is_fp8)) or hint
 
 
 def _tiles(rows, n: int, is_fp8: bool, blocked: bool, device) -> list[tuple[int, int, int, int, int, int]]:

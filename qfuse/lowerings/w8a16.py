@@ -34,7 +34,7 @@ from torch._inductor.virtualized import V
 from torch.utils._sympy.functions import FloorDiv
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.lowerings.ir import convert, known_equal, lower, numel, record_lowering, rows_at_most
+from qfuse.lowerings.ir import convert, known_equal, lower, numel, record_lowering, rows_at_most, rows_bucket
 from qfuse.lowerings.triton_template import max_autotune, split_k_linear
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
@@ -76,14 +76,6 @@ def _is_decode(rows) -> bool:
     return rows_at_most(rows, DECODE_ROWS)
 
 
-def _template_bucket(rows) -> int:
-    """The bound of M's bucket that the template runs (16, then `w8a16_mm.BATCHED_TILES`'), a dynamic M
-    guarded on it (`rows_at_most`); 0 above them all."""
-    from qfuse.kernels.triton.w8a16_mm import BATCHED_TILES
-
-    return next((bound for bound in (DECODE_ROWS, *BATCHED_TILES) if rows_at_most(rows, bound)), 0)
-
-
 def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
     """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call."""
     rows = _rows(call)
@@ -121,10 +113,11 @@ def lower_w8a16(call: WeightOnlyScaledMmArgs):
     rows = _rows(call)
     x2d = lower(aten.reshape.default, call.x, [rows, k])
     scale, kind = scale_as_matrix(call, n)
-    bucket = _template_bucket(rows) if call.x.get_device().type == "cuda" else 0  # CPU: decode stays an extern call
-    if not bucket:
-        from qfuse.kernels.triton.w8a16_mm import TEMPLATE_MAX_ROWS
+    from qfuse.kernels.triton.w8a16_mm import BATCHED_TILES, TEMPLATE_MAX_ROWS
 
+    # the template's buckets: 16 rows, then BATCHED_TILES'; CPU: decode stays an extern call (`why_not_lowered`)
+    bucket = rows_bucket(rows, (DECODE_ROWS, *BATCHED_TILES)) if call.x.get_device().type == "cuda" else 0
+    if not bucket:
         dynamic = "" if sympy.sympify(rows).is_number else ": a dynamic M, guarded"
         out = _dequantize_and_mm(call, x2d, scale, kind, k, n)
         record_lowering(f"Inductor's own dequantize + mm (M above {TEMPLATE_MAX_ROWS}{dynamic}); the cast and what "

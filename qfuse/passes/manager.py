@@ -34,11 +34,10 @@ from qfuse.passes.families import PATTERN_FAMILIES, family_module
 from qfuse.passes.fused_linear import PassContext
 from qfuse.passes.graph_utils import module_path
 from qfuse.passes.inductor_woq import reclaim_woq_int8
-from qfuse.passes.report import PassReport, count_ops, inductor_quantized_nodes, matmul_nodes
+from qfuse.passes.report import RECLAIMED, PassReport, count_ops, inductor_quantized_nodes, matmul_nodes
 from qfuse.passes.transaction import GraphSnapshot
 
 log = logging.getLogger("qfuse")
-RECLAIMED = "taken back from Inductor's int8 weight-only pattern (woq_int8 -> _weight_int8pack_mm; passes/inductor_woq.py)"
 
 # Each family is a module with `run(graph, context)`; its docstring says what it matches.
 PASS_MODULES: dict[str, ModuleType] = {

@@ -18,6 +18,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+#: A linear qfuse took back from Inductor's int8 weight-only pattern (`passes/inductor_woq.py`).
+RECLAIMED = "taken back from Inductor's int8 weight-only pattern (woq_int8 -> _weight_int8pack_mm; passes/inductor_woq.py)"
+
 #: What Inductor's own quantization passes turn a linear into before qfuse's pass runs (PT2E
 #: linears with freezing=True, its weight-only int8 / int4 patterns); matched by name, since some
 #: are Python callables of Inductor's, not ops.
@@ -157,8 +160,7 @@ class PassReport(RecordSelection):
         if self.float_matmuls:
             lines += ["", "float matmuls (not quantized, left alone): " + ", ".join(self.float_matmuls)]
         if self.reclaimed_from_inductor:
-            lines += ["", "taken back from Inductor's int8 weight-only pattern (woq_int8 -> _weight_int8pack_mm, "
-                      "passes/inductor_woq.py): " + ", ".join(self.reclaimed_from_inductor)]
+            lines += ["", f"{RECLAIMED}: " + ", ".join(self.reclaimed_from_inductor)]
         if self.inductor_quantized:
             lines += ["", "taken by Inductor's own quantization passes before qfuse ran (freezing=True lowers PT2E "
                       "linears to oneDNN; weight-only int8 / int4 patterns): " + ", ".join(self.inductor_quantized)]

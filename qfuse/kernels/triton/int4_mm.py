@@ -58,9 +58,9 @@ import triton.language as tl
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS, takes_planes, triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
-from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, batched_split_k, empty_result,
-                                                fit_block_k, packed_zero_points, split_k, split_k_tile, step_meta,
-                                                sum_splits)
+from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, batched_split_k, bucket_of,
+                                                empty_result, fit_block_k, packed_zero_points, split_k, split_k_tile,
+                                                step_meta, sum_splits)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 PREFILL_TILE = (128, 256, 128, 8, 8, 3)
@@ -208,7 +208,7 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
         return triton_int4_planes_mm(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, sms,
                                      splits=splits, zero_convention=zero_convention)
     batched = config is None and packed_along_n and DECODE_ROWS < m <= max(BATCHED_TILES)
-    bucket = next((bound for bound in BATCHED_TILES if m <= bound), 0) if batched else 0
+    bucket = bucket_of(m, BATCHED_TILES) if batched else 0
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or BATCHED_TILES.get(bucket) or pick_int4_config(m)
     block_k = fit_block_k(block_k, group_size, k)
     if not splits and batched:

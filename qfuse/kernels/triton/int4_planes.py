@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.kernels.triton.weight_stream import MAX_SPLIT_K, packed_zero_points, split_k_tile, sum_splits
+from qfuse.kernels.triton.weight_stream import batched_split_k, bucket_of, packed_zero_points, split_k_tile, sum_splits
 
 PLANE_STEP = 128  # K values a step: 16 words a row, a K = 16 slice of the step's dot a plane
 _STEP = tl.constexpr(PLANE_STEP)
@@ -128,7 +128,7 @@ def paired(x_dtype: torch.dtype, scale_dtype: torch.dtype, device: torch.device)
 
 def plane_tile(rows: int) -> tuple[int, int, int, int, int, int]:
     """The tile for M = `rows` (at most PLANE_MAX_ROWS): its bucket's."""
-    return PLANE_TILES[next(bound for bound in sorted(PLANE_TILES) if rows <= bound)]
+    return PLANE_TILES[bucket_of(rows, sorted(PLANE_TILES))]
 
 
 def autotune_plane_tiles(tile) -> list[tuple[int, int, int, int, int, int]]:
@@ -138,20 +138,17 @@ def autotune_plane_tiles(tile) -> list[tuple[int, int, int, int, int, int]]:
 
 
 def plane_splits(m: int, n: int, k: int, block_m: int, block_n: int, multiprocessor_count: int) -> int:
-    """K splits for M = `m` rows: a power of two, until the grid holds PROGRAMS_PER_SM[BLOCK_M] programs a
-    multiprocessor, each split at least MIN_STEPS_PER_SPLIT steps deep (and at most MAX_SPLIT_K).
+    """K splits for M = `m` rows (`weight_stream.batched_split_k`): a power of two, while the grid holds at
+    most PROGRAMS_PER_SM[BLOCK_M] programs a multiprocessor, each split at least MIN_STEPS_PER_SPLIT steps
+    deep (and at most MAX_SPLIT_K).
 
     Measured as the template on an H100 (session 19, `benchmarks/gpu_int4_planes_batched.py --part
     splits`), splits 1, 2, 4 (and 8) at M = 1 to 256 and N x K = 4096 x 4096, 14336 x 4096, 4096 x
     14336: this rule's pick was the fastest in 19 of the 21 cases and within 6% in the other two (4, 2,
     8 splits at decode; 4, 1, 4 at M = 128). At decode it takes 2 splits at 14336 x 4096, where an
     earlier rule took 4: 21.5 / 22.5 µs against 22.7 / 24.2 at M = 1 / 16."""
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    wanted = PROGRAMS_PER_SM.get(block_m, 1) * multiprocessor_count // tiles
-    splits = 1
-    while splits * 2 <= min(wanted, MAX_SPLIT_K, k // PLANE_STEP // MIN_STEPS_PER_SPLIT):
-        splits *= 2
-    return splits
+    return batched_split_k(m, n, k, (block_m, block_n, PLANE_STEP), PROGRAMS_PER_SM.get(block_m, 1),
+                           multiprocessor_count, MIN_STEPS_PER_SPLIT)
 
 
 def permute_planes(x: torch.Tensor) -> torch.Tensor:

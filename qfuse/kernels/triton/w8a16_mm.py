@@ -31,8 +31,9 @@ import triton.language as tl
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton.scaled_mm import (BLOCK_SCALE, NO_SCALE, SCALE_GROUP, TENSOR_SCALE, VECTOR_SCALE,
                                             multiprocessors, scale_and_bias)
-from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, batched_split_k, empty_result,
-                                                fit_block_k, split_k, split_k_tile, step_meta, sum_splits)
+from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, batched_split_k, bucket_of,
+                                                empty_result, fit_block_k, split_k, split_k_tile, step_meta,
+                                                sum_splits)
 
 _BLOCK, _GROUP = tl.constexpr(BLOCK_SCALE), tl.constexpr(SCALE_GROUP)
 
@@ -129,7 +130,7 @@ def pick_w8a16_config(m: int) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for M rows."""
     if m <= DECODE_ROWS:
         return DECODE_TILE
-    return BATCHED_TILES[next(bound for bound in BATCHED_TILES if m <= bound)][0] if m <= TEMPLATE_MAX_ROWS else PREFILL_TILE
+    return BATCHED_TILES[bucket_of(m, BATCHED_TILES)][0] if m <= TEMPLATE_MAX_ROWS else PREFILL_TILE
 
 
 def batched_splits(bucket: int, n: int, k: int, block_k: int, multiprocessor_count: int) -> int:
@@ -158,7 +159,7 @@ def triton_w8a16_mm(x: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor | No
     if kind == BLOCK_SCALE:
         block_k = fit_block_k(block_k, SCALE_GROUP, k)
     if not splits and DECODE_ROWS < m <= TEMPLATE_MAX_ROWS and config is None:
-        splits = batched_splits(next(bound for bound in BATCHED_TILES if m <= bound), n, k, block_k, multiprocessors(x.device))
+        splits = batched_splits(bucket_of(m, BATCHED_TILES), n, k, block_k, multiprocessors(x.device))
     splits = splits or split_k(m, n, k, block_n, block_k, multiprocessors(x.device), DECODE_PROGRAMS_PER_SM)
     out = torch.empty(splits, m, n, device=x.device, dtype=out_dtype if splits == 1 else torch.float32)
     scale = scale_b.to(torch.float32) if scale_b is not None else x

@@ -13,8 +13,10 @@ weight on the wide side of the tensor-core shape. The pieces here are that loop'
                       a small N still reach every multiprocessor; their partial sums [SPLIT_K, M, N]
                       (float32; int32 in the W8A8 template, `qfuse.lowerings.triton_template`) are
                       added after (`sum_splits` in eager, Inductor's code in a template)
-    batched_split_k   the same at batched decode (16 < M <= 128), where the partial sums grow with M:
-                      splits only while the programs stay within a budget a multiprocessor
+    batched_split_k   the same at batched decode (16 < M <= 256), where the partial sums grow with M:
+                      splits only while the programs stay within a budget a multiprocessor (every
+                      template's rule there, and the nibble planes' at decode too)
+    bucket_of         the bound of M's bucket among a kernel's tile buckets
     fit_block_k       a K step that holds whole scale groups along K or lies in one (int4 groups of g,
     step_meta         fp8 blocks of 128), and the constexprs that say so
     packed_zero_points  int4 zero points packed eight rows to an int32, by the zero convention
@@ -104,15 +106,21 @@ def split_k(m: int, n: int, k: int, block_n: int, block_k: int, multiprocessor_c
     return splits
 
 
-def batched_split_k(rows: int, n: int, k: int, tile, programs_per_sm: float, multiprocessor_count: int) -> int:
-    """K splits at batched decode (`rows` the bound of M's bucket): a power of two while the grid's programs
-    (row blocks x column blocks x splits) stay within `programs_per_sm` a multiprocessor, rounded down
-    (splits that only reach it rounded up, two at N = 14336, took 1.5x as long on an H100: docs/benchmarks.md);
-    at most MAX_SPLIT_K and K's steps of `tile`'s BLOCK_K."""
+def bucket_of(m: int, bounds) -> int:
+    """The bound of M's bucket: the first of the ascending `bounds` that M fits under; 0 above them all."""
+    return next((bound for bound in bounds if m <= bound), 0)
+
+
+def batched_split_k(rows: int, n: int, k: int, tile, programs_per_sm: float, multiprocessor_count: int,
+                    min_steps_per_split: int = 1) -> int:
+    """K splits at batched decode (`rows`: M, or the bound of M's bucket): a power of two while the grid's
+    programs (row blocks x column blocks x splits) stay within `programs_per_sm` a multiprocessor, rounded
+    down (splits that only reach it rounded up, two at N = 14336, took 1.5x as long on an H100:
+    docs/benchmarks.md); at most MAX_SPLIT_K, each split at least `min_steps_per_split` of `tile`'s K steps."""
     block_m, block_n, block_k, *_ = tile
     wanted = int(programs_per_sm * multiprocessor_count) // (triton.cdiv(rows, block_m) * triton.cdiv(n, block_n))
     splits = 1
-    while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k)):
+    while splits * 2 <= min(wanted, MAX_SPLIT_K, triton.cdiv(k, block_k) // min_steps_per_split):
         splits *= 2
     return splits
 
