@@ -87,7 +87,7 @@ def split_rows(stack, x, n: int, k: int) -> list[dict]:
         rows.append({"variant": "tinygemm (eager)", "gpu_us": per_linear_us(stack, lambda l: torch.ops.aten._weight_int4pack_mm(
             x, packs[id(l)].data, GROUP, packs[id(l)].scale))})
         del packs
-    tile = planes.PLANE_TILES[next((b for b in sorted(planes.PLANE_TILES) if m <= b), max(planes.PLANE_TILES))]
+    tile = planes.plane_tile(min(m, planes.PLANE_MAX_ROWS))  # above: the largest bucket's
     rule = planes.plane_splits(m, n, k, tile[0], tile[1], multiprocessors(x.device))
     chosen, bounds = planes.plane_splits, dict(planes.PLANE_TILES)
     if m > max(bounds):  # above PLANE_MAX_ROWS: the largest bucket's tile, to see where the template stops winning
