@@ -13,6 +13,8 @@ Each case is compiled with Inductor default, Inductor max-autotune-no-cudagraphs
 qfuse default, timed per call (back to back, what a model sees) and for the host time of one call
 (`qfuse.bench.time_call`); at M <= 16 also with mode="reduce-overhead" (CUDA graphs). Beside them: the
 raw GEMM alone on pre-quantized operands (row-wise `_scaled_mm`, `_int_mm`) and the bf16 linear.
+`--variants qfuse-inductor-quant` is qfuse with its activation-quant step off (the quant left to
+Inductor's reduction, as before qfuse's quantizer entered the generated code), for a same-run "before".
 The weight of one linear is re-read from the L2 on every call (4096 x 4096 int8 fits in an H100's
 L2): decode numbers of a single linear are warm-cache numbers for every variant alike.
 """
@@ -31,6 +33,7 @@ from torch import nn
 import qfuse
 from gemm_cases import FP8, SHAPES
 from qfuse.bench import add_output_arguments, format_table, gpu_time, out_path, plot, progress, relative_error, time_call, warm, write
+from qfuse.passes.families import PATTERN_FAMILIES
 
 TOKEN_PADDING = 17  # cuBLAS int8 GEMMs need more than 16 rows
 EPS = {torch.int8: 1e-6, FP8: 1e-12}
@@ -88,9 +91,15 @@ class LlamaMLP(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
+# variants that are qfuse with options: its activation quant left to Inductor (the same run's "before")
+NAMED_OPTIONS = {"qfuse-inductor-quant": {"patterns": [f for f in PATTERN_FAMILIES if f != "activation_quant"]}}
+
+
 def compiled(model, variant: str):
     torch._dynamo.reset()
     backend, _, mode = variant.partition(":")
+    if backend in NAMED_OPTIONS:
+        return torch.compile(model, backend="qfuse", options=NAMED_OPTIONS[backend])
     return torch.compile(model, backend=backend, mode=mode or None)
 
 
@@ -172,13 +181,13 @@ def variants_for(m: int, max_autotune: bool = True) -> list[str]:
     return names
 
 
-def mlp_case(m: int, dtype: torch.dtype) -> list[dict]:
+def mlp_case(m: int, dtype: torch.dtype, variants: list[str] | None = None) -> list[dict]:
     label = {"dtype": "int8" if dtype == torch.int8 else "fp8", "m": m, "block": "llama_mlp"}
     model = LlamaMLP(dtype)
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         expected = model(x)
-        variants = [variant for variant in variants_for(m, max_autotune=False) if variant != "bf16"]
+        variants = variants or [variant for variant in variants_for(m, max_autotune=False) if variant != "bf16"]
         return [label | measure(model, x, variant, expected) for variant in variants]
 
 
@@ -224,7 +233,7 @@ def run_suite(args) -> list[dict]:
         for dtype in dtypes:
             for m in chosen_ms or ((16,) if args.quick else (16, 1024, 4096)):
                 progress(f"mlp {dtype} M={m}")
-                rows += mlp_case(m, dtype)
+                rows += mlp_case(m, dtype, args.variants.split(",") if args.variants else None)
                 write(out, rows, suite=args.suite)
         return rows
     ms, shapes = ((16, 1024), SHAPES[:1]) if args.quick else ((1, 16, 1024, 4096), SHAPES)

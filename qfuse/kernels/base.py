@@ -72,6 +72,10 @@ class Kernel(abc.ABC):
     #: Whether the passes should hand this kernel the float activation (qfuse::quant_scaled_mm)
     #: instead of leaving the activation quantization to Inductor's generated code.
     fuses_activation_quant: ClassVar[bool] = False
+    #: Whether the kernel's lowering can leave its output as Inductor pointwise code (an epilogue after
+    #: an ATen GEMM), which Inductor fuses into the op that reads it: a consumer that is a kernel of its
+    #: own would make that output a buffer (`qfuse.passes.triton_quantizer` asks).
+    output_fuses_into_consumers: ClassVar[bool] = False
     #: Whether `prepare_weight` changes the weight (repacking, padding, re-encoding), so that its
     #: result is worth caching per weight. Kernels that consume the weight as it is leave it False.
     prepares_weight: ClassVar[bool] = False
@@ -146,6 +150,11 @@ class Kernel(abc.ABC):
 
     def dynamic_quant(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
         return reference_math.dynamic_quant(x, quant_dtype, granularity, eps)
+
+    def silu_mul_quant(self, gate, up, quant_dtype: torch.dtype, eps: float, scale_dtype: torch.dtype):
+        """Dynamic per-token quant of silu(gate) * up (each rounded to up's dtype), computed in scale_dtype."""
+        product = torch.nn.functional.silu(gate).to(up.dtype) * up
+        return self.dynamic_quant(product.to(scale_dtype), quant_dtype, Granularity.PER_TOKEN, eps)
 
     def dynamic_quant_asymmetric(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
         return reference_math.dynamic_quant_asymmetric(x, quant_dtype, granularity, eps)

@@ -69,6 +69,7 @@ def _tinygemm_can_implement(key: GemmKey) -> Verdict:
 
 class TorchKernel(Kernel):
     name = "torch"
+    output_fuses_into_consumers = True  # its lowering: an ATen GEMM, then the scales in Inductor's pointwise code
     capabilities = (
         Capability("int8 torch._int_mm", ("cpu",), **_INT8_ROW),
         Capability("int8 torch._int_mm (cuBLASLt)", ("cuda",), **_INT8_ROW, k_multiple=8, n_multiple=8),

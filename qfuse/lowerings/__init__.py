@@ -15,11 +15,12 @@ def register_lowerings() -> bool:
     import qfuse.ops  # noqa: F401
 
     try:
-        from qfuse.lowerings import int4_weight_only, scaled_mm, weight_only
+        from qfuse.lowerings import int4_weight_only, quantize, scaled_mm, weight_only
 
         scaled_mm.register()
         weight_only.register()
         int4_weight_only.register()
+        quantize.register()
     except (ImportError, AttributeError, TypeError) as error:
         log.warning("qfuse: Inductor lowerings unavailable (%s); fused ops run as extern calls", error)
         return False

@@ -10,6 +10,8 @@
     record_lowering(how)    how the op entered the generated code, into its LinearRecord (`current_record`)
     extern_call(call)       the op itself as an extern call (the fallback that is always correct)
     falls_back_to_extern_call(Args)   a lowering whose failure becomes that extern call (qfuse.errors)
+    launch_user_triton_kernel(...)    a @triton.jit kernel launched from the generated code, as
+                            `torch.library.wrap_triton` would launch it (no Python op per call)
     IR_OPS                  `qfuse.kernels.array_ops.ArrayOps` on IR: a kernel's integer math, stated
                             once, builds the lowering's IR
 """
@@ -102,6 +104,31 @@ def record_lowering(how: str) -> None:
 def extern_call(call):
     """`call` (an op's named arguments, `qfuse.ops.arguments`) as an extern call of the op."""
     return inductor_lowering.fallback_handler(call.op, add_to_fallback_set=False)(*call.as_args())
+
+
+@functools.cache
+def _with_warps(kernel, num_warps: int):
+    """`kernel` with its launch's warps as a one-config autotuner: how Inductor takes a user kernel's
+    launch options (Dynamo wraps `kernel[grid](..., num_warps=w)` the same way)."""
+    import triton
+
+    return triton.autotune(configs=[triton.Config({}, num_warps=num_warps)], key=[])(kernel)
+
+
+def launch_user_triton_kernel(kernel, grid: tuple, num_warps: int, tensors: dict, scalars: dict) -> None:
+    """Launch the @triton.jit `kernel` on `grid` from Inductor's generated code, through Inductor's own
+    lowering of `torch.library.wrap_triton`'s kernel call: `tensors` (IR) are its pointer arguments, and
+    the ones it stores to (Inductor reads that from the kernel) become the buffers' writes; `scalars`
+    are the rest by name, a size that is a symbol included."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
+
+    symbolic = {name: value for name, value in scalars.items() if isinstance(value, sympy.Basic) and not value.is_number}
+    constants = {name: (int(value) if isinstance(value, sympy.Integer) else value)
+                 for name, value in scalars.items() if name not in symbolic}
+    lower(triton_kernel_wrapper_mutation,
+          kernel_idx=kernel_side_table.add_kernel(_with_warps(kernel, num_warps)),
+          constant_args_idx=kernel_side_table.add_constant_args(constants),
+          grid=[tuple(grid)], tma_descriptor_metadata={}, kwargs={**tensors, **symbolic})
 
 
 def falls_back_to_extern_call(arguments_type):

@@ -1,13 +1,18 @@
-"""Quantize ops: `qfuse::dynamic_quant`, `qfuse::dynamic_quant_asymmetric`, `qfuse::static_quant`.
+"""Quantize ops: `qfuse::dynamic_quant`, `qfuse::dynamic_quant_asymmetric`, `qfuse::static_quant`,
+`qfuse::silu_mul_quant`.
 
-    dynamic_quant(x, quant_dtype, granularity, eps, kernel) -> (q, scale)
+    dynamic_quant(x, quant_dtype, granularity, eps, kernel, scale_dtype=None) -> (q, scale)
         scale = max(amax(|x|), eps) / qmax over the tensor ([]), each token ([..., 1]) or each
-        128-group of the last dim ([..., K / 128]); q = quantize(x / scale)
+        128-group of the last dim ([..., K / 128]); q = quantize(x / scale); computed in
+        scale_dtype (x upcast to it exactly, as `x.float()` is written before a float32 scale)
     dynamic_quant_asymmetric(x, quant_dtype, granularity, eps, kernel) -> (q, scale, zero_point)
         int8 / uint8 with an int32 zero point, per tensor or per token
     static_quant(x, scale, zero_point, quant_dtype, kernel) -> q
+    silu_mul_quant(gate, up, quant_dtype, eps, kernel, scale_dtype=None) -> (q, scale)
+        dynamic_quant of silu(gate) * up per token (each rounded to up's dtype, as eager's ops
+        round; gate may be float32): a Llama MLP's down-projection input, the product never written
 
-The scale keeps x's dtype, as a model written in plain torch computes it. Exact formulas:
+The scale keeps x's dtype (or scale_dtype), as a model written in plain torch computes it. Exact formulas:
 `qfuse.kernels.reference_math`.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from qfuse.kernels import get_kernel
+from qfuse.ops.arguments import op_arguments
 from qfuse.schemes import ACTIVATION_GRANULARITIES, FP8_DTYPE, GROUP_SIZE, QUANT_DTYPES, Granularity
 
 
@@ -48,21 +54,65 @@ def _scale_shape(x: torch.Tensor, granularity: Granularity) -> tuple:
     return (*x.shape[:-1], x.shape[-1] // GROUP_SIZE)
 
 
+def _computed_dtype(x: torch.Tensor, scale_dtype: torch.dtype | None, op: str) -> torch.dtype:
+    """The dtype the quantizer computes in: x's, or a wider float `scale_dtype` x is upcast to exactly."""
+    if scale_dtype is None or scale_dtype == x.dtype:
+        return x.dtype
+    if not scale_dtype.is_floating_point or scale_dtype.itemsize <= x.dtype.itemsize:
+        raise ValueError(f"qfuse::{op}: scale_dtype must be x's dtype or a wider float (an exact upcast of "
+                         f"{x.dtype}), got {scale_dtype}")
+    return scale_dtype
+
+
 @torch.library.custom_op("qfuse::dynamic_quant", mutates_args=())
 def dynamic_quant(
-    x: torch.Tensor, quant_dtype: torch.dtype, granularity: str, eps: float, kernel: str
+    x: torch.Tensor, quant_dtype: torch.dtype, granularity: str, eps: float, kernel: str,
+    scale_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_quant_dtype(quant_dtype, "dynamic_quant", (torch.int8, FP8_DTYPE))
     resolved = _granularity(granularity, x, "dynamic_quant")
-    q, scale = get_kernel(kernel).dynamic_quant(x, quant_dtype, resolved, eps)
+    q, scale = get_kernel(kernel).dynamic_quant(x.to(_computed_dtype(x, scale_dtype, "dynamic_quant")), quant_dtype,
+                                                resolved, eps)
     return q, scale.reshape(_scale_shape(x, resolved))
 
 
 @dynamic_quant.register_fake
-def _(x, quant_dtype, granularity, eps, kernel):
+def _(x, quant_dtype, granularity, eps, kernel, scale_dtype=None):
     _check_quant_dtype(quant_dtype, "dynamic_quant", (torch.int8, FP8_DTYPE))
     resolved = _granularity(granularity, x, "dynamic_quant")
-    return torch.empty_like(x, dtype=quant_dtype), x.new_empty(_scale_shape(x, resolved))
+    return (x.new_empty(x.shape, dtype=quant_dtype),  # contiguous, as every kernel returns it
+            x.new_empty(_scale_shape(x, resolved), dtype=_computed_dtype(x, scale_dtype, "dynamic_quant")))
+
+
+class DynamicQuantArgs(op_arguments(torch.ops.qfuse.dynamic_quant.default)):
+    """`qfuse::dynamic_quant`'s arguments by name."""
+
+
+@torch.library.custom_op("qfuse::silu_mul_quant", mutates_args=())
+def silu_mul_quant(
+    gate: torch.Tensor, up: torch.Tensor, quant_dtype: torch.dtype, eps: float, kernel: str,
+    scale_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_silu_mul(gate, up, quant_dtype)
+    return get_kernel(kernel).silu_mul_quant(gate, up, quant_dtype, eps, _computed_dtype(up, scale_dtype, "silu_mul_quant"))
+
+
+@silu_mul_quant.register_fake
+def _(gate, up, quant_dtype, eps, kernel, scale_dtype=None):
+    _check_silu_mul(gate, up, quant_dtype)
+    return (up.new_empty(up.shape, dtype=quant_dtype),
+            up.new_empty((*up.shape[:-1], 1), dtype=_computed_dtype(up, scale_dtype, "silu_mul_quant")))
+
+
+def _check_silu_mul(gate: torch.Tensor, up: torch.Tensor, quant_dtype: torch.dtype) -> None:
+    _check_quant_dtype(quant_dtype, "silu_mul_quant", (torch.int8, FP8_DTYPE))
+    if gate.shape != up.shape or not up.dtype.is_floating_point or gate.dtype not in (up.dtype, torch.float32):
+        raise ValueError(f"qfuse::silu_mul_quant: gate and up must be float tensors of one shape, gate of up's dtype "
+                         f"or float32, got {gate.dtype}{list(gate.shape)} and {up.dtype}{list(up.shape)}")
+
+
+class SiluMulQuantArgs(op_arguments(torch.ops.qfuse.silu_mul_quant.default)):
+    """`qfuse::silu_mul_quant`'s arguments by name."""
 
 
 @torch.library.custom_op("qfuse::dynamic_quant_asymmetric", mutates_args=())

@@ -12,6 +12,9 @@ or a static one-value scale), and when
 
 the pair becomes `qfuse::quant_scaled_mm(x, ...)`: dynamic per-token (scale_a None) or static.
 Otherwise the quantization stays in Inductor's code and the record's note says why.
+
+On CUDA the other kernels' activation quant may go to qfuse's Triton quantizer instead
+(`qfuse.passes.triton_quantizer`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from qfuse.ops.scaled_mm import QuantScaledMmArgs, ScaledMmArgs
 from qfuse.passes.fused_linear import NotFusable, PassContext
 from qfuse.passes.graph_utils import aten, dtype_of, insert_call, shape_of, strip_views
 from qfuse.passes.quant_forms import fold_verdict, match_quantize, match_token_scale
+from qfuse.passes.triton_quantizer import take_over_quant
 from qfuse.passes.transaction import UndoFailed, new_nodes_removed_on_error
 
 FAMILY = "activation_quant"
@@ -81,15 +85,11 @@ def fold_replacement(graph: Graph, fused: Node, call: ScaledMmArgs, fold: Foldab
         return insert_call(graph, folded.op, folded.as_args())
 
 
-def _add_note(record, note: str) -> None:
-    if record is not None:
-        record.note = "; ".join(filter(None, [record.note, note]))
-
-
 def run(graph: Graph, context: PassContext) -> None:
     for fused in list(graph.find_nodes(op="call_function", target=ScaledMmArgs.op)):
         call = ScaledMmArgs.of(fused)
         if not get_kernel(call.kernel).fuses_activation_quant:
+            take_over_quant(graph, fused, call, context)
             continue
         record = fused.meta.get(RECORD_KEY)
         try:
@@ -97,13 +97,15 @@ def run(graph: Graph, context: PassContext) -> None:
             with new_nodes_removed_on_error(graph):
                 replacement = fold_replacement(graph, fused, call, fold)
         except NotFusable as reason:
-            _add_note(record, f"activation quant not folded: {reason}")
+            if record is not None:
+                record.add_note(f"activation quant not folded: {reason}")
             continue
         except UndoFailed:
             raise  # the pass manager restores the graph as it was before this family
         except Exception as error:
-            _add_note(record, contain_internal_error(f"folding the activation quant of {fused.name}", error,
-                                                  "the activation quant is left to Inductor"))
+            if record is not None:
+                record.add_note(contain_internal_error(f"folding the activation quant of {fused.name}", error,
+                                                       "the activation quant is left to Inductor"))
             continue
         fused.replace_all_uses_with(replacement)
         context.report.matches[FOLDED_PATTERN] += 1

@@ -126,7 +126,7 @@ class QfusePass(CustomGraphPass):
         graph.lint()
         for name in report.reclaimed_from_inductor:
             if (record := report.record_for(name)) is not None:
-                record.note = "; ".join(([record.note] if record.note else []) + [RECLAIMED])
+                record.add_note(RECLAIMED)
         report.ops_after = count_ops(graph)
         report.float_matmuls = [
             f"{name} ({module})" if module else name for name, module in matmuls.items() if not report.record_for(name)

@@ -67,12 +67,14 @@ class TokenScale:
     eps_after_divide: bool = False
 
 
-def _float_source(node):
+def float_source(node):
     """`node` under exact float upcasts (amax commutes with them)."""
     while isinstance(node, Node) and (target := converted_dtype(node)) is not None and target.is_floating_point:
         source = dtype_of(node.args[0])
         if source is None or not source.is_floating_point or source.itemsize > target.itemsize:
             break
+        if source.itemsize == target.itemsize and source != target:
+            break  # fp16 <-> bf16 rounds: not an upcast
         node = node.args[0]
     return node
 
@@ -158,7 +160,7 @@ def _lower_clamp(node) -> tuple[Node, float] | None:
 def match_token_scale(scale) -> TokenScale | None:
     """The per-token absmax scale `scale` computes, or None."""
     eps_after_divide, eps = False, 0.0
-    if (clamped := _lower_clamp(_float_source(scale))) is not None:
+    if (clamped := _lower_clamp(float_source(scale))) is not None:
         (scale, eps), eps_after_divide = clamped, True
     division = _divisor(scale)
     if division is None or (divisor := constant_number(division[1])) is None:
@@ -166,9 +168,9 @@ def match_token_scale(scale) -> TokenScale | None:
     numerator, _, by_reciprocal = division
     if by_reciprocal:
         divisor = 1.0 / divisor
-    value = _float_source(numerator)
+    value = float_source(numerator)
     if not eps_after_divide and (clamped := _lower_clamp(value)) is not None:
-        value, eps = _float_source(clamped[0]), clamped[1]
+        value, eps = float_source(clamped[0]), clamped[1]
     if isinstance(value, Node) and value.target == operator.getitem and value.args[1] == 0:
         value = value.args[0]  # max(dim).values
     if not (isinstance(value, Node) and value.target in (aten.amax.default, aten.max.dim)):
@@ -176,7 +178,7 @@ def match_token_scale(scale) -> TokenScale | None:
     dims = value.args[1] if len(value.args) > 1 else value.kwargs.get("dim")
     keepdim = value.args[2] if len(value.args) > 2 else value.kwargs.get("keepdim", False)
     dims = [dims] if isinstance(dims, int) else list(dims or [])
-    source = _float_source(value.args[0])
+    source = float_source(value.args[0])
     if not (isinstance(source, Node) and source.target == aten.abs.default) or not keepdim:
         return None
     rank = len(shape_of(source))
@@ -199,7 +201,7 @@ def fold_verdict(quantizer: Quantizer, dynamic: TokenScale | None) -> str:
     if dynamic is None:
         return ""
     qmax = symmetric_quant_max(quantizer.dtype)
-    if _float_source(dynamic.x) is not _float_source(quantizer.x):
+    if float_source(dynamic.x) is not float_source(quantizer.x):
         return "the per-token scale is computed from another tensor than the one quantized"
     if dynamic.divisor != qmax or dynamic.by_reciprocal:
         written = f"* {1 / dynamic.divisor!r}" if dynamic.by_reciprocal else f"/ {dynamic.divisor!r}"

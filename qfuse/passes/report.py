@@ -51,6 +51,10 @@ class LinearRecord:
     def where(self) -> str:
         return f"{self.node} ({self.module})" if self.module else self.node
 
+    def add_note(self, note: str) -> None:
+        """Append `note` to the record's note ('; ' between notes)."""
+        self.note = "; ".join(filter(None, [self.note, note]))
+
     def summary(self) -> str:
         if self.fused:
             note = f" (note: {self.note})" if self.note else ""
@@ -93,11 +97,11 @@ class PassReport(RecordSelection):
         earlier = self.record_for(record.node)
         if earlier is not None and not earlier.fused:  # merging keeps at most one near miss per linear
             if not record.fused:
-                earlier.note = "; ".join(([earlier.note] if earlier.note else []) + [f"{record.family}: {record.reason}"])
+                earlier.add_note(f"{record.family}: {record.reason}")
                 return
             self.records[:] = [kept for kept in self.records if kept is not earlier]
             passed_over = f"passed over by {earlier.family}: {earlier.reason}" + (f"; {earlier.note}" if earlier.note else "")
-            record.note = "; ".join(([record.note] if record.note else []) + [passed_over])
+            record.add_note(passed_over)
         if record.fused:
             self.matches[record.pattern] += 1
         self.records.append(record)

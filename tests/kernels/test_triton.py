@@ -165,6 +165,37 @@ def test_dynamic_quant_scale_of_a_row_holding_nan_is_nan(dtype):
     assert torch.equal(q.cpu()[rows].float(), expected_q[rows].float())
 
 
+@pytest.mark.parametrize("gate_dtype", [torch.bfloat16, torch.float32], ids=["bf16_gate", "fp32_gate"])
+@pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
+@pytest.mark.parametrize("shape", [(1, 256), (3, 7, 300), (0, 64)], ids=["M1", "3D", "M0"])
+def test_silu_mul_quant_matches_eager(shape, dtype, gate_dtype):
+    """q and the scale of silu(gate) * up with eager's bf16 roundings; the SiLU's exp and division are the
+    device's fast ones, so a value may sit one step from eager's where the product lies within float32
+    error of a bf16 rounding boundary: a few such values here, and a row's amax (so its scale) one bf16
+    step apart at most."""
+    generator = torch.Generator().manual_seed(4)
+    gate, up = ((torch.randn(shape, generator=generator) * 3).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    gate = gate.to(gate_dtype) * (1 + 2**-10 if gate_dtype == torch.float32 else 1)  # float32: off the bf16 grid
+    q, scale = ops.silu_mul_quant(gate, up, dtype, 1e-6, "triton", torch.float32)
+    g = gate.float()  # the post-grad graph's SiLU: g / (1 + exp(-g)) in float32, rounded to bf16
+    product = (g / (1 + torch.exp(-g))).to(torch.bfloat16) * up
+    expected_q, expected_scale = eager_on_cuda(product.float(), dtype, "per_token", 1e-6)
+    assert q.shape == gate.shape and scale.shape == (*shape[:-1], 1) and scale.dtype == torch.float32
+    torch.testing.assert_close(scale, expected_scale.reshape(scale.shape), rtol=2**-7, atol=0)
+    apart = (q.float() != expected_q.float()).sum().item()
+    assert apart <= max(2, q.numel() // 500), apart
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
+def test_quant_of_infinities_and_overflow_saturates_as_eager(dtype):
+    """x / s is inf for an infinite x (or one whose quotient overflows): clamped to the range, as eager's."""
+    x = torch.tensor([[float("inf"), -float("inf"), 3.0e38, -0.0, 1.0, float("nan")]]).to(DEVICE)
+    scale = torch.tensor(1e-3).to(DEVICE)
+    q = ops.static_quant(x, scale, None, dtype, "triton")
+    expected = ops.static_quant(x.cpu(), scale.cpu(), None, dtype, "reference")
+    assert torch.equal(q.cpu()[:, :5].float(), expected[:, :5].float()), (q, expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, FP8], ids=["int8", "fp8"])
 def test_static_quant_matches_reference(dtype):
     x = torch.randn(5, 77).to(DEVICE) * 3

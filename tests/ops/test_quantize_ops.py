@@ -160,6 +160,9 @@ def test_static_quant_matches_formula(x_shape, scale, zero_point, quant_dtype):
 
 BAD_INPUT_CASES = [
     (lambda x: ops.dynamic_quant(x, torch.int8, "per_channel", 1e-6, "reference"), "granularity must be one of"),
+    (lambda x: ops.dynamic_quant(x.half(), torch.int8, "per_token", 1e-6, "reference", torch.bfloat16),
+     "scale_dtype must be x's dtype or a wider float"),
+    (lambda x: ops.silu_mul_quant(x, x[:, :8], torch.int8, 1e-6, "reference"), "one shape"),
     (lambda x: ops.dynamic_quant(x, torch.int8, "token", 1e-6, "reference"), "got 'token'"),
     (lambda x: ops.dynamic_quant(x.to(torch.int32), torch.int8, "per_token", 1e-6, "reference"),
      "input must be floating point"),

@@ -65,6 +65,9 @@ class TritonKernel(Kernel):
     # The activation quant stays in Inductor's code, where it fuses with the op that produced the
     # activation (RMSNorm, SiLU * mul); the GEMM enters that code as a template (qfuse.lowerings).
     fuses_activation_quant = False
+    #: values of a row (or group) its one-pass quantizers hold in registers (`quant.py`); wider rows are
+    #: left to Inductor's reduction
+    quant_max_row = 32768
     prepares_weight = True
     capabilities = (
         Capability("int8 W8A8 dot", ("cuda",), (torch.int8,), (torch.int8,), _ALL_ACTIVATION_SCALES,
@@ -145,6 +148,11 @@ class TritonKernel(Kernel):
         from qfuse.kernels.triton.quant import triton_dynamic_quant
 
         return triton_dynamic_quant(x, quant_dtype, granularity, eps)
+
+    def silu_mul_quant(self, gate, up, quant_dtype: torch.dtype, eps: float, scale_dtype: torch.dtype):
+        from qfuse.kernels.triton.quant import triton_silu_mul_quant
+
+        return triton_silu_mul_quant(gate, up, quant_dtype, eps, scale_dtype)
 
     def static_quant(self, x, scale, zero_point, quant_dtype: torch.dtype):
         if zero_point is not None or scale.numel() != 1:

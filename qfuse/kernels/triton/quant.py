@@ -4,15 +4,28 @@
                           scale = max(amax(|x[r, g]|), eps) / qmax, rounded to x's dtype first,
                           q = quantize(x / scale)    (int8: round, clamp; fp8: clamp, cast)
     static                q = quantize(x / scale (+ zero point)) with a given per-tensor scale
+    silu * mul            dynamic per token of x = silu(gate) * up, rounded to up's dtype (a Llama MLP's
+                          down-projection input),
+                          read from gate and up in one pass: x is never written
 
 One program per (row, group) holds its whole slice in registers, so x is read once and q and the
 scale are written once: the HBM traffic is the minimum (2 bytes read + 1 written per bf16 element).
 The scale is rounded to x's dtype before it divides, so the scale returned is exactly the one used.
-Divisions round as eager's do on a GPU: x / scale is IEEE division (`tl.math.div_rn`; Triton's `/` is
-an approximate division on NVIDIA GPUs, which moved 5 in 65536 int8 values by one on an H200), and
-amax / qmax, a division by a Python number, is a multiplication by its float32 reciprocal, as eager
-computes it on CUDA and Inductor on every device (on a CPU eager divides: one float32 step apart, at
-times). A nan in a row makes its scale nan, as eager's amax does.
+Divisions round as eager's do on a GPU: x / scale is IEEE division (`_divide_by_scale`; Triton's `/`
+is an approximate division on NVIDIA GPUs, which moved 5 in 65536 int8 values by one on an H200),
+and amax / qmax, a division by a Python number, is a multiplication by its float32 reciprocal, as
+eager computes it on CUDA and Inductor on every device (on a CPU eager divides: one float32 step
+apart, at times). A nan in a row makes its scale and its values nan, as eager's amax and clamp do.
+
+On an H100 the per-token kernel runs at the HBM floor (bf16 rows of 4096 and 14336, 1024 and 4096
+rows: 1.15-1.55x Inductor's generated reduction; docs/benchmarks.md): one reduction (a maximum that
+keeps nan), `rint` for the rounding and three instructions a value for the division. Under the
+interpreter (INTERPRETED) portable spellings replace the first two.
+
+The SiLU * mul keeps eager's roundings (silu(gate) to up's dtype, then the product), as the
+post-grad graph writes them; its exp and division are the GPU's fast ones, as in Inductor's code
+(eager's expf and IEEE division differ in the last float32 bit at times, which moves q only where the
+product lies that close to a bf16 rounding boundary).
 """
 
 from __future__ import annotations
@@ -22,6 +35,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton import next_power_of_2
+from triton.language.extra import libdevice
 
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE, Granularity, quant_range, symmetric_quant_max
 
@@ -42,7 +57,7 @@ def _round_to_e4m3(value):
 
     GPUs round correctly in the cast itself; Triton's interpreter (3.x) drops the carry when
     rounding reaches the next power of two (125.9 -> 64). So this runs only in the interpreter
-    (ROUND_FP8_FIRST), where its extra arithmetic costs nothing that matters."""
+    (INTERPRETED), where its extra arithmetic costs nothing that matters."""
     magnitude = tl.maximum(tl.abs(value), 1e-30)
     exponent = tl.maximum(tl.floor(tl.log2(magnitude)), -6.0)  # e4m3: normals from 2**-6
     step = tl.exp2(exponent - 3.0)  # 3 mantissa bits
@@ -50,34 +65,136 @@ def _round_to_e4m3(value):
 
 
 @triton.jit
+def _max_keeping_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _divide_by_scale(x, scale):
+    """x / scale rounded as IEEE division (eager's), for one scale a program.
+
+    Where the scale and its reciprocal are ordinary numbers this is Markstein's correction: with
+    y = 1 / scale correctly rounded and q0 = x * y, the residual r = x - q0 * scale is exact in one
+    fma, and q0 + r * y rounds to the correctly rounded quotient; three instructions a value where
+    `div_rn` takes about ten. A zero, infinite or nan scale divides."""
+    if (scale > 1e-30) & (scale < 1e30):
+        reciprocal = tl.math.div_rn(1.0, scale)
+        quotient = x * reciprocal
+        residual = tl.math.fma(-quotient, scale, x)
+        # a zero quotient keeps x's sign (the fma's 0 + -0 is +0; fp8 stores -0 apart), an infinite one
+        # stays infinite (an infinite x, or an overflow: the residual would be inf - inf)
+        exact = (quotient == 0.0) | (tl.abs(quotient) == float("inf"))
+        result = tl.where(exact, quotient, tl.math.fma(residual, reciprocal, quotient))
+    else:
+        result = tl.math.div_rn(x, scale)
+    return result
+
+
+@triton.jit
+def _quantize_and_store(x, q_ptrs, scale_ptr, mask, EPS: tl.constexpr, QMAX: tl.constexpr, IS_INT8: tl.constexpr,
+                        INTERPRETED: tl.constexpr):
+    """Quantize one row (or group) `x` (float32, masked lanes 0) with its own scale; store q and the scale.
+    EPS is a constant, a float32 like x (a float argument that Inductor passes is a float64, which would
+    round amax / qmax in float64 where eager rounds in float32)."""
+    if INTERPRETED:  # its reductions and maxima pass over nan
+        amax = tl.maximum(tl.max(tl.abs(x)), EPS) + tl.sum(tl.where(x != x, x, 0.0))
+    else:  # eager's amax is nan for a row holding one (and so is its output row)
+        amax = tl.maximum(tl.reduce(tl.abs(x), 0, _max_keeping_nan), EPS, propagate_nan=tl.PropagateNan.ALL)
+    scale = (amax * (1.0 / QMAX)).to(scale_ptr.dtype.element_ty)  # eager's `amax / qmax` on CUDA (above)
+    scaled = _divide_by_scale(x, scale.to(tl.float32))
+    if IS_INT8:
+        if INTERPRETED:
+            rounded = _round_half_even(scaled)
+        else:
+            rounded = libdevice.rint(scaled)  # half to even, as torch.round
+        q = tl.clamp(rounded, -128.0, 127.0, propagate_nan=tl.PropagateNan.ALL)
+    else:
+        q = tl.clamp(scaled, -QMAX, QMAX, propagate_nan=tl.PropagateNan.ALL)
+        if INTERPRETED:
+            q = _round_to_e4m3(q)
+    tl.store(q_ptrs, q.to(q_ptrs.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr, scale)
+
+
+@triton.jit
 def _dynamic_quant_kernel(
-    x_ptr, q_ptr, scale_ptr, width, groups, stride_x, stride_q, eps,
-    QMAX: tl.constexpr, IS_INT8: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
-    ROUND_FP8_FIRST: tl.constexpr,
+    x_ptr, q_ptr, scale_ptr, width, groups, stride_x, stride_q,
+    EPS: tl.constexpr, QMAX: tl.constexpr, IS_INT8: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
     offs = group * GROUP + tl.arange(0, BLOCK)
     mask = (offs < width) & (tl.arange(0, BLOCK) < GROUP)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    # tl.max passes over nan; eager's amax is nan for a row holding one (and so is its output row)
-    nan_in_row = tl.sum(tl.where(x != x, x, 0.0))  # 0.0, or nan
-    amax = tl.maximum(tl.max(tl.abs(x)), eps) + nan_in_row
-    scale = (amax * (1.0 / QMAX)).to(scale_ptr.dtype.element_ty)  # eager's `amax / qmax` on CUDA (below)
-    scaled = tl.math.div_rn(x, scale.to(tl.float32))
-    if IS_INT8:
-        q = tl.clamp(_round_half_even(scaled), -128.0, 127.0).to(q_ptr.dtype.element_ty)
-    else:
-        q = tl.clamp(scaled, -QMAX, QMAX)
-        if ROUND_FP8_FIRST:
-            q = _round_to_e4m3(q)
-        q = q.to(q_ptr.dtype.element_ty)
-    tl.store(q_ptr + row * stride_q + offs, q, mask=mask)
-    tl.store(scale_ptr + row * groups + group, scale)
+    _quantize_and_store(x, q_ptr + row * stride_q + offs, scale_ptr + row * groups + group, mask,
+                        EPS, QMAX, IS_INT8, INTERPRETED)
+
+
+@triton.jit
+def _rounded_to(value, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """float32 `value` as `dtype`, rounded to nearest even. Triton's interpreter (3.x) truncates float32
+    to bfloat16, so there the rounding is done on the bits first (the truncation is then exact)."""
+    if INTERPRETED and dtype == tl.bfloat16:
+        bits = value.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        value = bits.to(tl.float32, bitcast=True)
+    return value.to(dtype)
+
+
+@triton.jit
+def _silu_mul_quant_kernel(
+    gate_ptr, up_ptr, q_ptr, scale_ptr, width, stride_gate, stride_up, stride_q,
+    EPS: tl.constexpr, QMAX: tl.constexpr, IS_INT8: tl.constexpr, BLOCK: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """Per token: x = silu(gate) * up, each rounded to up's dtype as eager rounds them; then quantize.
+    gate is of up's dtype or float32 (a linear's output whose rounding Inductor dropped)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < width
+    gate = tl.load(gate_ptr + row * stride_gate + offs, mask=mask, other=0.0)
+    up = tl.load(up_ptr + row * stride_up + offs, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    silu = _rounded_to(g / (1.0 + tl.exp(-g)), up.dtype, INTERPRETED)
+    x = _rounded_to(silu.to(tl.float32) * up.to(tl.float32), up.dtype, INTERPRETED).to(tl.float32)
+    _quantize_and_store(x, q_ptr + row * stride_q + offs, scale_ptr + row, mask, EPS, QMAX, IS_INT8, INTERPRETED)
+
+
+def silu_mul_quant_warps(block: int) -> int:
+    """Warps a program for a row of `block` values of the SiLU * mul quant: two inputs held in registers.
+    H100 at 14336 (16384 a block), 1024 and 4096 rows: 16 warps run at the HBM floor, 8 lose 1.2-1.5x
+    (the exact-math variant; scratch sweep 2026-11-26). Other widths are scaled to that, unmeasured."""
+    return max(4, min(16, block // 1024))
+
+
+def dynamic_quant_warps(block: int) -> int:
+    """Warps a program for a row (or group) of `block` values. H100, bf16 rows of 4096 and 14336
+    (scratch sweep 2026-11-26): 4 to 8 warps run at the HBM floor; 16 and 32 lose up to 1.9x at
+    4096, where fewer, larger programs fill the machine worse."""
+    return 4 if block > 8192 else max(1, min(8, block // 512))
 
 
 def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, quant_dtype: torch.dtype, eps: float,
+                          scale_dtype: torch.dtype | None = None):
+    """(q, scale [..., 1]) of silu(gate) * up, quantized per token (`_silu_mul_quant_kernel`)."""
+    width = gate.shape[-1]
+    gate2d, up2d = (t.reshape(-1, width) for t in (gate, up))
+    gate2d, up2d = (t if t.stride(-1) == 1 else t.contiguous() for t in (gate2d, up2d))
+    rows = gate2d.shape[0]
+    q = torch.empty((rows, width), device=gate.device, dtype=quant_dtype)
+    scale = torch.empty((rows, 1), device=gate.device, dtype=scale_dtype or up.dtype)
+    if rows:
+        block = next_power_of_2(width)
+        _silu_mul_quant_kernel[(rows,)](
+            gate2d, up2d, q, scale, width, gate2d.stride(0), up2d.stride(0), q.stride(0), EPS=float(eps),
+            QMAX=symmetric_quant_max(quant_dtype), IS_INT8=quant_dtype == torch.int8, BLOCK=block,
+            INTERPRETED=_interpreted(), num_warps=silu_mul_quant_warps(block),
+        )
+    return q.reshape(gate.shape), scale.reshape(*gate.shape[:-1], 1)
 
 
 def triton_dynamic_quant(x: torch.Tensor, quant_dtype: torch.dtype, granularity: Granularity, eps: float,
@@ -95,30 +212,33 @@ def triton_dynamic_quant(x: torch.Tensor, quant_dtype: torch.dtype, granularity:
     q = torch.empty((rows, width), device=x.device, dtype=quant_dtype)
     scale = torch.empty((rows, groups), device=x.device, dtype=scale_dtype or x.dtype)
     if rows:
-        block = triton.next_power_of_2(group)
+        block = next_power_of_2(group)
         _dynamic_quant_kernel[(rows, groups)](
-            x2d, q, scale, width, groups, x2d.stride(0), q.stride(0), eps,
+            x2d, q, scale, width, groups, x2d.stride(0), q.stride(0), EPS=float(eps),
             QMAX=symmetric_quant_max(quant_dtype), IS_INT8=quant_dtype == torch.int8, GROUP=group, BLOCK=block,
-            ROUND_FP8_FIRST=_interpreted(),
-            num_warps=num_warps or min(16, max(1, block // 512)),
+            INTERPRETED=_interpreted(), num_warps=num_warps or dynamic_quant_warps(block),
         )
     return q.reshape(x.shape), scale.reshape(*x.shape[:-1], groups)
 
 
 @triton.jit
 def _static_quant_kernel(x_ptr, q_ptr, scale_ptr, numel, QMIN: tl.constexpr, QMAX: tl.constexpr,
-                         IS_FP8: tl.constexpr, BLOCK: tl.constexpr, ROUND_FP8_FIRST: tl.constexpr):
+                         IS_FP8: tl.constexpr, BLOCK: tl.constexpr, INTERPRETED: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    scaled = tl.math.div_rn(x, tl.load(scale_ptr).to(tl.float32))
+    scaled = _divide_by_scale(x, tl.load(scale_ptr).to(tl.float32))
     if IS_FP8:
-        q = tl.clamp(scaled, QMIN, QMAX)
-        if ROUND_FP8_FIRST:
+        q = tl.clamp(scaled, QMIN, QMAX, propagate_nan=tl.PropagateNan.ALL)
+        if INTERPRETED:
             q = _round_to_e4m3(q)
         q = q.to(q_ptr.dtype.element_ty)
     else:
-        q = tl.clamp(_round_half_even(scaled), QMIN, QMAX).to(q_ptr.dtype.element_ty)
+        if INTERPRETED:
+            rounded = _round_half_even(scaled)
+        else:
+            rounded = libdevice.rint(scaled)
+        q = tl.clamp(rounded, QMIN, QMAX, propagate_nan=tl.PropagateNan.ALL).to(q_ptr.dtype.element_ty)
     tl.store(q_ptr + offs, q, mask=mask)
 
 
@@ -131,6 +251,6 @@ def triton_static_quant(x: torch.Tensor, scale: torch.Tensor, quant_dtype: torch
     if flat.numel():
         _static_quant_kernel[(triton.cdiv(flat.numel(), block),)](
             flat, q, scale.reshape(1), flat.numel(), QMIN=qmin, QMAX=qmax, IS_FP8=quant_dtype == FP8_DTYPE, BLOCK=block,
-            ROUND_FP8_FIRST=_interpreted(),
+            INTERPRETED=_interpreted(),
         )
     return q.reshape(x.shape)
