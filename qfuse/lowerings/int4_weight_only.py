@@ -1,7 +1,8 @@
 """Inductor lowering of `qfuse::int4_weight_only_mm` for the `triton` kernel, by M.
 
-Decode (M <= 16, and for AWQ's words batched decode up to 128 rows: `int4_mm.BATCHED_TILES`; a dynamic M
-guarded on its bucket, `ir.rows_at_most`): a Triton template on the stored words.
+Decode (M <= 16, and for AWQ's words and intx's int8 storage batched decode up to 128 rows:
+`int4_mm.BATCHED_TILES`; a dynamic M guarded on its bucket, `ir.rows_at_most`): a Triton template on the
+stored words.
 
     partial = template(X [M, K], W int32 [N, K / 8] (AWQ: [K, N / 8]; int8 storage: int8 [N, K]), SHIFTS [8]?,
                        S [N, K / g], Z int32 [N / 8, K / g]? (int8 storage: int8 [N, K / g]?))
@@ -116,8 +117,8 @@ def _is_decode(call: Int4WeightOnlyMmArgs, rows) -> bool:
 
 def _template_bounds(call: Int4WeightOnlyMmArgs, k: int) -> list[int]:
     """The M buckets a template runs, by their bound: the plane template's (up to PLANE_MAX_ROWS), the words
-    template's for words packed along N (AWQ: decode and `int4_mm.BATCHED_TILES`), or its decode bucket;
-    none with act order."""
+    template's for words packed along N (AWQ) and int8 storage (intx): decode and `int4_mm.BATCHED_TILES`;
+    else its decode bucket; none with act order."""
     from qfuse.kernels.triton.int4_mm import BATCHED_TILES
     from qfuse.kernels.triton.int4_planes import PLANE_TILES, takes_planes
 
@@ -125,7 +126,7 @@ def _template_bounds(call: Int4WeightOnlyMmArgs, k: int) -> list[int]:
         return []
     if takes_planes(k, call.group_size, call.packed_along_n, _is_int8_storage(call)):
         return sorted(PLANE_TILES)
-    return [DECODE_ROWS, *BATCHED_TILES] if call.packed_along_n else [DECODE_ROWS]
+    return [DECODE_ROWS, *BATCHED_TILES] if call.packed_along_n or _is_int8_storage(call) else [DECODE_ROWS]
 
 
 def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
@@ -182,7 +183,7 @@ def _template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, bucket: int
 
 
 def _words_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta: dict, bucket: int):
-    """The words template for M's bucket: the decode tile, or (AWQ) `int4_mm.BATCHED_TILES`' up to 128 rows."""
+    """The words template for M's bucket: the decode tile, or (AWQ, intx) `int4_mm.BATCHED_TILES`' up to 128 rows."""
     from qfuse.kernels.triton.int4_mm import AUTOTUNE_TILES, BATCHED_PROGRAMS_PER_SM, BATCHED_TILES, DECODE_TILE
     from qfuse.kernels.triton.scaled_mm import multiprocessors
     from qfuse.kernels.triton.weight_stream import batched_split_k, fit_block_k, split_k, step_meta

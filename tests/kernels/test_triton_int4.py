@@ -206,6 +206,16 @@ def test_int8_storage_is_read_value_by_value(dtype, zero_points, values, in_feat
     assert_matches(out, model, x)
 
 
+@pytest.mark.parametrize("zero_points", ["none", "int4"])
+def test_int8_storage_takes_the_batched_tiles(zero_points):
+    """intx at 17-128 rows: the batched bucket's tile (its own launch, no config given), as eager."""
+    model = torchao_intx_int4(FP16, group_size=32, zero_points=zero_points, values="int4", in_features=256,
+                              out_features=64).to(DEVICE)
+    model.reference_weight = model.reference_weight.to(DEVICE)
+    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(6)).to(device=DEVICE, dtype=FP16)
+    assert_matches(triton_int4_mm(x, model.qdata, None, model.scale, model.zero_point, model.bias, 32, FP16), model, x)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("symmetric, zeros_minus_one", [(True, False), (False, False), (False, True)],
                          ids=["symmetric", "zero_points", "zero_points_minus_one"])

@@ -70,13 +70,14 @@ PREFILL_TILE = (128, 256, 128, 8, 8, 3)
 DECODE_TILE = (DECODE_ROWS, 64, 256, 1, 4, 3)
 # Extra decode tiles Inductor benchmarks under max-autotune.
 AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 128, 1, 4, 3), (16, 128, 128, 1, 8, 3), (16, 64, 512, 1, 8, 3))
-# Batched decode (16 < M <= 128) on words packed along N (AWQ), by M bucket; K split while the programs
-# stay within BATCHED_PROGRAMS_PER_SM a multiprocessor (`weight_stream.batched_split_k`). Each the
-# fastest of 24 (tile, split) pairs at the three Llama shapes on an H100 (`python
-# benchmarks/gpu_weight_only.py --tune --form awq --ms 32,64,128`): 22.0 / 60.0 / 49.8 µs at M = 32 where
-# Inductor's dequantize + mm took 40.5 / 136.9 / 159.0 (docs/benchmarks.md). Words packed along K that
-# do not take the plane template (groups of 32 or 64) and int8 storage were not measured there: they keep
-# the template at decode only.
+# Batched decode (16 < M <= 128) on words packed along N (AWQ) and on int8 storage (torchao's intx), by M
+# bucket; K split while the programs stay within BATCHED_PROGRAMS_PER_SM a multiprocessor
+# (`weight_stream.batched_split_k`). Each the fastest of 24 (tile, split) pairs at the three Llama shapes
+# on an H100 (`python benchmarks/gpu_weight_only.py --tune --form awq --ms 32,64,128`): 22.0 / 60.0 /
+# 49.8 µs at M = 32 where Inductor's dequantize + mm took 40.5 / 136.9 / 159.0 (docs/benchmarks.md). The
+# same tune on intx found them the fastest at 64 and 128 rows and 13-18% behind at 32. Words packed along
+# K that do not take the plane template (groups of 32 or 64) were not measured there: they keep the
+# template at decode only.
 BATCHED_TILES = {32: (32, 64, 256, 1, 4, 3), 64: (64, 64, 128, 1, 4, 3), 128: (128, 64, 128, 1, 4, 3)}
 BATCHED_PROGRAMS_PER_SM = 2
 
@@ -207,7 +208,7 @@ def triton_int4_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.Tensor |
     if config is None and m <= PLANE_MAX_ROWS and takes_planes(k, group_size, packed_along_n, packed.dtype == torch.int8):
         return triton_int4_planes_mm(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, sms,
                                      splits=splits, zero_convention=zero_convention)
-    batched = config is None and packed_along_n and DECODE_ROWS < m <= max(BATCHED_TILES)
+    batched = config is None and (packed_along_n or packed.dtype == torch.int8) and DECODE_ROWS < m <= max(BATCHED_TILES)
     bucket = bucket_of(m, BATCHED_TILES) if batched else 0
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or BATCHED_TILES.get(bucket) or pick_int4_config(m)
     block_k = fit_block_k(block_k, group_size, k)
