@@ -13,7 +13,8 @@ rounding, eps, the scale's dtype), computed in float32, is replaced by
                                                             by their GEMMs anyway: one pass over them,
                                                             the product never written
 
-whose lowerings launch the kernels from the generated code (`qfuse.lowerings.quantize`). An x made
+whose lowerings launch the kernels from the generated code (`qfuse.lowerings.quantize`), where M is
+dynamic or at least `MIN_ROWS` (a smaller static M saves less GPU time than the launch costs). An x made
 by another pointwise op (RMSNorm's scaling, a residual add), or a SiLU * mul whose gate or up is a
 GEMM epilogue in Inductor's pointwise code (the `torch` kernel's), keeps Inductor's fused reduction,
 which reads its inputs once: there qfuse's kernel would first make those a buffer (an fp8 Llama MLP
@@ -46,6 +47,12 @@ from qfuse.platform import current_platform
 
 PATTERN = "activation quant on qfuse's Triton quantizer"
 UPCAST_SOURCES = (torch.bfloat16, torch.float16, torch.float32)  # read as they are, upcast to float32 exactly
+# The least static M each quantizer is taken at. H100, default mode: launching a user kernel from the
+# wrapper costs about 8 µs more host time than one of Inductor's own (int8 1024 x 4096 x 4096: 131.5
+# against 123.1 µs a call, alternated 12 times), and fp8's unit-scale form adds a pointwise kernel for
+# the scale's product (118.8 against 98.5). The quant alone saves 2.6-4.7 µs of GPU time at 1024 rows and
+# 8.7-10.4 at 4096; silu(gate) * up saves 35 µs at 1024 rows of a Llama MLP (docs/benchmarks.md).
+MIN_ROWS = {torch.ops.qfuse.dynamic_quant.default: 2048, torch.ops.qfuse.silu_mul_quant.default: 256}
 QUANTIZER_NOTES = {
     torch.ops.qfuse.dynamic_quant.default:
         "activation quant on qfuse's Triton quantizer (no pointwise producer for Inductor to fuse)",
@@ -111,13 +118,33 @@ def quantizer_call(quantizer: Quantizer, dynamic: TokenScale) -> tuple:
     if shape_of(x)[-1] > kernel.quant_max_row:
         raise NotFusable(f"rows of {shape_of(x)[-1]} values; qfuse's quantizer holds at most {kernel.quant_max_row}")
     if not producer_fuses_into_quant(x):
-        return torch.ops.qfuse.dynamic_quant.default, (x, quantizer.dtype, "per_token", dynamic.eps, "triton", scale_dtype)
-    if (gate_and_up := match_silu_and_mul(x)) is None:
+        call = torch.ops.qfuse.dynamic_quant.default, (x, quantizer.dtype, "per_token", dynamic.eps, "triton", scale_dtype)
+    elif (gate_and_up := match_silu_and_mul(x)) is None:
         raise NotFusable("Inductor fuses the op that produces the activation into the quant")
-    if any(producer_fuses_into_quant(operand) for operand in gate_and_up):
+    elif any(producer_fuses_into_quant(operand) for operand in gate_and_up):
         raise NotFusable("Inductor fuses the SiLU * mul and what produces gate or up (a GEMM's epilogue) into the "
                          "quant; a kernel of qfuse's own would write them out first")
-    return torch.ops.qfuse.silu_mul_quant.default, (*gate_and_up, quantizer.dtype, dynamic.eps, "triton", scale_dtype)
+    else:
+        call = torch.ops.qfuse.silu_mul_quant.default, (*gate_and_up, quantizer.dtype, dynamic.eps, "triton", scale_dtype)
+    if reason := too_few_rows(call[0], shape_of(x)):
+        raise NotFusable(reason)
+    return call
+
+
+def too_few_rows(target, shape) -> str:
+    """Why a static M is too small for the quantizer `target` to pay for its launch ('' if it is not, or M is
+    dynamic: a dynamic M is a serving engine's, whose decode steps replay CUDA graphs, where launches cost
+    nothing, and whose prefill is GPU-bound)."""
+    rows = 1
+    for size in shape[:-1]:
+        if not isinstance(size, int):
+            return ""
+        rows *= size
+    least = MIN_ROWS[target]
+    if rows >= least:
+        return ""
+    return (f"M = {rows}: below {least} rows the quantizer saves less GPU time than its launch costs on the host "
+            f"(about 8 µs more than Inductor's own kernel, H100)")
 
 
 def _quantized_by_qfuse(a: Node) -> Node | None:
