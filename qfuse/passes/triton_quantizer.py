@@ -18,9 +18,9 @@ dynamic or at least `MIN_ROWS` (a smaller static M saves less GPU time than the 
 by another pointwise op (RMSNorm's scaling, a residual add), or a SiLU * mul whose gate or up is a
 GEMM epilogue in Inductor's pointwise code (the `torch` kernel's), keeps Inductor's fused reduction,
 which reads its inputs once: there qfuse's kernel would first make those a buffer (an fp8 Llama MLP
-at 4096 rows lost 69 µs that way on an H100). The new q and scale equal the old ones bit for bit, so every use of the old
-ones (the GEMM, its epilogue, another GEMM reading the same activation) reads the new ones, and
-Inductor drops the old quant. For `silu_mul_quant` the roundings are eager's but the SiLU's exp and
+at 4096 rows lost 69 µs that way on an H100). The new q and scale equal the old ones bit for bit, so
+every use of the old ones (the GEMM, its epilogue, another GEMM reading the same activation) reads the
+new ones, and Inductor drops the old quant. For `silu_mul_quant` the roundings are eager's but the SiLU's exp and
 division are the GPU's fast ones (as in Inductor's own code), so q may sit one step apart where the
 product lies within float32 error of a bf16 rounding boundary. Only a quant computed in float32 is
 taken (as vLLM's torch fallbacks write it: `x.float() / s`), since the kernel divides in float32. The
