@@ -112,6 +112,9 @@ def quantizer_call(quantizer: Quantizer, dynamic: TokenScale) -> tuple:
     scale_dtype = dtype_of(quantizer.x)
     if scale_dtype != torch.float32:
         raise NotFusable(f"the quant divides in {scale_dtype}; qfuse's quantizer divides in float32")
+    if 0 < dynamic.eps < torch.finfo(torch.float32).tiny:
+        raise NotFusable(f"eps {dynamic.eps!r} is below float32's normal range, where Triton computes with it "
+                         "in float64")
     x = float_source(quantizer.x)
     if dtype_of(x) not in UPCAST_SOURCES:
         x = quantizer.x  # not an exact upcast from a narrower float: the kernel reads the float32 values
