@@ -201,3 +201,16 @@ def test_a_small_static_m_keeps_inductors_quant(shape):
     assert KERNEL_MARK not in code and report.matches[QUANT_KERNEL_PATTERN] == 0
     (record,) = report.fused
     assert "below 2048 rows" in record.note, record.note
+
+
+def test_an_eps_below_float32s_normal_range_keeps_inductors_quant():
+    w, w_scale = weights(torch.int8)
+    x = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16)
+
+    def tiny_eps(x):
+        s = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-40) / 127.0
+        q = (x.float() / s).round().clamp(-128, 127).to(torch.int8)
+        return (torch._int_mm(q, w.t()).float() * s * w_scale).to(torch.bfloat16)
+
+    out, code, report = compile_and_run(tiny_eps, x)
+    assert KERNEL_MARK not in code and "below float32's normal range" in report.fused[0].note
