@@ -48,8 +48,6 @@ Other kernels (the CPU `torch` kernel: ATen's int4pack on a weight repacked once
 
 from __future__ import annotations
 
-import logging
-
 import sympy
 import torch
 from torch._inductor import lowering as inductor_lowering
@@ -63,7 +61,6 @@ from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, apply_zero_conventi
 from qfuse.schemes import INT4_OFFSET
 
 aten, prims = torch.ops.aten, torch.ops.prims
-log = logging.getLogger("qfuse")
 ACT_ORDER = ("a g_idx: act order gathers every column's scale and zero point, which made the template 0.44x "
              "Inductor's code at decode on an H100")
 
@@ -149,9 +146,7 @@ def lower_int4_weight_only_mm(*args, **kwargs):
     rows = sympy.Mul(*lead)
     reason = why_not_lowered(call)
     if reason:
-        log.debug("qfuse: int4_weight_only_mm stays an extern call: %s", reason)
-        record_lowering(f"extern call of qfuse::int4_weight_only_mm ({reason})")
-        return extern_call(call)
+        return extern_call(call, reason)
     bounds = _template_bounds(call, int(k))
     bucket = rows_bucket(rows, bounds) if call.x.get_device().type == "cuda" else 0  # CPU: never a template
     n = int(call.scales.get_size()[0])

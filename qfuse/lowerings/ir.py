@@ -8,7 +8,8 @@
                             that each M bucket gets its own compiled code
     rows_bucket(rows, bs)   the bound of M's bucket among ascending bounds (0 above), by `rows_at_most`
     record_lowering(how)    how the op entered the generated code, into its LinearRecord (`current_record`)
-    extern_call(call)       the op itself as an extern call (the fallback that is always correct)
+    extern_call(call, why)  the op itself as an extern call (the fallback that is always correct),
+                            and why, into the debug log and the record
     falls_back_to_extern_call(Args)   a lowering whose failure becomes that extern call (qfuse.errors)
     launch_user_triton_kernel(...)    a @triton.jit kernel launched from the generated code, as
                             `torch.library.wrap_triton` would launch it (no Python op per call)
@@ -19,6 +20,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import sympy
 import torch
@@ -30,6 +32,7 @@ from qfuse.kernels.array_ops import ArrayOps
 from qfuse.ops import RECORD_KEY
 
 aten, prims = torch.ops.aten, torch.ops.prims
+log = logging.getLogger("qfuse")
 
 
 def lower(op, *args, **kwargs):
@@ -101,8 +104,13 @@ def record_lowering(how: str) -> None:
         record.lowered = how
 
 
-def extern_call(call):
-    """`call` (an op's named arguments, `qfuse.ops.arguments`) as an extern call of the op."""
+def extern_call(call, reason: str = ""):
+    """`call` (an op's named arguments, `qfuse.ops.arguments`) as an extern call of the op; a `reason`
+    (why it is not lowered) goes to the debug log and the op's record."""
+    if reason:
+        name = str(call.op).removesuffix(".default").replace(".", "::", 1)
+        log.debug("qfuse: %s stays an extern call: %s", name, reason)
+        record_lowering(f"extern call of {name} ({reason})")
     return inductor_lowering.fallback_handler(call.op, add_to_fallback_set=False)(*call.as_args())
 
 

@@ -72,8 +72,7 @@ def _row_stride(node):
 def lower_dynamic_quant(*args, **kwargs):
     call = DynamicQuantArgs(*args, **kwargs)
     if reason := why_not_lowered(call):
-        record_lowering(f"extern call ({reason})")
-        return extern_call(call)
+        return extern_call(call, reason)
     from qfuse.kernels.triton.quant import _dynamic_quant_kernel, dynamic_quant_warps, next_power_of_2
 
     x = ir.ExternKernel.require_contiguous(call.x)
@@ -101,8 +100,7 @@ def lower_dynamic_quant(*args, **kwargs):
 def lower_silu_mul_quant(*args, **kwargs):
     call = SiluMulQuantArgs(*args, **kwargs)
     if reason := why_not_lowered(call):
-        record_lowering(f"extern call ({reason})")
-        return extern_call(call)
+        return extern_call(call, reason)
     from qfuse.kernels.triton.quant import _silu_mul_quant_kernel, next_power_of_2, silu_mul_quant_warps
 
     gate, stride_gate = _row_stride(call.gate)

@@ -38,8 +38,6 @@ an fp8 weight that is not column-major on CUDA.
 
 from __future__ import annotations
 
-import logging
-
 import sympy
 import torch
 from torch._inductor import ir
@@ -57,7 +55,6 @@ from qfuse.platform import CUDA_INT_MM_MIN_ROWS, current_platform
 from qfuse.schemes import FP8_DTYPE, GROUP_SIZE
 
 aten, prims = torch.ops.aten, torch.ops.prims
-log = logging.getLogger("qfuse")
 
 
 def _scale_shape(scale, count, shape, last_dim=None) -> list | None:
@@ -274,9 +271,7 @@ def lower_scaled_mm(*args, **kwargs):
         return lower(aten.reshape.default, out, [*lead, n])
     reason = why_not_lowered(call.a, call.b, call.scale_a, call.scale_b, rows, call.kernel)
     if reason:
-        log.debug("qfuse: scaled_mm stays an extern call: %s", reason)
-        record_lowering(f"extern call of qfuse::scaled_mm ({reason})")
-        return extern_call(call)
+        return extern_call(call, reason)
     return lower(aten.reshape.default, _lowered_linear(call, rows, k), [*lead, n])
 
 

@@ -19,8 +19,6 @@ Other kernels (onednn's fp8 W8A16) and other weights stay an extern call of the 
 
 from __future__ import annotations
 
-import logging
-
 import sympy
 import torch
 from torch._inductor import ir
@@ -33,7 +31,6 @@ from qfuse.lowerings.ir import (convert, extern_call, falls_back_to_extern_call,
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
 aten = torch.ops.aten
-log = logging.getLogger("qfuse")
 
 
 def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
@@ -57,7 +54,7 @@ def lower_weight_only_scaled_mm(*args, **kwargs):
     call = WeightOnlyScaledMmArgs(*args, **kwargs)
     reason = w8a16.why_not_lowered(call) if call.kernel == "triton" else why_not_lowered(call)
     if reason:
-        return _extern_call(call, reason)
+        return extern_call(call, reason)
     if call.kernel == "triton":
         return w8a16.lower_w8a16(call)
     *lead, k = call.x.get_size()
@@ -79,12 +76,6 @@ def lower_weight_only_scaled_mm(*args, **kwargs):
     out = lower(aten._weight_int8pack_mm.default, x2d, weight, scale)
     return _bias_and_cast(call, out, lead, n, "Inductor's lowering of aten._weight_int8pack_mm; bias and cast in "
                           "its fused pointwise code")
-
-
-def _extern_call(call: WeightOnlyScaledMmArgs, reason: str):
-    log.debug("qfuse: weight_only_scaled_mm stays an extern call: %s", reason)
-    record_lowering(f"extern call of qfuse::weight_only_scaled_mm ({reason})")
-    return extern_call(call)
 
 
 def _bias_and_cast(call: WeightOnlyScaledMmArgs, out, lead, n, how: str):
