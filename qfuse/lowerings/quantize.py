@@ -22,7 +22,7 @@ from qfuse.kernels import get_kernel
 from qfuse.lowerings.ir import extern_call, falls_back_to_extern_call, launch_user_triton_kernel, lower, numel, \
     record_lowering
 from qfuse.ops.quantize import DynamicQuantArgs, SiluMulQuantArgs
-from qfuse.schemes import GROUP_SIZE, Granularity, symmetric_quant_max
+from qfuse.schemes import GROUP_SIZE, Granularity
 
 aten = torch.ops.aten
 GRANULARITIES = {Granularity.PER_TOKEN.value, Granularity.PER_GROUP.value}
@@ -73,7 +73,7 @@ def lower_dynamic_quant(*args, **kwargs):
     call = DynamicQuantArgs(*args, **kwargs)
     if reason := why_not_lowered(call):
         return extern_call(call, reason)
-    from qfuse.kernels.triton.quant import _dynamic_quant_kernel, dynamic_quant_warps, next_power_of_2
+    from qfuse.kernels.triton.quant import _dynamic_quant_kernel, dynamic_quant_warps, next_power_of_2, quant_constants
 
     x = ir.ExternKernel.require_contiguous(call.x)
     size = list(x.get_size())
@@ -88,9 +88,8 @@ def lower_dynamic_quant(*args, **kwargs):
     launch_user_triton_kernel(
         _dynamic_quant_kernel, grid=(rows, groups, 1), num_warps=dynamic_quant_warps(block),
         tensors={"x_ptr": x, "q_ptr": q, "scale_ptr": scale},
-        scalars={"width": width, "groups": groups, "stride_x": width, "stride_q": width, "EPS": float(call.eps),
-                 "QMAX": symmetric_quant_max(call.quant_dtype), "IS_INT8": call.quant_dtype == torch.int8,
-                 "GROUP": group, "BLOCK": block, "INTERPRETED": False},
+        scalars={"width": width, "groups": groups, "stride_x": width, "stride_q": width, "GROUP": group,
+                 "BLOCK": block, **quant_constants(call.quant_dtype, call.eps, interpreted=False)},
     )
     record_lowering("the Triton quantizer, launched from Inductor's generated code")
     return q, scale
@@ -101,7 +100,8 @@ def lower_silu_mul_quant(*args, **kwargs):
     call = SiluMulQuantArgs(*args, **kwargs)
     if reason := why_not_lowered(call):
         return extern_call(call, reason)
-    from qfuse.kernels.triton.quant import _silu_mul_quant_kernel, next_power_of_2, silu_mul_quant_warps
+    from qfuse.kernels.triton.quant import (_silu_mul_quant_kernel, next_power_of_2, quant_constants,
+                                            silu_mul_quant_warps)
 
     gate, stride_gate = _row_stride(call.gate)
     up, stride_up = _row_stride(call.up)
@@ -113,8 +113,7 @@ def lower_silu_mul_quant(*args, **kwargs):
         _silu_mul_quant_kernel, grid=(_rows(gate, width), 1, 1), num_warps=silu_mul_quant_warps(block),
         tensors={"gate_ptr": gate, "up_ptr": up, "q_ptr": q, "scale_ptr": scale},
         scalars={"width": width, "stride_gate": stride_gate, "stride_up": stride_up, "stride_q": width,
-                 "EPS": float(call.eps), "QMAX": symmetric_quant_max(call.quant_dtype),
-                 "IS_INT8": call.quant_dtype == torch.int8, "BLOCK": block, "INTERPRETED": False},
+                 "BLOCK": block, **quant_constants(call.quant_dtype, call.eps, interpreted=False)},
     )
     record_lowering("the Triton SiLU * mul quantizer, launched from Inductor's generated code")
     return q, scale

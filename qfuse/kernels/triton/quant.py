@@ -178,6 +178,14 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def quant_constants(quant_dtype: torch.dtype, eps: float, interpreted: bool | None = None) -> dict:
+    """The constexprs `_quantize_and_store` takes, as the eager launchers and the lowerings
+    (`qfuse.lowerings.quantize`) both pass them (`interpreted`: Triton's interpreter, by default as
+    TRITON_INTERPRET says)."""
+    return {"EPS": float(eps), "QMAX": symmetric_quant_max(quant_dtype), "IS_INT8": quant_dtype == torch.int8,
+            "INTERPRETED": _interpreted() if interpreted is None else interpreted}
+
+
 def triton_silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, quant_dtype: torch.dtype, eps: float,
                           scale_dtype: torch.dtype | None = None):
     """(q, scale [..., 1]) of silu(gate) * up, quantized per token (`_silu_mul_quant_kernel`)."""
@@ -190,9 +198,8 @@ def triton_silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, quant_dtype: tor
     if rows:
         block = next_power_of_2(width)
         _silu_mul_quant_kernel[(rows,)](
-            gate2d, up2d, q, scale, width, gate2d.stride(0), up2d.stride(0), q.stride(0), EPS=float(eps),
-            QMAX=symmetric_quant_max(quant_dtype), IS_INT8=quant_dtype == torch.int8, BLOCK=block,
-            INTERPRETED=_interpreted(), num_warps=silu_mul_quant_warps(block),
+            gate2d, up2d, q, scale, width, gate2d.stride(0), up2d.stride(0), q.stride(0), BLOCK=block,
+            num_warps=silu_mul_quant_warps(block), **quant_constants(quant_dtype, eps),
         )
     return q.reshape(gate.shape), scale.reshape(*gate.shape[:-1], 1)
 
@@ -214,9 +221,8 @@ def triton_dynamic_quant(x: torch.Tensor, quant_dtype: torch.dtype, granularity:
     if rows:
         block = next_power_of_2(group)
         _dynamic_quant_kernel[(rows, groups)](
-            x2d, q, scale, width, groups, x2d.stride(0), q.stride(0), EPS=float(eps),
-            QMAX=symmetric_quant_max(quant_dtype), IS_INT8=quant_dtype == torch.int8, GROUP=group, BLOCK=block,
-            INTERPRETED=_interpreted(), num_warps=num_warps or dynamic_quant_warps(block),
+            x2d, q, scale, width, groups, x2d.stride(0), q.stride(0), GROUP=group, BLOCK=block,
+            num_warps=num_warps or dynamic_quant_warps(block), **quant_constants(quant_dtype, eps),
         )
     return q.reshape(x.shape), scale.reshape(*x.shape[:-1], groups)
 
