@@ -1,8 +1,8 @@
 """Where the GPU time of the compiled Llama MLP block goes, per kernel: Inductor against qfuse (GPU).
 
-    python benchmarks/profile_block.py [--m 4096] [--dtypes int8,fp8] [--quick] [--out FILE.json]
+    python benchmarks/profile_block.py [--m 4096] [--dtypes int8,fp8] [--linear N,K] [--quick] [--out FILE.json]
 
-Compiles `gpu_linear.LlamaMLP` with each backend, profiles three warm calls (torch.profiler, CUDA
+Compiles `gpu_linear.LlamaMLP` (or, with --linear, one `gpu_linear.QuantLinear` of that N and K) with each backend, profiles three warm calls (torch.profiler, CUDA
 activity) and prints the kernels by total GPU time (the 14 largest, µs per call; the registers of
 the Triton kernels, and why they matter for the template: `template_code.py`). --quick: M = 16,
 int8 only. Writes profile_block.json.
@@ -15,7 +15,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpu_linear import FP8, LlamaMLP, compiled
+from gpu_linear import FP8, LlamaMLP, QuantLinear, compiled
 from qfuse.bench import add_output_arguments, machine, out_path, progress, warm, write
 
 CALLS = 3
@@ -40,6 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--m", type=int, default=4096)
     parser.add_argument("--dtypes", default="int8,fp8")
+    parser.add_argument("--linear", default=None, help="N,K: profile one linear of this shape instead of the block")
     add_output_arguments(parser, "profile_block", quick="M = 16, int8 only")
     args = parser.parse_args()
     m, dtypes = (16, ["int8"]) if args.quick else (args.m, args.dtypes.split(","))
@@ -47,15 +48,20 @@ def main() -> None:
     print(machine())
     rows = []
     for name in dtypes:
-        model = LlamaMLP({"int8": torch.int8, "fp8": FP8}[name])
-        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        dtype = {"int8": torch.int8, "fp8": FP8}[name]
+        if args.linear:
+            n, k = map(int, args.linear.split(","))
+            model, case = QuantLinear(n, k, dtype).cuda(), f"{name} linear M={m} N={n} K={k}"
+        else:
+            model, k, case = LlamaMLP(dtype), 4096, f"{name} llama_mlp M={m}"
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         for variant in ("inductor", "qfuse"):
-            progress(f"{name} M={m} {variant}")
+            progress(f"{case} {variant}")
             kernels = kernel_rows(model, x, variant)
-            print(f"== {name} M={m} {variant}")
+            print(f"== {case} {variant}")
             for row in kernels:
                 print(f"  {row['us_per_call']:9.1f} us  x{row['launches_per_call']}  {row['kernel'][:110]}")
-            rows += [{"dtype": name, "m": m, **row} for row in kernels]
+            rows += [{"dtype": name, "m": m, "case": case, **row} for row in kernels]
     print(f"wrote {write(out_path(args, 'profile_block'), rows)}")
 
 
