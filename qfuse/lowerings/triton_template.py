@@ -21,6 +21,11 @@ H100 that took the int8 down projection of a Llama MLP block with its residual a
     default mode   one choice: `pick_config`'s tile for M (a dynamic M guarded on its bucket, `ir.rows_at_most`)
     max-autotune   every tile of `AUTOTUNE_TILES` and `pick_config`'s; Inductor benchmarks them
 
+int8 from `persistent_mm.MIN_M` rows on Hopper runs the persistent TMA kernel instead
+(`_PERSISTENT_SOURCE`, `why_not_persistent`): one program per multiprocessor walks the tiles, its K
+loop the eager kernel's `descriptor_product` on descriptors made on the device; under max-autotune
+Inductor benchmarks it against the tiled tiles.
+
 Up to 128 rows, where the tile's few column blocks stream a deep K (`k_splits`), a second template
 (`_SPLIT_K_SOURCE`) splits K: it stores each range's unscaled sums (int32 for int8, exact), and
 Inductor's code adds them and applies the scales, bias and cast (`qfuse.lowerings.scaled_mm`).
@@ -42,7 +47,7 @@ from torch._inductor.select_algorithm import SymbolicGridFn, TritonTemplate, aut
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.triton import K_ALIGNMENT
-from qfuse.lowerings.ir import convert, lower, rows_bucket
+from qfuse.lowerings.ir import convert, lower, rows_at_most, rows_bucket
 
 aten = torch.ops.aten
 
@@ -54,24 +59,30 @@ TILE_OFFSETS = r"""    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP
     mask_m = offs_m < M
     mask_n = offs_n < N"""
 
-#: The store of a float32 tile `acc` at rows offs_m / columns offs_n (masks mask_m / mask_n), with
-#: Inductor's epilogue fused into it; in two halves from EPILOGUE_SPLIT_MIN_N columns (module docstring).
-STORE_TILE = r"""{% if BLOCK_N >= EPILOGUE_SPLIT_MIN_N %}
-    halves = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-    for half in tl.static_range(2):
-        part = halves[half]
-        offs_n_part = pid_n * BLOCK_N + half * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2).to(INDEX_DTYPE)
-        idx_m = offs_m[:, None]
-        idx_n = offs_n_part[None, :]
-        mask = mask_m[:, None] & (offs_n_part < N)[None, :]
-        {{store_output(("idx_m", "idx_n"), "part", "mask", indent_width=8, val_shape=("BLOCK_M", "BLOCK_N // 2"))}}
-{% else %}
-    idx_m = offs_m[:, None]
-    idx_n = offs_n[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    {{store_output(("idx_m", "idx_n"), "acc", "mask", val_shape=("BLOCK_M", "BLOCK_N"))}}
-{% endif %}
+def store_tile(indent: int = 4) -> str:
+    """The store of a float32 tile `acc` at rows offs_m / columns offs_n (masks mask_m / mask_n), with
+    Inductor's epilogue fused into it, its code `indent` spaces deep; in two halves from
+    EPILOGUE_SPLIT_MIN_N columns (module docstring)."""
+    pad, inner = " " * indent, " " * (indent + 4)
+    return f"""{{% if BLOCK_N >= EPILOGUE_SPLIT_MIN_N %}}
+{pad}halves = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+{pad}for half in tl.static_range(2):
+{inner}part = halves[half]
+{inner}offs_n_part = pid_n * BLOCK_N + half * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2).to(INDEX_DTYPE)
+{inner}idx_m = offs_m[:, None]
+{inner}idx_n = offs_n_part[None, :]
+{inner}mask = mask_m[:, None] & (offs_n_part < N)[None, :]
+{inner}{{{{store_output(("idx_m", "idx_n"), "part", "mask", indent_width={indent + 4}, val_shape=("BLOCK_M", "BLOCK_N // 2"))}}}}
+{{% else %}}
+{pad}idx_m = offs_m[:, None]
+{pad}idx_n = offs_n[None, :]
+{pad}mask = mask_m[:, None] & mask_n[None, :]
+{pad}{{{{store_output(("idx_m", "idx_n"), "acc", "mask", indent_width={indent}, val_shape=("BLOCK_M", "BLOCK_N"))}}}}
+{{% endif %}}
 """
+
+
+STORE_TILE = store_tile()
 
 # The def_kernel line is filled in per set of inputs (`_template`): A, B, and each of SA, SB, BIAS
 # that the call has. `if SCALE_A` is "has a scale": the kernel's NO_SCALE kind is 0.
@@ -117,6 +128,63 @@ from qfuse.kernels.triton.weight_stream import k_range
     )
     offs_m = offs_m + pid_k * M
 {{STORE_TILE}}"""
+
+# The persistent TMA kernel (`qfuse.kernels.triton.persistent_mm`): one program per multiprocessor
+# walks the output tiles; the K loop is the eager kernel's (`descriptor_product`) on descriptors made
+# on the device (B [K, N] with K contiguous is read as the [N, K] matrix it is in memory).
+_PERSISTENT_SOURCE = r"""
+from qfuse.kernels.triton.persistent_mm import descriptor_product
+from qfuse.kernels.triton.scaled_mm import scale_and_bias, tile_in_group_order
+{{def_kernel(INPUTS)}}
+    M = {{size("A", 0)}}
+    N = {{size("B", 1)}}
+    K = {{size("A", 1)}}
+    a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[{{stride("A", 0)}}, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(B, shape=[N, K], strides=[{{stride("B", 1)}}, 1], block_shape=[BLOCK_N, BLOCK_K])
+    for tile in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), NUM_SMS):
+        pid_m, pid_n = tile_in_group_order(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = descriptor_product(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, IS_INT8, PROMOTE_EVERY,
+                                 BLOCK_M, BLOCK_N, BLOCK_K)
+        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(INDEX_DTYPE)
+        offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(INDEX_DTYPE)
+        mask_m = offs_m < M
+        mask_n = offs_n < N
+        acc = scale_and_bias(
+            acc, offs_m, offs_n, mask_m, mask_n,
+            {{"SA" if SCALE_A else "A"}}, {{"SB" if SCALE_B else "B"}}, {{"BIAS" if HAS_BIAS else "A"}},
+            {{stride("SA", 0) if SCALE_A else 0}}, {{stride("SB", 1) if SCALE_B else 0}}, SCALE_A, SCALE_B, HAS_BIAS,
+        )
+""" + store_tile(indent=8)
+
+
+@SymbolicGridFn
+def _persistent_grid(m, n, meta, *, cdiv, min):
+    """One program per multiprocessor, or per tile where there are fewer tiles."""
+    return min(meta["NUM_SMS"], cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])), 1, 1
+
+
+def why_not_persistent(a2d, b, rows, blocked: bool) -> str:
+    """'' if the persistent TMA template can run this [M, K] x [K, N] call and was measured faster
+    than the tiled one here, else why not. A dynamic M is guarded on `MIN_M` (`ir.rows_at_most`)."""
+    from torch._inductor.utils import can_use_tma
+    from torch.utils._triton import has_triton_tma_device
+
+    from qfuse.kernels.triton.persistent_mm import MIN_M
+
+    if a2d.get_dtype() != torch.int8:
+        return "it is int8's (fp8 at large M runs cuBLAS, faster than either Triton kernel)"
+    if blocked:
+        return "block scales apply per K step in the tiled kernel"
+    if not has_triton_tma_device():
+        return "this GPU or Triton has no device-side TMA descriptors"
+    if not (_known(sympy.Eq(a2d.get_stride()[1], 1)) and _known(sympy.Eq(b.get_stride()[0], 1))):
+        return "A or B is not K-contiguous"
+    if not can_use_tma(a2d, b):
+        return "A or B does not meet the TMA's alignment"
+    if rows_at_most(rows, MIN_M["int8"] - 1):
+        return f"M below {MIN_M['int8']}: the tiled kernel was as fast"
+    return ""
+
 
 #: Up to this M, where the tile's column blocks leave multiprocessors idle, K is split (`k_splits`)
 #: until the grid holds SPLIT_K_PROGRAMS_PER_SM programs a multiprocessor, each range at least
@@ -225,7 +293,18 @@ def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, out_
     def meta_for(tile):
         return meta | {"PROMOTE_EVERY": 1 if blocked else promote_every(a2d.get_dtype(), out_dtype, tile[2])}
 
-    return select_tile(template, "qfuse_scaled_linear", (a2d, b, *extra.values()), layout, tiles, meta_for)
+    candidates = [(template, tile, meta_for(tile)) for tile in tiles]
+    if not (why_not := why_not_persistent(a2d, b, m, blocked)):
+        from qfuse.kernels.triton.persistent_mm import CONFIGS
+        from qfuse.kernels.triton.scaled_mm import multiprocessors
+
+        persistent = template_for_inputs(_PERSISTENT_SOURCE, "qfuse_persistent_scaled_linear", ("A", "B", *extra),
+                                         grid=_persistent_grid)
+        tile = CONFIGS["int8"]
+        persistent_meta = meta_for(tile) | {"NUM_SMS": multiprocessors(a2d.get_device())}
+        candidates = [(persistent, tile, persistent_meta)] + (candidates if max_autotune() else [])
+    selected, how = select_choices("qfuse_scaled_linear", candidates, (a2d, b, *extra.values()), layout)
+    return selected, how if not why_not or len(candidates) > 1 else f"{how} (not the persistent template: {why_not})"
 
 
 def split_k_product(a2d, b, splits: int, out_dtype: torch.dtype):
@@ -247,19 +326,26 @@ def split_k_product(a2d, b, splits: int, out_dtype: torch.dtype):
 def select_tile(template: TritonTemplate, name: str, inputs: tuple, layout, tiles, meta_for):
     """(the template's buffer at the fastest of `tiles`, how it was chosen): one tile is taken as it is,
     several are benchmarked by Inductor (max-autotune). `meta_for(tile)`: the template's other constexprs."""
+    return select_choices(name, [(template, tile, meta_for(tile)) for tile in tiles], inputs, layout)
+
+
+def select_choices(name: str, candidates: list, inputs: tuple, layout):
+    """(the buffer of the fastest of `candidates`, how it was chosen): (template, tile, constexprs)
+    triples; one is taken as it is, several are benchmarked by Inductor (max-autotune)."""
     choices = []
-    for tile in tiles:
+    for template, tile, meta in candidates:
         block_m, block_n, block_k, group_m, num_warps, num_stages = tile
         template.maybe_append_choice(
             choices, input_nodes=inputs, layout=layout, num_stages=num_stages, num_warps=num_warps,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-            EPILOGUE_SPLIT_MIN_N=EPILOGUE_SPLIT_MIN_N, **meta_for(tile),
+            EPILOGUE_SPLIT_MIN_N=EPILOGUE_SPLIT_MIN_N, **meta,
         )
     if len(choices) == 1:
-        block_m, block_n, block_k, _, num_warps, num_stages = tiles[0]
-        how = f"Triton template, tile {block_m}x{block_n}x{block_k}, {num_warps} warps, {num_stages} stages"
+        _, (block_m, block_n, block_k, _, num_warps, num_stages), meta = candidates[0]
+        kind = "persistent TMA template" if "NUM_SMS" in meta else "template"
+        how = f"Triton {kind}, tile {block_m}x{block_n}x{block_k}, {num_warps} warps, {num_stages} stages"
     else:
-        how = f"Triton template, autotuned by Inductor among {len(choices)} tiles"
+        how = f"Triton template, autotuned by Inductor among {len(choices)} choices"
     # return_multi_template=False: Inductor picks the fastest tile now; a multi-template buffer (epilogue
     # benchmarking) would need an extern choice of the same function to fall back to, and there is none.
     selected = autotune_select_algorithm(name, choices, list(inputs), layout, return_multi_template=False)

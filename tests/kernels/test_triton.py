@@ -221,15 +221,16 @@ def test_per_tensor_dynamic_quant_falls_back_to_plain_torch():
     assert torch.equal(q, expected_q) and torch.equal(scale, expected_scale)
 
 
+@pytest.mark.parametrize("dtype", [FP8, torch.int8])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("kind", ["tensor", "token_channel"])
 @pytest.mark.parametrize("m, k, n", [(1, 64, 16), (130, 208, 200), (300, 1024, 520)])
-def test_persistent_fp8_scaled_mm_matches_reference(m, k, n, kind, out_dtype):
+def test_persistent_scaled_mm_matches_reference(m, k, n, kind, out_dtype, dtype):
     from qfuse.kernels.triton.persistent_mm import persistent_scaled_mm
 
     if DEVICE == "cpu" and m * k * n > 10**7:
         pytest.skip("too slow for Triton's interpreter")
-    a, weight = quantized((m, k), FP8, 12), quantized((n, k), FP8, 13)
+    a, weight = quantized((m, k), dtype, 12), quantized((n, k), dtype, 13)
     scale_a, scale_b = scales(kind, m, k, n)
     bias = torch.randn(n).to(DEVICE) if kind != "tensor" else None
     from qfuse.ops.scaled_mm import _flatten_operands
@@ -243,9 +244,10 @@ def test_persistent_fp8_scaled_mm_matches_reference(m, k, n, kind, out_dtype):
 
 
 def test_persistent_kernel_runs_only_where_it_can_and_was_measured_faster():
-    from qfuse.kernels.triton.persistent_mm import should_run_persistent
+    from qfuse.kernels.triton.persistent_mm import MIN_M, should_run_persistent
 
-    def case(m=256, k=256, n=512, dtype=FP8, weight_kn=False, block=False):
+    def case(m=None, k=256, n=512, dtype=FP8, weight_kn=False, block=False):
+        m = MIN_M["int8" if dtype == torch.int8 else "fp8"] if m is None else m
         a = quantized((m, k), dtype, 14)
         b = quantized((k, n), dtype, 15) if weight_kn else quantized((n, k), dtype, 15).t()
         scale_a, scale_b = (torch.rand(m, 2), torch.rand(2, 4)) if block else (torch.rand(m, 1), torch.rand(1, n))
@@ -253,11 +255,12 @@ def test_persistent_kernel_runs_only_where_it_can_and_was_measured_faster():
 
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
     assert case() == hopper  # CPU tensors (Triton's interpreter) never take it
-    assert not case(m=128)  # small M: `scaled_mm.py`'s kernel was faster
+    assert not case(m=MIN_M["fp8"] - 1)  # small M: `scaled_mm.py`'s kernel was faster
     assert not case(k=200)  # K not a multiple of 16: rows are not 16-byte aligned for the TMA
     assert not case(weight_kn=True)  # a [K, N] weight with N contiguous: the TMA wants K contiguous
     assert not case(block=True)  # block scales apply per K step in `scaled_mm.py`
-    assert not case(dtype=torch.int8)  # int8 was no faster on it than on `scaled_mm.py`
+    assert case(dtype=torch.int8) == hopper  # int8 from its own MIN_M
+    assert not case(m=MIN_M["int8"] - 1, dtype=torch.int8)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # numpy, inside Triton's interpreter: inf - inf

@@ -263,3 +263,65 @@ def test_dynamic_m_fp8_with_the_row_wise_gemm_as_choice_has_three_buckets():
     assert prefill.lowered.startswith("ATen row-wise _scaled_mm (CUTLASS)"), prefill.lowered
     assert "M above 16" in skinny.lowered and skinny.lowered.endswith("fused pointwise code"), skinny.lowered
     assert "_scaled_mm(" in results[2][2] and TEMPLATE_MARK not in results[2][2]
+
+
+PERSISTENT_MARK = "from qfuse.kernels.triton.persistent_mm import descriptor_product"
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+def _persistent_rows(extra: int = 0) -> int:
+    from qfuse.kernels.triton.persistent_mm import MIN_M
+
+    return MIN_M["int8"] + extra
+
+
+@pytest.mark.skipif(not HOPPER, reason="the persistent template needs Hopper's TMA")
+@pytest.mark.parametrize("shape", [(_persistent_rows(37), 256), (3, _persistent_rows(5), 512)], ids=["2D", "3D"])
+def test_int8_at_large_m_runs_the_persistent_template_with_its_epilogue_fused(shape):
+    """From MIN_M rows on Hopper: one program per multiprocessor walks the tiles (M and N not tile
+    multiples here), and what follows joins the store inside its tile loop: the scales, bias and
+    cast; in 2D also a residual add (in 3D Inductor leaves an add on the [B, S, N] view of the
+    template's [M, N] output to its own kernel, for either template)."""
+    x, w, w_scale, bias = cuda(*operands(shape, n=136))
+    residual = torch.randn(*shape[:-1], 136, device="cuda") if len(shape) == 2 else torch.zeros((), device="cuda")
+
+    def linear_add(x, w, w_scale, bias, residual):
+        return (int_mm_linear(x, w, w_scale, bias) + residual).to(torch.bfloat16)
+
+    form = linear_add if len(shape) == 2 else lambda x, w, w_scale, bias, _: int_mm_linear(x, w, w_scale, bias)
+    out, code, report = triton_code(form, x, w, w_scale, bias, residual)
+    assert PERSISTENT_MARK in code and TEMPLATE_MARK not in code and EXTERN_CALL not in code
+    assert last_kernel(code).startswith("triton_tem_"), re.findall(r"(\w+)\.run\(", code)
+    (record,) = report.fused
+    assert record.lowered.startswith("Triton persistent TMA template"), record.lowered
+    # a norm: a few activations round to the other int8 on the CPU
+    expected = (eager_int8(x, w, w_scale, bias) + residual).to(out.dtype).float()
+    assert (out.float() - expected).norm() / expected.norm() < 1e-3
+
+
+@pytest.mark.skipif(not HOPPER, reason="the persistent template needs Hopper's TMA")
+def test_dynamic_m_takes_the_persistent_template_from_its_bound():
+    _, w, w_scale, bias = cuda(*operands((1, 256), n=136))
+    results, reports = per_bucket(int_mm_linear, (_persistent_rows(100), 300, _persistent_rows(900)), w, w_scale,
+                                  bias, kernel="triton")
+    for out, x, _ in results:
+        expected = eager_int8(x, w, w_scale, bias)
+        assert (out - expected).norm() / expected.norm() < 1e-3
+    codes = [code for _, _, code in results]
+    assert [bool(code) for code in codes] == [True, True, False]
+    assert PERSISTENT_MARK in codes[0] and TEMPLATE_MARK in codes[1] and PERSISTENT_MARK not in codes[1]
+    assert "not the persistent template: M below" in reports[1].fused[0].lowered, reports[1].fused[0].lowered
+
+
+@pytest.mark.skipif(not HOPPER, reason="the persistent template needs Hopper's TMA")
+def test_max_autotune_benchmarks_the_persistent_template_with_the_tiles(monkeypatch):
+    monkeypatch.setenv("QFUSE_KERNEL", "triton")
+    x, w, w_scale, bias = cuda(*operands((_persistent_rows(), 256), n=128))
+    marker = qfuse.graphs_compiled()
+    compiled = torch.compile(int_mm_linear, backend="qfuse", mode="max-autotune-no-cudagraphs")
+    out = compiled(x, w, w_scale, bias)
+    (record,) = qfuse.reports_since(marker)[-1].fused
+    assert record.lowered.startswith("Triton template, autotuned by Inductor among"), record.lowered
+    expected = eager_int8(x, w, w_scale, bias)
+    assert (out - expected).norm() / expected.norm() < 1e-3
+

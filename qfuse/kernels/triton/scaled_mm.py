@@ -107,15 +107,20 @@ def _scale_bias_store(out, offs_m, offs_n, mask_m, mask_n, c_ptr, scale_a_ptr, s
 
 
 @triton.jit
-def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """This program's (row block, column block): GROUP_M row blocks share a column block, for L2
-    reuse of B. The grid is one program per tile, cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)."""
-    pid = tl.program_id(0)
+def tile_in_group_order(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column block) of output tile number `tile`: GROUP_M row blocks share a column
+    block, for L2 reuse of B."""
     blocks_m, blocks_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group_size = GROUP_M * blocks_n
-    first_m = (pid // group_size) * GROUP_M
+    first_m = (tile // group_size) * GROUP_M
     rows_in_group = min(blocks_m - first_m, GROUP_M)
-    return first_m + (pid % group_size) % rows_in_group, (pid % group_size) // rows_in_group
+    return first_m + (tile % group_size) % rows_in_group, (tile % group_size) // rows_in_group
+
+
+@triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's (row block, column block), the grid one program per tile, cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)."""
+    return tile_in_group_order(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
 
 @triton.jit

@@ -1,0 +1,34 @@
+"""When the int8 template runs as the persistent TMA kernel (`triton_template.why_not_persistent`),
+asked of IR stand-ins: no GPU needed (the GPU runs are in test_triton_template.py)."""
+
+import itertools
+
+import torch
+from torch._inductor import ir
+from torch._inductor.graph import GraphLowering
+from torch._inductor.virtualized import V
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from qfuse.lowerings.triton_template import why_not_persistent
+from qfuse.schemes import FP8_DTYPE
+
+_NAMES = itertools.count()
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+def buffer(size, stride, dtype):
+    layout = ir.FixedLayout(torch.device("cuda"), dtype, size, stride)
+    return ir.TensorBox.create(ir.InputBuffer(name=f"stand_in_{next(_NAMES)}", layout=layout))
+
+
+def test_persistent_template_needs_int8_hopper_and_k_contiguous_operands():
+    """`why_not_persistent` on IR stand-ins: runs without a GPU (then no TMA device either)."""
+    with V.set_graph_handler(GraphLowering(make_fx(lambda: None)())):
+        a, b = buffer([4096, 256], [256, 1], torch.int8), buffer([256, 512], [1, 256], torch.int8)
+        assert "int8's" in why_not_persistent(buffer([4096, 256], [256, 1], FP8_DTYPE), b, 4096, False)
+        assert "block scales" in why_not_persistent(a, b, 4096, True)
+        reason = why_not_persistent(a, buffer([256, 512], [512, 1], torch.int8), 4096, False)
+        assert reason in ("A or B is not K-contiguous", "this GPU or Triton has no device-side TMA descriptors")
+        if HOPPER:
+            assert why_not_persistent(a, b, 4096, False) == ""
+            assert "M below" in why_not_persistent(a, b, 100, False)
