@@ -10,6 +10,7 @@ run instead, at M in --m for each case "section:KxN" of --cases (K input, N outp
       inductor               torch.compile of F.linear(x, w_int8.to(x.dtype) * scale[:, None])
       inductor freezing      the same with torch._inductor.config.freezing = True
       qfuse                  the same compiled with backend="qfuse"
+      qfuse freezing + max-autotune   the same, with freezing + max_autotune (ATen and CPP GEMM backends)
       inductor scale-after   torch.compile of F.linear(x3d, w_int8.to(x.dtype)) * scale, x3d = x[None]
                              (the form Inductor's weight-only pattern matches; bf16 only)
       int8pack eager         torch.ops.aten._weight_int8pack_mm(x, w_int8, scale)
@@ -22,6 +23,7 @@ run instead, at M in --m for each case "section:KxN" of --cases (K input, N outp
       inductor freezing      the same with freezing = True
       qfuse                  the same compiled with backend="qfuse" (qfuse::int4_weight_only_mm: int4pack
                              on the weight repacked once)
+      qfuse freezing + max-autotune   the same, with freezing + max_autotune (ATen and CPP GEMM backends)
       int4pack eager         aten._weight_int4pack_mm_for_cpu on the _convert_weight_to_int4pack_for_cpu
                              weight
       int4pack compiled      the same op inside torch.compile
@@ -167,6 +169,7 @@ QUICK_CASES = ["int8-bf16:512x256", "int8-fp32:512x256", "int4-g128:512x256", "i
 BASELINE = "inductor"
 FLIP_S4 = 0x88888888 - (1 << 32)  # as int32: XOR turns u4 nibbles q into s4 nibbles q - 8
 TEMPLATE = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+MAX_AUTOTUNE = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "ATEN,CPP"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,6 +354,7 @@ def int8_candidates(x: torch.Tensor, weight: Int8Weight) -> dict[str, Candidate]
         "inductor": compiled(int8_hand_written, [w, scale], x),
         "inductor freezing": compiled(int8_hand_written, [w, scale], x, freezing=True),
         "qfuse": compiled(int8_hand_written, [w, scale], x, backend="qfuse"),
+        "qfuse freezing + max-autotune": compiled(int8_hand_written, [w, scale], x, backend="qfuse", **MAX_AUTOTUNE),
     }
     if dtype == torch.bfloat16:
         x3d = x.unsqueeze(0)
@@ -378,6 +382,7 @@ def int4_candidates(x: torch.Tensor, weight: Int4Weight) -> dict[str, Candidate]
         "inductor": compiled(gptq_form(group), [packed, scale], x),
         "inductor freezing": compiled(gptq_form(group), [packed, scale], x, freezing=True),
         "qfuse": compiled(gptq_form(group), [packed, scale], x, backend="qfuse"),
+        "qfuse freezing + max-autotune": compiled(gptq_form(group), [packed, scale], x, backend="qfuse", **MAX_AUTOTUNE),
         "int4pack eager": eager(lambda: int4pack(group)(x, packed_cpu, scales_and_zeros)),
         "int4pack compiled": compiled(int4pack(group), [packed_cpu, scales_and_zeros], x),
         "int4pack C++ template": compiled(int4pack(group), [packed_cpu, scales_and_zeros], x, **TEMPLATE),

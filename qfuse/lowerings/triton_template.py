@@ -163,22 +163,38 @@ def _persistent_grid(m, n, meta, *, cdiv, min):
     return min(meta["NUM_SMS"], cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])), 1, 1
 
 
-def why_not_persistent(a2d, b, rows, blocked: bool) -> str:
-    """'' if the persistent TMA template can run this [M, K] x [K, N] call and was measured faster
-    than the tiled one here, else why not. A dynamic M is guarded on `MIN_M` (`ir.rows_at_most`)."""
+TMA_ALIGNMENT_BYTES = 16
+
+
+def _tma_ready(node, outer_stride) -> bool:
+    """Whether an int8 operand can be a TMA descriptor's base as the template builds it: its row
+    stride (`outer_stride`, elements = bytes) and its offset static multiples of 16 bytes (a
+    dynamic one could be aligned at its hint and not later, and the template bakes it in)."""
+    offset = node.get_layout().offset if hasattr(node, "get_layout") else 0
+    return all(sympy.sympify(value).is_number and int(value) % TMA_ALIGNMENT_BYTES == 0 for value in (outer_stride, offset))
+
+
+def why_not_persistent(a2d, b, rows) -> str:
+    """'' if the persistent TMA template can run this int8 [M, K] x [K, N] call (per-tensor / row /
+    column scales) and was measured faster than the tiled one here, else why not. Asked last, a
+    dynamic M is guarded on `MIN_M` (`ir.rows_at_most`).
+
+    The template's descriptors are made on the device, in Triton's scratch memory: Inductor's
+    runtime gives Triton its allocator on a kernel's first launch (per thread), as for its own TMA
+    templates."""
     from torch._inductor.utils import can_use_tma
     from torch.utils._triton import has_triton_tma_device
 
     from qfuse.kernels.triton.persistent_mm import MIN_M
 
-    if a2d.get_dtype() != torch.int8:
-        return "it is int8's (fp8 at large M runs cuBLAS, faster than either Triton kernel)"
-    if blocked:
-        return "block scales apply per K step in the tiled kernel"
-    if not has_triton_tma_device():
-        return "this GPU or Triton has no device-side TMA descriptors"
     if not (_known(sympy.Eq(a2d.get_stride()[1], 1)) and _known(sympy.Eq(b.get_stride()[0], 1))):
         return "A or B is not K-contiguous"
+    if not (_tma_ready(a2d, a2d.get_stride()[0]) and _tma_ready(b, b.get_stride()[1])):
+        return "a row stride or an offset of A or B is not a static multiple of 16 bytes"
+    device = a2d.get_device()
+    if (device.type != "cuda" or not torch.cuda.is_available() or torch.cuda.get_device_capability(device) < (9, 0)
+            or not has_triton_tma_device()):
+        return "this GPU or Triton has no device-side TMA descriptors"
     if not can_use_tma(a2d, b):
         return "A or B does not meet the TMA's alignment"
     if rows_at_most(rows, MIN_M["int8"] - 1):
@@ -293,18 +309,22 @@ def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, out_
     def meta_for(tile):
         return meta | {"PROMOTE_EVERY": 1 if blocked else promote_every(a2d.get_dtype(), out_dtype, tile[2])}
 
-    candidates = [(template, tile, meta_for(tile)) for tile in tiles]
-    if not (why_not := why_not_persistent(a2d, b, m, blocked)):
-        from qfuse.kernels.triton.persistent_mm import CONFIGS
-        from qfuse.kernels.triton.scaled_mm import multiprocessors
+    candidates, note = [(template, tile, meta_for(tile)) for tile in tiles], ""
+    if is_int8 and not blocked:  # the persistent kernel's calls (fp8 at its M runs cuBLAS)
+        if why_not := why_not_persistent(a2d, b, m):
+            note = f" (not the persistent template: {why_not})"
+        else:
+            from qfuse.kernels.triton.persistent_mm import CONFIGS
+            from qfuse.kernels.triton.scaled_mm import multiprocessors
 
-        persistent = template_for_inputs(_PERSISTENT_SOURCE, "qfuse_persistent_scaled_linear", ("A", "B", *extra),
-                                         grid=_persistent_grid)
-        tile = CONFIGS["int8"]
-        persistent_meta = meta_for(tile) | {"NUM_SMS": multiprocessors(a2d.get_device())}
-        candidates = [(persistent, tile, persistent_meta)] + (candidates if max_autotune() else [])
+            persistent = template_for_inputs(_PERSISTENT_SOURCE, "qfuse_persistent_scaled_linear",
+                                             ("A", "B", *extra), grid=_persistent_grid)
+            tile = CONFIGS["int8"]
+            persistent_meta = meta_for(tile) | {"NUM_SMS": multiprocessors(a2d.get_device())}
+            candidates = [(persistent, tile, persistent_meta)] + (candidates if max_autotune() else [])
+            note = " (the persistent TMA template among them)" if len(candidates) > 1 else ""
     selected, how = select_choices("qfuse_scaled_linear", candidates, (a2d, b, *extra.values()), layout)
-    return selected, how if not why_not or len(candidates) > 1 else f"{how} (not the persistent template: {why_not})"
+    return selected, how + note
 
 
 def split_k_product(a2d, b, splits: int, out_dtype: torch.dtype):
@@ -340,7 +360,7 @@ def select_choices(name: str, candidates: list, inputs: tuple, layout):
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
             EPILOGUE_SPLIT_MIN_N=EPILOGUE_SPLIT_MIN_N, **meta,
         )
-    if len(choices) == 1:
+    if len(choices) == 1 and len(candidates) == 1:
         _, (block_m, block_n, block_k, _, num_warps, num_stages), meta = candidates[0]
         kind = "persistent TMA template" if "NUM_SMS" in meta else "template"
         how = f"Triton {kind}, tile {block_m}x{block_n}x{block_k}, {num_warps} warps, {num_stages} stages"

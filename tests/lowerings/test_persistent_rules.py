@@ -10,7 +10,6 @@ from torch._inductor.virtualized import V
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from qfuse.lowerings.triton_template import why_not_persistent
-from qfuse.schemes import FP8_DTYPE
 
 _NAMES = itertools.count()
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
@@ -21,14 +20,19 @@ def buffer(size, stride, dtype):
     return ir.TensorBox.create(ir.InputBuffer(name=f"stand_in_{next(_NAMES)}", layout=layout))
 
 
-def test_persistent_template_needs_int8_hopper_and_k_contiguous_operands():
-    """`why_not_persistent` on IR stand-ins: runs without a GPU (then no TMA device either)."""
+def test_persistent_template_needs_k_contiguous_aligned_operands_and_hopper():
+    """`why_not_persistent` on IR stand-ins: the layout rules hold on any machine; on a GPU without
+    Hopper's TMA (or none) the device rule; on Hopper the M bound."""
     with V.set_graph_handler(GraphLowering(make_fx(lambda: None)())):
         a, b = buffer([4096, 256], [256, 1], torch.int8), buffer([256, 512], [1, 256], torch.int8)
-        assert "int8's" in why_not_persistent(buffer([4096, 256], [256, 1], FP8_DTYPE), b, 4096, False)
-        assert "block scales" in why_not_persistent(a, b, 4096, True)
-        reason = why_not_persistent(a, buffer([256, 512], [512, 1], torch.int8), 4096, False)
-        assert reason in ("A or B is not K-contiguous", "this GPU or Triton has no device-side TMA descriptors")
+        assert why_not_persistent(a, buffer([256, 512], [512, 1], torch.int8), 4096) == "A or B is not K-contiguous"
+        assert why_not_persistent(buffer([4096, 256], [1, 4096], torch.int8), b, 4096) == "A or B is not K-contiguous"
+        unaligned = "a row stride or an offset of A or B is not a static multiple of 16 bytes"
+        assert why_not_persistent(buffer([4096, 200], [200, 1], torch.int8), b, 4096) == unaligned
+        assert why_not_persistent(a, buffer([256, 512], [1, 260], torch.int8), 4096) == unaligned
+        reason = why_not_persistent(a, b, 4096)
         if HOPPER:
-            assert why_not_persistent(a, b, 4096, False) == ""
-            assert "M below" in why_not_persistent(a, b, 100, False)
+            assert reason == ""
+            assert "M below" in why_not_persistent(a, b, 100)
+        else:
+            assert reason == "this GPU or Triton has no device-side TMA descriptors"

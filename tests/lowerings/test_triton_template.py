@@ -322,6 +322,7 @@ def test_max_autotune_benchmarks_the_persistent_template_with_the_tiles(monkeypa
     out = compiled(x, w, w_scale, bias)
     (record,) = qfuse.reports_since(marker)[-1].fused
     assert record.lowered.startswith("Triton template, autotuned by Inductor among"), record.lowered
+    assert "(the persistent TMA template among them)" in record.lowered, record.lowered
     expected = eager_int8(x, w, w_scale, bias)
     assert (out - expected).norm() / expected.norm() < 1e-3
 

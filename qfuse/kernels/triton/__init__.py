@@ -2,7 +2,8 @@
 
 The kernels live beside this file and import Triton; this module does not, so the registry works
 where Triton is missing: `scaled_mm.py` (every scale granularity, any M; tiles per M bucket),
-`persistent_mm.py` (Hopper TMA, one program per multiprocessor: fp8 with row-wise scales at large M),
+`persistent_mm.py` (Hopper TMA, one program per multiprocessor: fp8 and int8 with per-tensor / row-wise
+scales at large M),
 `quant.py` (one-pass quantizers, for `qfuse::quant_scaled_mm` when asked for by name), and the
 weight-only kernels on `weight_stream.py`'s main loop: `int4_mm.py` (W4A16) and `w8a16_mm.py` (int8 /
 fp8 weights, bf16 / fp16 / fp32 activations). Under
