@@ -1,7 +1,8 @@
 """Public entry points besides the backend: install / uninstall / installed, and explain.
 
-`install` puts qfuse's pass into Inductor's `post_grad_custom_post_pass`, after a pass that is
-already there (both run); `uninstall` puts back exactly what was there before. Installs nest.
+`install` puts qfuse's pass into Inductor's `post_grad_custom_post_pass` (and `joint_custom_post_pass`,
+where it runs under freezing), after a pass that is already there (both run); `uninstall` puts back
+exactly what was there before. Installs nest.
 `explain(model, *inputs)` compiles once and returns what qfuse did, for notebooks and tests.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 from qfuse import debug
 from qfuse.config import QfuseConfig, pass_skipping_caches_off, split_options
 from qfuse.ops.verify import verify_results
-from qfuse.passes.manager import QfusePass, graphs_compiled, prepare_pass, reports_since
+from qfuse.passes.manager import STAGE_SLOTS, QfusePass, graphs_compiled, prepare_pass, reports_since
 from qfuse.passes.report import LinearRecord, PassReport, RecordSelection
 
 _saved_passes: list[Any] = []
@@ -24,8 +25,10 @@ def install(config: QfuseConfig | None = None, **options: Any) -> QfusePass:
     """Run qfuse in every Inductor compile from now on; returns the installed pass."""
     from torch._inductor import config as inductor_config
 
-    existing = inductor_config.post_grad_custom_post_pass
-    qfuse_pass, inductor_config.post_grad_custom_post_pass = prepare_pass(existing, config, **options)
+    existing = {slot: getattr(inductor_config, slot) for slot in STAGE_SLOTS.values()}
+    qfuse_pass, slots = prepare_pass(existing, config, **options)
+    for slot, graph_pass in slots.items():
+        setattr(inductor_config, slot, graph_pass)
     _saved_passes.append(existing)
     return qfuse_pass
 
@@ -36,7 +39,8 @@ def uninstall() -> None:
 
     if not _saved_passes:
         raise RuntimeError("qfuse.uninstall() called without a matching qfuse.install()")
-    inductor_config.post_grad_custom_post_pass = _saved_passes.pop()
+    for slot, graph_pass in _saved_passes.pop().items():
+        setattr(inductor_config, slot, graph_pass)
 
 
 @contextlib.contextmanager

@@ -3,8 +3,8 @@
 Registered through the `torch_dynamo_backends` entry point, so no `import qfuse` is needed.
 `options` holds qfuse's fields (see `qfuse.config`) and any Inductor config keys; `mode` is any
 mode Inductor takes ("reduce-overhead", "max-autotune", ...), turned into the same config patches
-(explicit `options` win). qfuse's pass is composed with a `post_grad_custom_post_pass` that is
-already configured, never replacing it.
+(explicit `options` win). qfuse's pass is composed with a `post_grad_custom_post_pass` (and, for
+freezing, a `joint_custom_post_pass`) that is already configured, never replacing it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from qfuse import debug
 from qfuse.config import PASS_SKIPPING_CACHES_OFF, split_options
-from qfuse.passes.manager import prepare_pass
+from qfuse.passes.manager import STAGE_SLOTS, prepare_pass
 
 
 def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None,
@@ -27,8 +27,9 @@ def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[
     qfuse_options, inductor_patches = split_options(options)
     if mode is not None:  # as torch.compile(mode=...) does for Inductor
         inductor_patches = {**list_mode_options(mode), **inductor_patches}
-    existing = inductor_patches.pop("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
-    qfuse_pass, inductor_patches["post_grad_custom_post_pass"] = prepare_pass(existing, **qfuse_options)
+    existing = {slot: inductor_patches.pop(slot, getattr(inductor_config, slot)) for slot in STAGE_SLOTS.values()}
+    qfuse_pass, slots = prepare_pass(existing, **qfuse_options)
+    inductor_patches.update(slots)
     if qfuse_pass.config.debug:
         debug.start_depyf_for_process(qfuse_pass.config)
         inductor_patches = {**PASS_SKIPPING_CACHES_OFF, **inductor_patches}  # a cache hit would skip the dumps

@@ -11,6 +11,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import qfuse
+from qfuse.config import pass_skipping_caches_off
 from qfuse.platform import current_platform
 from qfuse.passes.families import PATTERN_FAMILIES
 from qfuse.passes.manager import ComposedPass, QfusePass, prepare_pass
@@ -90,12 +91,44 @@ def test_backend_composes_with_a_configured_pass():
 
 def test_prepare_pass_composes_after_the_existing_pass_with_the_options_applied():
     existing = CountingPass()
-    qfuse_pass, post_grad_pass = prepare_pass(existing, qfuse.QfuseConfig(kernel="torch"), verify=True)
+    qfuse_pass, slots = prepare_pass({"post_grad_custom_post_pass": existing}, qfuse.QfuseConfig(kernel="torch"),
+                                     verify=True)
+    post_grad_pass, joint_pass = slots["post_grad_custom_post_pass"], slots["joint_custom_post_pass"]
     assert isinstance(post_grad_pass, ComposedPass) and post_grad_pass.passes == [existing, qfuse_pass]
     assert qfuse_pass.config == qfuse.QfuseConfig(kernel="torch", verify=True)
-    alone, same = prepare_pass(None)
-    assert same is alone and alone.config == qfuse.QfuseConfig.from_env()
+    assert isinstance(joint_pass, QfusePass) and joint_pass.stage == "joint" and joint_pass.config == qfuse_pass.config
+    alone, same = prepare_pass({})
+    assert same["post_grad_custom_post_pass"] is alone and alone.config == qfuse.QfuseConfig.from_env()
     assert torch.ops.qfuse.scaled_mm.default in torch._inductor.lowering.lowerings
+
+
+def test_under_freezing_qfuse_runs_before_the_constants_are_folded():
+    """Freezing folds every computation on constants before the post-grad passes: the GPTQ form's
+    unpack and dequantize would become a float weight. qfuse runs in the joint-graph stage there,
+    once (one report per graph), and fuses it as without freezing."""
+    from tests.peers import weight_only_models as wo
+
+    model = wo.gptq_packed_int4(torch.bfloat16)
+    x = wo.example_input(256, torch.bfloat16)
+    for freezing in (False, True):
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(freezing=freezing), pass_skipping_caches_off(), torch.no_grad():
+            marker = qfuse.graphs_compiled()
+            out = torch.compile(model, backend="qfuse")(x)
+            (report,) = qfuse.reports_since(marker)
+        (record,) = report.records
+        assert record.fused and record.family == "int4_weight_only", (freezing, record)
+        torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
+
+
+def test_installed_pass_takes_both_stages_and_uninstall_restores_them():
+    joint = CountingPass()
+    with torch._inductor.config.patch(joint_custom_post_pass=joint):
+        with qfuse.installed() as qfuse_pass:
+            installed_joint = torch._inductor.config.joint_custom_post_pass
+            assert installed_joint.passes[0] is joint and installed_joint.passes[1].stage == "joint"
+            assert installed_joint.passes[1].config == qfuse_pass.config
+        assert torch._inductor.config.joint_custom_post_pass is joint
 
 
 def test_installs_nest_and_each_uninstall_restores_the_pass_before_it():
@@ -110,6 +143,7 @@ def test_installs_nest_and_each_uninstall_restores_the_pass_before_it():
 
 def test_uuid_follows_the_config():
     assert QfusePass(qfuse.QfuseConfig()).uuid() == QfusePass(qfuse.QfuseConfig()).uuid()
+    assert QfusePass(qfuse.QfuseConfig()).uuid() != QfusePass(qfuse.QfuseConfig(), stage="joint").uuid()
     assert QfusePass(qfuse.QfuseConfig()).uuid() != QfusePass(qfuse.QfuseConfig(kernel="reference")).uuid()
     assert QfusePass(qfuse.QfuseConfig()).uuid() == QfusePass(qfuse.QfuseConfig(debug=True)).uuid()
 

@@ -44,6 +44,7 @@ import math
 from typing import NamedTuple
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Graph, Node
 
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
@@ -309,8 +310,9 @@ def _same_nibble_order(first: Nibbles, second: Nibbles) -> bool:
     same_shifts = first.shifts is second.shifts or (_is_standard_arange(first.shifts)
                                                     and _is_standard_arange(second.shifts))
     orders = (first.channel_order, second.channel_order)
-    same_order = orders[0] is orders[1] or (None not in orders
-                                            and torch.equal(*(_constant_value(order) for order in orders)))
+    # tolist, not torch.equal: under freezing this runs in the joint-graph stage, inside a fake mode
+    same_order = orders[0] is orders[1] or (None not in orders and _constant_value(orders[0]).tolist()
+                                            == _constant_value(orders[1]).tolist())
     return same_shifts and same_order
 
 
@@ -349,8 +351,9 @@ def _shifts_in_channel_order(shifts, channel_order: Node, words: Node) -> Pendin
     if not _is_standard_arange(shifts):
         raise NotFusable(f"{FOUND} its channel order is gathered over stored shifts (only 0, 4, ..., 28 are "
                          "folded into the op's shifts)")
-    order = _constant_value(channel_order).to(device=fake_value(words).device, dtype=torch.int32)
-    return PendingConstant(order * 4, channel_order.graph, "awq_shifts")
+    with unset_fake_temporarily():  # real arithmetic on a real constant, also inside a fake mode (freezing's joint stage)
+        order = _constant_value(channel_order).to(device=fake_value(words).device, dtype=torch.int32)
+        return PendingConstant(order * 4, channel_order.graph, "awq_shifts")
 
 
 def _transposed(node, k_major: bool):

@@ -2,7 +2,12 @@
 
 It runs as Inductor's `post_grad_custom_post_pass` (post-grad, aten level, decomposed graph), after
 Inductor's own post-grad patterns: first it takes back the int8 weight-only linears Inductor's
-pattern took (`inductor_woq`), then the pattern families run in order.
+pattern took (`inductor_woq`), then the pattern families run in order. Under freezing
+(`torch._inductor.config.freezing`, Inductor's recipe for CPU inference) it runs one stage earlier,
+as `joint_custom_post_pass`: freezing folds every computation on constants into new constants
+before the post-grad passes, so a weight-only linear's dequantize (int4 words unpacked, fp8 cast
+up, times the scales) would reach qfuse as a float weight, four times the int4 memory, with nothing
+left to fuse. Both slots hold the pass; each runs in its own stage only (`QfusePass.stage`).
 `uuid()` hashes qfuse's source files and the parts of the configuration that change the output,
 so Inductor's FX graph cache never returns a graph compiled by another qfuse or another config.
 On a warm cache hit Inductor skips post-grad passes entirely: the cached graph already holds the
@@ -10,7 +15,7 @@ qfuse ops, and no new report is produced.
 
 `prepare_pass` is what both ways in (the backend and `install()`) do before a compile: register
 the ops and lowerings, build the configuration, turn on debug logging, and compose qfuse's pass
-after whatever post-grad pass is already configured.
+after whatever pass is already configured in each slot.
 """
 
 from __future__ import annotations
@@ -100,12 +105,29 @@ def _reclaim_or_restore(graph: torch.fx.Graph, report: PassReport) -> None:
                                                     "they are left to Inductor"))
 
 
+#: The Inductor config slot of each stage qfuse's pass can run in.
+STAGE_SLOTS = {"post_grad": "post_grad_custom_post_pass", "joint": "joint_custom_post_pass"}
+
+
+def runs_in_stage(stage: str) -> bool:
+    """Whether qfuse's pass runs in `stage` of this compile: "joint" (before freezing's constant
+    folding) under freezing, "post_grad" otherwise (module docstring)."""
+    from torch._inductor import config as inductor_config
+
+    return (stage == "joint") == bool(inductor_config.freezing)
+
+
 class QfusePass(CustomGraphPass):
-    def __init__(self, config: QfuseConfig | None = None) -> None:
+    def __init__(self, config: QfuseConfig | None = None, stage: str = "post_grad") -> None:
+        if stage not in STAGE_SLOTS:
+            raise ValueError(f"qfuse: stage must be one of {tuple(STAGE_SLOTS)}, got {stage!r}")
         self.config = config if config is not None else QfuseConfig.from_env()
+        self.stage = stage
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         global _graphs_compiled
+        if not runs_in_stage(self.stage):
+            return
         report = PassReport(graph_name=f"graph_{_graphs_compiled}")
         _graphs_compiled += 1
         context = PassContext(self.config, report)
@@ -139,7 +161,7 @@ class QfusePass(CustomGraphPass):
             debug.write_report(self.config, report)
 
     def uuid(self) -> str:
-        return hashlib.sha256(_source_hash() + self.config.cache_key().encode()).hexdigest()
+        return hashlib.sha256(_source_hash() + self.config.cache_key().encode() + self.stage.encode()).hexdigest()
 
 
 class ComposedPass(CustomGraphPass):
@@ -172,11 +194,12 @@ def compose(existing: CustomGraphPass | None, qfuse_pass: QfusePass) -> CustomGr
     return ComposedPass([*others, qfuse_pass]) if others else qfuse_pass
 
 
-def prepare_pass(existing: CustomGraphPass | None, config: QfuseConfig | None = None,
-                 **options: Any) -> tuple[QfusePass, CustomGraphPass]:
+def prepare_pass(existing: dict[str, CustomGraphPass | None], config: QfuseConfig | None = None,
+                 **options: Any) -> tuple[QfusePass, dict[str, CustomGraphPass]]:
     """Get qfuse ready to compile: its ops and lowerings registered, the configuration (`config`, else
-    the `QFUSE_*` environment, with `options` applied), debug logging on in debug mode. Returns
-    (qfuse's pass, the post-grad pass to configure: `existing` followed by qfuse's)."""
+    the `QFUSE_*` environment, with `options` applied), debug logging on in debug mode. `existing`:
+    the pass configured in each of `STAGE_SLOTS`' slots (by slot name). Returns (qfuse's post-grad
+    pass, the pass to configure in each slot: the existing one followed by qfuse's for that stage)."""
     import qfuse.ops  # noqa: F401  (the compiled code calls torch.ops.qfuse.*)
     from qfuse.lowerings import register_lowerings
 
@@ -184,5 +207,6 @@ def prepare_pass(existing: CustomGraphPass | None, config: QfuseConfig | None = 
     config = (config or QfuseConfig.from_env()).replace(**options)
     if config.debug:
         debug.enable_logging()
-    qfuse_pass = QfusePass(config)
-    return qfuse_pass, compose(existing, qfuse_pass)
+    passes = {stage: QfusePass(config, stage) for stage in STAGE_SLOTS}
+    slots = {slot: compose(existing.get(slot), passes[stage]) for stage, slot in STAGE_SLOTS.items()}
+    return passes["post_grad"], slots

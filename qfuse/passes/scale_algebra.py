@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Graph, Node
 
 from qfuse.passes.graph_utils import (
@@ -81,9 +82,10 @@ def is_unit(value) -> bool:
         return False
     if value.target in CONSTANT_OPS:
         return value.target == aten.ones.default or value.args[1] == 1
-    if value.op == "get_attr":  # a constant of a frozen graph
+    if value.op == "get_attr":  # a constant of the graph (lifted, or frozen)
         constant = getattr(value.graph.owning_module, value.target, None)
-        return isinstance(constant, torch.Tensor) and constant.numel() <= 64 and bool((constant == 1).all())
+        with unset_fake_temporarily():  # a real comparison, also inside a fake mode (freezing's joint stage)
+            return isinstance(constant, torch.Tensor) and constant.numel() <= 64 and bool((constant == 1).all())
     return False
 
 

@@ -1,0 +1,70 @@
+"""Under freezing (`torch._inductor.config.freezing`, Inductor's recipe for CPU inference) qfuse
+fuses what it fuses without it: the peer forms compiled both ways give the same records (fused or
+not, family, scheme, the reason of a near miss) and eager's numbers.
+
+Freezing folds every computation on constants into new constants before Inductor's post-grad
+passes; a weight-only linear's dequantize (int4 words unpacked, an fp8 weight cast up, times its
+scales) would reach a post-grad pass as a float weight with nothing left to fuse (and four times
+the int4 memory), so qfuse runs in the joint-graph stage there (`qfuse.passes.manager`)."""
+
+import pytest
+import torch
+
+import qfuse
+from qfuse.config import pass_skipping_caches_off
+from tests.passes.test_reference_linear import int_mm_linear, operands
+from tests.peers import weight_only_models as wo
+from tests.peers.vllm_fallbacks import VllmFp8Linear
+
+BF16 = torch.bfloat16
+
+
+class ReferenceW8A8(torch.nn.Module):
+    """The hand-written int8 W8A8 form, its int8 weight and scales held by the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        _, w, w_scale, bias = operands((4, 64))
+        self.register_buffer("w", w)
+        self.register_buffer("w_scale", w_scale)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x):
+        return int_mm_linear(x, self.w, self.w_scale, self.bias)
+
+
+FORMS = {  # name -> (model builder, input)
+    "reference_w8a8": (ReferenceW8A8, lambda: torch.randn(5, 64)),
+    "vllm_fp8_row_wise": (lambda: VllmFp8Linear(64, 48, "row_wise", dynamic=True), lambda: torch.randn(5, 64)),
+    "hand_written_int8": (lambda: wo.hand_written_int8(BF16, scale_after_matmul=False), lambda: wo.example_input(64, BF16)),
+    "gptq": (lambda: wo.gptq_packed_int4(BF16), lambda: wo.example_input(256, BF16)),
+    "gptq_act_order": (lambda: wo.gptq_packed_int4(BF16, act_order=True), lambda: wo.example_input(256, BF16)),
+    "compressed_tensors_w4a16": (lambda: wo.compressed_tensors_w4a16(BF16), lambda: wo.example_input(256, BF16)),
+    "awq": (lambda: wo.awq_int4(BF16), lambda: wo.example_input(256, BF16)),
+    "torchao_intx": (lambda: wo.torchao_intx_int4(BF16), lambda: wo.example_input(256, BF16)),
+    "fp8_weight_only": (lambda: wo.fp8_weight_only(BF16), lambda: wo.example_input(256, BF16)),
+}
+
+
+def compiled_records(model, x, freezing: bool):
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(freezing=freezing), pass_skipping_caches_off(), torch.no_grad():
+        marker = qfuse.graphs_compiled()
+        out = torch.compile(model, backend="qfuse")(x)
+        reports = qfuse.reports_since(marker)
+    assert len(reports) == 1, "one report per graph: qfuse ran in one stage"
+    return out, [(r.fused, r.family, r.scheme, r.reason) for r in reports[0].records]
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_freezing_fuses_what_qfuse_fuses_without_it(form):
+    build, example = FORMS[form]
+    model, x = build(), example()
+    with torch.no_grad():
+        expected = model(x)
+    _, unfrozen = compiled_records(model, x, freezing=False)
+    out, frozen = compiled_records(model, x, freezing=True)
+    assert frozen == unfrozen and frozen, (frozen, unfrozen)
+    assert "internal error" not in repr(frozen)
+    tolerance = 1e-5 if x.dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
