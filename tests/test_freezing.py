@@ -5,7 +5,8 @@ not, family, scheme, the reason of a near miss) and eager's numbers.
 Freezing folds every computation on constants into new constants before Inductor's post-grad
 passes; a weight-only linear's dequantize (int4 words unpacked, an fp8 weight cast up, times its
 scales) would reach a post-grad pass as a float weight with nothing left to fuse (and four times
-the int4 memory), so qfuse runs in the joint-graph stage there (`qfuse.passes.manager`)."""
+the int4 memory), so qfuse runs in the joint-graph stage there (`qfuse.passes.manager`), except for
+PT2E's linears, which freezing lowers to oneDNN itself (tests/peers/test_torchao.py)."""
 
 import pytest
 import torch

@@ -7,7 +7,10 @@ pattern took (`inductor_woq`), then the pattern families run in order. Under fre
 as `joint_custom_post_pass`: freezing folds every computation on constants into new constants
 before the post-grad passes, so a weight-only linear's dequantize (int4 words unpacked, fp8 cast
 up, times the scales) would reach qfuse as a float weight, four times the int4 memory, with nothing
-left to fuse. Both slots hold the pass; each runs in its own stage only (`QfusePass.stage`).
+left to fuse. PT2E's linears are the exception (`FREEZING_POST_GRAD_FAMILIES`): freezing lowers
+them to oneDNN itself, the fastest path measured for them, so `pt2e_linear` still runs post-grad
+and sees what Inductor left. Both slots hold the pass; each stage runs its families
+(`families_in_stage`), and the two stages of one compile fill one report.
 `uuid()` hashes qfuse's source files and the parts of the configuration that change the output,
 so Inductor's FX graph cache never returns a graph compiled by another qfuse or another config.
 On a warm cache hit Inductor skips post-grad passes entirely: the cached graph already holds the
@@ -24,6 +27,7 @@ import functools
 import hashlib
 import importlib
 import logging
+import threading
 from collections import deque
 from pathlib import Path
 from types import ModuleType
@@ -107,14 +111,22 @@ def _reclaim_or_restore(graph: torch.fx.Graph, report: PassReport) -> None:
 
 #: The Inductor config slot of each stage qfuse's pass can run in.
 STAGE_SLOTS = {"post_grad": "post_grad_custom_post_pass", "joint": "joint_custom_post_pass"}
+#: Under freezing, the families that still run post-grad (module docstring); the others run before.
+FREEZING_POST_GRAD_FAMILIES = ("pt2e_linear",)
+
+# The report of a freezing compile whose joint stage ran and whose post-grad stage has not yet
+# (Inductor runs the two in turn in one thread).
+_report_in_progress = threading.local()
 
 
-def runs_in_stage(stage: str) -> bool:
-    """Whether qfuse's pass runs in `stage` of this compile: "joint" (before freezing's constant
-    folding) under freezing, "post_grad" otherwise (module docstring)."""
+def families_in_stage(stage: str, families: list[str]) -> list[str]:
+    """Which of the configured `families` run in `stage` of this compile (module docstring)."""
     from torch._inductor import config as inductor_config
 
-    return (stage == "joint") == bool(inductor_config.freezing)
+    if not inductor_config.freezing:
+        return families if stage == "post_grad" else []
+    late = [family for family in families if family in FREEZING_POST_GRAD_FAMILIES]
+    return late if stage == "post_grad" else [family for family in families if family not in late]
 
 
 class QfusePass(CustomGraphPass):
@@ -124,28 +136,44 @@ class QfusePass(CustomGraphPass):
         self.config = config if config is not None else QfuseConfig.from_env()
         self.stage = stage
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
+    def _report(self, graph: torch.fx.Graph) -> tuple[PassReport, bool]:
+        """(this graph's report, whether an earlier stage of this compile started it)."""
         global _graphs_compiled
-        if not runs_in_stage(self.stage):
-            return
+        earlier = getattr(_report_in_progress, "report", None)
+        _report_in_progress.report = None
+        if self.stage == "post_grad" and earlier is not None:
+            return earlier, True
         report = PassReport(graph_name=f"graph_{_graphs_compiled}")
         _graphs_compiled += 1
-        context = PassContext(self.config, report)
-        families = [family for family in PATTERN_FAMILIES if family in self.config.patterns]
         report.ops_before = count_ops(graph)
+        return report, False
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        from torch._inductor import config as inductor_config
+
+        if self.stage == "joint" and not inductor_config.freezing:
+            return
+        configured = [family for family in PATTERN_FAMILIES if family in self.config.patterns]
+        families = families_in_stage(self.stage, configured)
+        report, continued = self._report(graph)
+        context = PassContext(self.config, report)
         if "reference_linear" in families:  # the family that fuses what Inductor's weight-only pattern took
             _reclaim_or_restore(graph, report)
         matmuls = {node.name: module_path(node) for node in matmul_nodes(graph)}
         report.inductor_quantized = inductor_quantized_nodes(graph)
         if self.config.debug:
             debug.write_patterns(self.config, report.graph_name, {family: describe(family) for family in families})
-            debug.dump_graph(self.config, report.graph_name, "0_before", graph)
-        for step, family in enumerate(families, start=1):
+            debug.dump_graph(self.config, report.graph_name, "0_before_post_grad" if continued else "0_before", graph)
+        for family in families:
             _run_family_or_restore(family, graph, context)
             graph.eliminate_dead_code()  # what a family replaced is gone before the next family looks
             if self.config.debug:
+                step = configured.index(family) + 1
                 debug.dump_graph(self.config, report.graph_name, f"{step}_after_{family}", graph)
         graph.lint()
+        if self.stage == "joint":  # the post-grad stage finishes the report
+            _report_in_progress.report = report
+            return
         for name in report.reclaimed_from_inductor:
             if (record := report.record_for(name)) is not None:
                 record.add_note(RECLAIMED)
