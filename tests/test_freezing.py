@@ -60,7 +60,10 @@ def compiled_records(model, x, freezing: bool):
 @pytest.mark.parametrize("form", list(FORMS))
 def test_freezing_fuses_what_qfuse_fuses_without_it(form):
     build, example = FORMS[form]
-    model, x = build(), example()
+    try:
+        model, x = build(), example()
+    except ImportError as error:  # a peer package that is not installed (compressed-tensors)
+        pytest.skip(f"{form}: {error}")
     with torch.no_grad():
         expected = model(x)
     _, unfrozen = compiled_records(model, x, freezing=False)
