@@ -23,6 +23,8 @@ run instead, at M in --m for each case "section:KxN" of --cases (K input, N outp
       inductor freezing      the same with freezing = True
       qfuse                  the same compiled with backend="qfuse" (qfuse::int4_weight_only_mm: int4pack
                              on the weight repacked once)
+      qfuse freezing         the same with freezing = True (int4pack called from the generated code on
+                             the weight packed at compile time)
       qfuse freezing + max-autotune   the same, with freezing + max_autotune (ATen and CPP GEMM backends)
       int4pack eager         aten._weight_int4pack_mm_for_cpu on the _convert_weight_to_int4pack_for_cpu
                              weight
@@ -382,6 +384,7 @@ def int4_candidates(x: torch.Tensor, weight: Int4Weight) -> dict[str, Candidate]
         "inductor": compiled(gptq_form(group), [packed, scale], x),
         "inductor freezing": compiled(gptq_form(group), [packed, scale], x, freezing=True),
         "qfuse": compiled(gptq_form(group), [packed, scale], x, backend="qfuse"),
+        "qfuse freezing": compiled(gptq_form(group), [packed, scale], x, backend="qfuse", freezing=True),
         "qfuse freezing + max-autotune": compiled(gptq_form(group), [packed, scale], x, backend="qfuse", **MAX_AUTOTUNE),
         "int4pack eager": eager(lambda: int4pack(group)(x, packed_cpu, scales_and_zeros)),
         "int4pack compiled": compiled(int4pack(group), [packed_cpu, scales_and_zeros], x),

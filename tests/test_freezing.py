@@ -72,3 +72,23 @@ def test_freezing_fuses_what_qfuse_fuses_without_it(form):
     assert "internal error" not in repr(frozen)
     tolerance = 1e-5 if x.dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("form", ["gptq", "gptq_act_order", "compressed_tensors_w4a16", "torchao_intx"])
+def test_frozen_cpu_int4_weight_is_packed_at_compile_time(form):
+    """On the CPU the int4 linear's weight is a constant under freezing: the lowering packs it at
+    compile time and the generated code calls ATen's int4pack kernel itself, with no Python op (the
+    same kernel on the same packing: the same output, bit for bit)."""
+    build, example = FORMS[form]
+    try:
+        model, x = build(), example()
+    except ImportError as error:
+        pytest.skip(f"{form}: {error}")
+    unfrozen, _ = compiled_records(model, x, freezing=False)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(freezing=True), pass_skipping_caches_off(), torch.no_grad():
+        marker = qfuse.graphs_compiled()
+        frozen = torch.compile(model, backend="qfuse")(x)
+        (record,) = qfuse.reports_since(marker)[-1].fused
+    assert record.lowered.startswith("ATen's _weight_int4pack_mm_for_cpu on the frozen weight"), record.lowered
+    assert torch.equal(frozen, unfrozen)

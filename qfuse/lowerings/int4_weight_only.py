@@ -43,7 +43,8 @@ in IR from the same stored tensors
 autotuned templates under max-autotune), on any device. That is what Inductor compiles from the model's own code,
 and it beats the template there (docs/benchmarks.md, gpu_weight_only).
 
-Other kernels (the CPU `torch` kernel: ATen's int4pack on a weight repacked once) stay an extern call.
+Other kernels (the CPU `torch` kernel: ATen's int4pack on a weight repacked once) stay an extern call,
+except under freezing, where the CPU kernel's weight is packed at compile time (`lowerings.int4_frozen`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.base import DECODE_ROWS
+from qfuse.lowerings.int4_frozen import frozen_weight, int4pack_on_constants
 from qfuse.lowerings.ir import (IR_OPS, convert, extern_call, falls_back_to_extern_call, lower, record_lowering,
                                 rows_at_most, rows_bucket)
 from qfuse.lowerings.triton_template import max_autotune, split_k_linear
@@ -144,6 +146,9 @@ def lower_int4_weight_only_mm(*args, **kwargs):
     call = Int4WeightOnlyMmArgs(*args, **kwargs)
     *lead, k = call.x.get_size()
     rows = sympy.Mul(*lead)
+    if (weight := frozen_weight(call)) is not None:
+        x2d = lower(aten.reshape.default, call.x, [rows, k])
+        return lower(aten.reshape.default, int4pack_on_constants(call, weight, x2d), [*lead, weight.n])
     reason = why_not_lowered(call)
     if reason:
         return extern_call(call, reason)
