@@ -69,6 +69,7 @@ def test_freezing_fuses_what_qfuse_fuses_without_it(form):
     _, unfrozen = compiled_records(model, x, freezing=False)
     out, frozen = compiled_records(model, x, freezing=True)
     assert frozen == unfrozen and frozen, (frozen, unfrozen)
+    assert all(fused for fused, *_ in frozen) == (form != "awq"), frozen  # AWQ: no CPU kernel takes it
     assert "internal error" not in repr(frozen)
     tolerance = 1e-5 if x.dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
@@ -92,3 +93,29 @@ def test_frozen_cpu_int4_weight_is_packed_at_compile_time(form):
         (record,) = qfuse.reports_since(marker)[-1].fused
     assert record.lowered.startswith("ATen's _weight_int4pack_mm_for_cpu on the frozen weight"), record.lowered
     assert torch.equal(frozen, unfrozen)
+
+
+def test_a_frozen_compile_of_another_model_of_the_same_shapes_gets_its_own_weights():
+    """Inductor keys frozen parameters by shape and dtype only; the int4 weight qfuse packs at compile
+    time is a constant of its own, so a frozen graph is not cached (`QfusePass.uuid`): the second
+    model, same shapes, other weights, computes with its own."""
+    x = wo.example_input(256, BF16)
+    with torch._inductor.config.patch(freezing=True, fx_graph_cache=True), torch.no_grad():
+        for seed in (0, 1):
+            torch._dynamo.reset()
+            model = wo.gptq_packed_int4(BF16, seed=seed)
+            out = torch.compile(model, backend="qfuse")(x)
+            torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2 * model(x).abs().max().item())
+
+
+def test_a_training_graph_is_not_taken_in_the_joint_stage():
+    """freezing=True with autograd on: Inductor does not freeze, and qfuse's joint-stage pass leaves
+    a forward + backward graph alone."""
+    from qfuse.passes.manager import _is_training_graph
+
+    graph = torch.fx.Graph()
+    graph.placeholder("primals_1"), graph.placeholder("tangents_1")
+    assert _is_training_graph(graph)
+    inference = torch.fx.Graph()
+    inference.placeholder("arg0_1")
+    assert not _is_training_graph(inference)

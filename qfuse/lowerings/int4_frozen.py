@@ -16,8 +16,11 @@ A weight whose preparation is no int4pack layout (dequantized once: DENSE) stays
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch._inductor import config as inductor_config
+from torch._inductor import ir
 from torch._inductor.virtualized import V
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -34,7 +37,7 @@ def _constant_value(node) -> torch.Tensor | None:
     graph's module), else None. Asked of the FX node, not of its IR: Inductor inlines constants of
     up to 8 values (a shift table) as pointwise IR."""
     if isinstance(node, torch.fx.Node) and node.op == "get_attr":
-        value = getattr(V.graph.module, node.target, None)
+        value = functools.reduce(getattr, node.target.split("."), V.graph.module)
         return value if isinstance(value, torch.Tensor) else None
     return None
 
@@ -44,7 +47,10 @@ def frozen_weight(call: Int4WeightOnlyMmArgs):
     weight tensors are graph constants, and that preparation is ATen's int4pack layout; else None."""
     if not inductor_config.freezing or call.kernel != "torch" or call.x.get_device().type != "cpu":
         return None
-    fx_call = Int4WeightOnlyMmArgs.of(V.graph.current_node)
+    node = V.graph.current_node
+    if node is None or node.target != Int4WeightOnlyMmArgs.op:
+        return None
+    fx_call = Int4WeightOnlyMmArgs.of(node)
     values = {}
     for field in _WEIGHT_FIELDS:
         node = getattr(fx_call, field)
@@ -65,6 +71,7 @@ def int4pack_on_constants(call: Int4WeightOnlyMmArgs, weight, x2d):
         order = V.graph.add_tensor_constant(weight.input_order, "qfuse_int4pack_order")
         x2d = lower(aten.index.Tensor, x2d, [None, order])
     group_size = weight.k // weight.scale.shape[0]
+    x2d = ir.ExternKernel.require_contiguous(x2d)  # as the kernel's x.contiguous()
     out = lower(aten._weight_int4pack_mm_for_cpu.default, x2d, packed, group_size, scales_and_zeros)
     if call.bias is not None:
         out = lower(aten.add.Tensor, out, convert(call.bias, out.get_dtype()))

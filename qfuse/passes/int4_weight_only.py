@@ -310,9 +310,10 @@ def _same_nibble_order(first: Nibbles, second: Nibbles) -> bool:
     same_shifts = first.shifts is second.shifts or (_is_standard_arange(first.shifts)
                                                     and _is_standard_arange(second.shifts))
     orders = (first.channel_order, second.channel_order)
-    # tolist, not torch.equal: under freezing this runs in the joint-graph stage, inside a fake mode
-    same_order = orders[0] is orders[1] or (None not in orders and _constant_value(orders[0]).tolist()
-                                            == _constant_value(orders[1]).tolist())
+    if orders[0] is orders[1] or None in orders:
+        return same_shifts and orders[0] is orders[1]
+    with unset_fake_temporarily():  # real constants, also inside a fake mode (freezing's joint stage)
+        same_order = torch.equal(*(_constant_value(order) for order in orders))
     return same_shifts and same_order
 
 

@@ -119,11 +119,20 @@ FREEZING_POST_GRAD_FAMILIES = ("pt2e_linear",)
 _report_in_progress = threading.local()
 
 
-def families_in_stage(stage: str, families: list[str]) -> list[str]:
-    """Which of the configured `families` run in `stage` of this compile (module docstring)."""
+def _freezing() -> bool:
     from torch._inductor import config as inductor_config
 
-    if not inductor_config.freezing:
+    return bool(inductor_config.freezing)
+
+
+def _is_training_graph(graph: torch.fx.Graph) -> bool:
+    """A joint forward + backward graph (its placeholders take tangents): freezing never applies."""
+    return any(node.op == "placeholder" and node.name.startswith("tangents") for node in graph.nodes)
+
+
+def families_in_stage(stage: str, families: list[str]) -> list[str]:
+    """Which of the configured `families` run in `stage` of this compile (module docstring)."""
+    if not _freezing():
         return families if stage == "post_grad" else []
     late = [family for family in families if family in FREEZING_POST_GRAD_FAMILIES]
     return late if stage == "post_grad" else [family for family in families if family not in late]
@@ -141,7 +150,7 @@ class QfusePass(CustomGraphPass):
         global _graphs_compiled
         earlier = getattr(_report_in_progress, "report", None)
         _report_in_progress.report = None
-        if self.stage == "post_grad" and earlier is not None:
+        if self.stage == "post_grad" and _freezing() and earlier is not None:
             return earlier, True
         report = PassReport(graph_name=f"graph_{_graphs_compiled}")
         _graphs_compiled += 1
@@ -149,20 +158,20 @@ class QfusePass(CustomGraphPass):
         return report, False
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        from torch._inductor import config as inductor_config
-
-        if self.stage == "joint" and not inductor_config.freezing:
+        if self.stage == "joint" and (not _freezing() or _is_training_graph(graph)):
             return
         configured = [family for family in PATTERN_FAMILIES if family in self.config.patterns]
         families = families_in_stage(self.stage, configured)
         report, continued = self._report(graph)
         context = PassContext(self.config, report)
-        if "reference_linear" in families:  # the family that fuses what Inductor's weight-only pattern took
+        if self.stage == "post_grad" and "reference_linear" in configured:
+            # what Inductor's weight-only pattern took (it runs post-grad); under freezing the family
+            # ran before, and the linears taken back stay Inductor's dequantize + mm
             _reclaim_or_restore(graph, report)
         matmuls = {node.name: module_path(node) for node in matmul_nodes(graph)}
         report.inductor_quantized = inductor_quantized_nodes(graph)
-        if self.config.debug:
-            debug.write_patterns(self.config, report.graph_name, {family: describe(family) for family in families})
+        if self.config.debug and not continued:
+            debug.write_patterns(self.config, report.graph_name, {family: describe(family) for family in configured})
             debug.dump_graph(self.config, report.graph_name, "0_before_post_grad" if continued else "0_before", graph)
         for family in families:
             _run_family_or_restore(family, graph, context)
@@ -188,7 +197,13 @@ class QfusePass(CustomGraphPass):
         if self.config.debug:
             debug.write_report(self.config, report)
 
-    def uuid(self) -> str:
+    def uuid(self) -> str | None:
+        """The FX graph cache key of the pass; None (no caching) under freezing: a frozen graph's
+        cache entry holds the constants qfuse's lowerings make from the weights (the int4 weight
+        packed at compile time, `lowerings.int4_frozen`), while Inductor keys frozen parameters by
+        shape and dtype only, so another model's weights would reuse them."""
+        if _freezing():
+            return None
         return hashlib.sha256(_source_hash() + self.config.cache_key().encode() + self.stage.encode()).hexdigest()
 
 
