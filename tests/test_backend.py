@@ -181,6 +181,21 @@ def test_debug_writes_graphs_and_report(tmp_path):
     assert "== activation_quant ==" in (graph_dir / "patterns.txt").read_text()
 
 
+def test_debug_under_freezing_dumps_the_graph_before_each_stage_and_the_patterns_once(tmp_path):
+    from tests.peers import weight_only_models as wo
+
+    model, x = wo.gptq_packed_int4(torch.bfloat16), wo.example_input(256, torch.bfloat16)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(freezing=True), pass_skipping_caches_off(), torch.no_grad():
+        marker = qfuse.graphs_compiled()
+        torch.compile(model, backend="qfuse", options={"debug": True, "debug_dir": str(tmp_path)})(x)
+        (report,) = qfuse.reports_since(marker)
+    graph_dir = tmp_path / f"pid{os.getpid()}" / report.graph_name
+    assert "aten.addmm" in (graph_dir / "0_before.py").read_text()  # the joint stage, before the fold
+    assert "qfuse.int4_weight_only_mm" in (graph_dir / "0_before_post_grad.py").read_text()
+    assert "== int4_weight_only ==" in (graph_dir / "patterns.txt").read_text()
+
+
 def test_unknown_forced_kernel_is_an_error():
     x = torch.randn(4, 256)
     w = torch.randint(-127, 128, (8, 256), dtype=torch.int8)

@@ -170,8 +170,9 @@ class QfusePass(CustomGraphPass):
             _reclaim_or_restore(graph, report)
         matmuls = {node.name: module_path(node) for node in matmul_nodes(graph)}
         report.inductor_quantized = inductor_quantized_nodes(graph)
-        if self.config.debug and not continued:
-            debug.write_patterns(self.config, report.graph_name, {family: describe(family) for family in configured})
+        if self.config.debug:
+            if not continued:  # the patterns once a graph; the graph before each stage
+                debug.write_patterns(self.config, report.graph_name, {family: describe(family) for family in configured})
             debug.dump_graph(self.config, report.graph_name, "0_before_post_grad" if continued else "0_before", graph)
         for family in families:
             _run_family_or_restore(family, graph, context)
