@@ -6,7 +6,8 @@ Each rank runs its shard, int8 or fp8 W8A8 in the reference form, bf16 activatio
 - "llama": `tests/distributed/tp_models.tensor_parallel_llama`, the two-layer HF Llama at Llama-3-8B
   layer sizes (hidden 4096, intermediate 14336, 32 heads, 8 KV heads; vocab 32000), whole heads per
   rank, an all-reduce after o_proj and down_proj, on input_ids [1, M], its logits;
-and measures per rank, at each M:
+each sharded by hand on functional collectives ("funcol") or by `parallelize_module` on DTensors
+("dtensor": int8 only, docs/distributed.md says why not fp8), and measures per rank, at each M:
 
     inductor, qfuse                                  default mode (no CUDA graphs)
     inductor:reduce-overhead, qfuse:reduce-overhead   CUDA graphs
@@ -16,7 +17,8 @@ against eager). With one process (world 1, the all-reduce a no-op on one GPU) it
 torchrun; on a multi-GPU machine: `torchrun --nproc-per-node 2 benchmarks/gpu_tensor_parallel.py`
 (each rank writes FILE_world2_rank<r>.json).
 
-    python benchmarks/gpu_tensor_parallel.py [--models mlp,llama] [--schemes int8,fp8] [--ms 16,1024,4096] [--out FILE.json]
+    python benchmarks/gpu_tensor_parallel.py [--models mlp,llama] [--schemes int8,fp8] [--shardings funcol,dtensor]
+                                             [--ms 16,1024,4096] [--out FILE.json]
     python benchmarks/gpu_tensor_parallel.py --table FILE.json [FILE.json ...]   (the markdown table)
 """
 
@@ -32,13 +34,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from gpu_linear import measure
 from qfuse.bench import add_output_arguments, format_table, out_path, progress, write
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.distributed
-from tests.distributed.tp_models import TensorParallelMlp, float_mlp, tensor_parallel_llama  # noqa: E402
+from tests.distributed.tp_models import (TensorParallelMlp, dtensor_llama, dtensor_mlp, float_mlp,  # noqa: E402
+                                        tensor_parallel_llama)
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 LLAMA_SIZES = {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_attention_heads": 32,
@@ -68,29 +72,35 @@ class Logits(nn.Module):
         return self.model(input_ids).logits
 
 
-def sharded_model(model: str, scheme: str, m: int, rank: int, world: int) -> tuple[nn.Module, torch.Tensor]:
+def sharded_model(model: str, scheme: str, sharding: str, m: int, rank: int,
+                  world: int) -> tuple[nn.Module, torch.Tensor]:
     """(this rank's shard on the GPU, its input of M tokens)."""
+    mesh = init_device_mesh("cuda", (world,)) if sharding == "dtensor" else None
     if model == "llama":
-        llama, input_ids = tensor_parallel_llama(scheme, rank, world, dist.group.WORLD, seq=m, dtype=torch.bfloat16,
-                                                 **LLAMA_SIZES)
+        if mesh is not None:
+            llama, input_ids = dtensor_llama(scheme, mesh, seq=m, dtype=torch.bfloat16, **LLAMA_SIZES)
+        else:
+            llama, input_ids = tensor_parallel_llama(scheme, rank, world, dist.group.WORLD, seq=m,
+                                                     dtype=torch.bfloat16, **LLAMA_SIZES)
         return Logits(llama).cuda(), input_ids.cuda()
     floats = float_mlp(HIDDEN, INTERMEDIATE).cuda()
-    block = TensorParallelMlp(floats, scheme, rank, world, dist.group.WORLD).cuda()
+    block = (dtensor_mlp(floats, scheme, mesh) if mesh is not None
+             else TensorParallelMlp(floats, scheme, rank, world, dist.group.WORLD).cuda())
     return block, torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
 
 
-def case_rows(model: str, scheme: str, m: int, rank: int, world: int) -> list[dict]:
+def case_rows(model: str, scheme: str, sharding: str, m: int, rank: int, world: int) -> list[dict]:
     if scheme == "int8":  # the reference form's torch._int_mm needs M > 16 on CUDA (cuBLAS): decode runs at 17
         m = max(m, CUDA_INT_MM_MIN_ROWS)
-    shard, x = sharded_model(model, scheme, m, rank, world)
-    label = {"model": model, "scheme": scheme, "m": m, "world": world, "rank": rank}
+    shard, x = sharded_model(model, scheme, sharding, m, rank, world)
+    label = {"model": model, "scheme": scheme, "sharding": sharding, "m": m, "world": world, "rank": rank}
     with torch.no_grad():
         expected = shard(x)
         return [label | measure(shard, x, variant, expected) for variant in VARIANTS]
 
 
 def case_of(row: dict) -> tuple:
-    return row["world"], row["rank"], row.get("model", "mlp"), row["scheme"], row["m"]
+    return row["world"], row["rank"], row.get("model", "mlp"), row.get("sharding", "funcol"), row["scheme"], row["m"]
 
 
 def table(rows: list[dict]) -> str:
@@ -107,7 +117,7 @@ def table(rows: list[dict]) -> str:
 
         lines.append([*case, *(cell(name) for name in VARIANTS), by_variant["qfuse"].get("fused", ""),
                       ratio("inductor", "qfuse"), ratio("inductor:reduce-overhead", "qfuse:reduce-overhead")])
-    header = ["world", "rank", "model", "scheme", "M", *(f"{name} (per call / GPU / host µs)" for name in VARIANTS),
+    header = ["world", "rank", "model", "sharding", "scheme", "M", *(f"{name} (per call / GPU / host µs)" for name in VARIANTS),
               "fused", "vs inductor", "vs inductor (CUDA graphs)"]
     return format_table(lines, header, markdown=True)
 
@@ -122,6 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,llama")
     parser.add_argument("--schemes", default="int8,fp8")
+    parser.add_argument("--shardings", default="funcol")
     parser.add_argument("--table", nargs="+", metavar="FILE.json", help="print the table of result files and exit")
     parser.add_argument("--ms", default="16,1024,4096")
     add_output_arguments(parser, "gpu_tensor_parallel")
@@ -133,11 +144,12 @@ def main() -> None:
     rows, out = [], rank_path(out_path(args, "gpu_tensor_parallel"), rank, world)
     try:
         for model in args.models.split(","):
-            for scheme in args.schemes.split(","):
-                for m in (int(m) for m in args.ms.split(",")):
-                    progress(f"rank {rank}/{world} {model} {scheme} M={m}")
-                    rows += case_rows(model, scheme, m, rank, world)
-                    write(out, rows)
+            for sharding in args.shardings.split(","):
+                for scheme in args.schemes.split(","):
+                    for m in (int(m) for m in args.ms.split(",")):
+                        progress(f"rank {rank}/{world} {model} {sharding} {scheme} M={m}")
+                        rows += case_rows(model, scheme, sharding, m, rank, world)
+                        write(out, rows)
         if rank == 0:
             print(table(rows))
         print(f"wrote {out}", flush=True)

@@ -5,6 +5,7 @@
 """
 
 from qfuse import ops  # noqa: F401  (registers torch.ops.qfuse.*)
+from qfuse.distributed import register_int_mm_sharding
 from qfuse.api import Explanation, explain, install, installed, uninstall
 from qfuse.ops.verify import QfuseVerificationError, verify_results
 from qfuse.config import QfuseConfig
@@ -15,4 +16,5 @@ __all__ = [
     "Explanation", "Granularity", "QfuseConfig", "QfuseVerificationError", "QuantScheme", "explain",
     "graphs_compiled", "install", "installed", "recent_reports", "reports_since", "uninstall", "verify_results",
 ]
+register_int_mm_sharding()  # DTensor has no strategy for aten._int_mm (qfuse/distributed.py)
 __version__ = "0.1.0"

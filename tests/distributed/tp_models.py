@@ -18,12 +18,23 @@ Each linear is `ReferenceW8A8Linear` (tests/peers/hf_llama.py: dynamic per-token
 row-parallel linear quantizes its local input per token, as vLLM does, so a sharded block is not
 bit-equal to the unsharded quantized one: what is checked exactly is the compiled shard against
 the same shard in eager; the sharded block against the unsharded float one within quantization error.
+
+The same models sharded with DTensor (`dtensor_mlp`, `dtensor_llama`): `parallelize_module` with
+`QuantizedColwiseParallel` / `QuantizedRowwiseParallel`, torch's Colwise / RowwiseParallel for a
+quantized linear's buffers (the weight and its per-channel scale), as a user writes them for a
+module that is not an `nn.Linear`. DTensor computes the unsharded math: the row-parallel linear's
+per-token amax is all-reduced (max) before it quantizes, and the all-reduce of its partial sums
+comes from the output layout; the int8 GEMM needs qfuse's `_int_mm` sharding rule (qfuse/distributed.py).
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
+from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from tests.peers.hf_llama import ReferenceW8A8Linear
 
@@ -73,15 +84,36 @@ def float_mlp(hidden: int = 64, intermediate: int = 128, seed: int = 0) -> nn.Mo
                            "down": (intermediate, hidden)}.items()}).eval()
 
 
+#: How each tensor of a quantized linear is split, by parallel style: the dimension sharded, or None
+#: (whole on every rank). Column-parallel keeps output rows with their per-channel scales and zero
+#: points; row-parallel keeps input columns of the weight, and every output row's scale. The names
+#: are those of the reference linears (buffers) and of compressed-tensors' (parameters).
+SHARD_DIMS = {
+    "column": {"weight": 0, "weight_scale": 0, "weight_zero_point": 0, "bias": 0},
+    "row": {"weight": 1, "weight_scale": None, "weight_zero_point": None, "bias": None},
+}
+
+
+def _tensors(module: nn.Module):
+    """(name, tensor, is_parameter) for the module's own parameters and buffers."""
+    yield from ((name, tensor, True) for name, tensor in module.named_parameters(recurse=False))
+    yield from ((name, tensor, False) for name, tensor in module.named_buffers(recurse=False) if tensor is not None)
+
+
+def _replace(module: nn.Module, name: str, tensor: torch.Tensor, is_parameter: bool) -> None:
+    if is_parameter:
+        module.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
+    else:
+        module.register_buffer(name, tensor)
+
+
 def _shard(linear: nn.Module, rank: int, world: int, along: str) -> nn.Module:
-    """This rank's part of a quantized linear (no bias): output rows ("column" parallel) with their
-    scales, or input columns ("row") with every output row's scale."""
-    rows, columns = linear.weight.shape
-    if along == "column":
-        part = slice(rank * rows // world, (rank + 1) * rows // world)
-        return type(linear)(linear.weight[part].contiguous(), linear.weight_scale[part].contiguous(), None)
-    part = slice(rank * columns // world, (rank + 1) * columns // world)
-    return type(linear)(linear.weight[:, part].contiguous(), linear.weight_scale.clone(), None)
+    """This rank's part of a quantized linear, in place: each tensor cut along `SHARD_DIMS[along]`."""
+    for name, tensor, is_parameter in list(_tensors(linear)):
+        dim = SHARD_DIMS[along][name]
+        if dim is not None:
+            _replace(linear, name, tensor.chunk(world, dim)[rank].contiguous(), is_parameter)
+    return linear
 
 
 class TensorParallelMlp(nn.Module):
@@ -121,21 +153,87 @@ COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
 
 
-def tensor_parallel_llama(scheme: str, rank: int = 0, world: int = 1, group=None, seq: int = 8,
-                          dtype: torch.dtype = torch.float32, **sizes):
+DECODER_LINEARS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
+#: The quantizer: compressed-tensors' W8A8 preset (fake quant, `compile_friendly` forwards; CPU only).
+COMPRESSED_TENSORS = "ct_w8a8"
+
+
+def quantized_llama(scheme: str, seq: int = 8, dtype: torch.dtype = torch.float32, **sizes):
     """(model, input_ids [1, seq]): the tiny HF Llama of `tiny_llama` (its config sizes overridden by
-    `sizes`), its 14 decoder linears quantized by `scheme` ("float" leaves them as they are), each
-    replaced by this rank's shard when `group` is given."""
+    `sizes`), its 14 decoder linears in the reference form of `scheme` ("float" leaves them as they
+    are), or quantized by compressed-tensors (`COMPRESSED_TENSORS`)."""
     from tests.peers.hf_llama import tiny_llama
 
+    if scheme == COMPRESSED_TENSORS:
+        from tests.peers.compressed_tensors_models import ct_llama
+
+        return ct_llama("W8A8", "qdq", compile_friendly=True, seq=seq)
     model, input_ids = tiny_llama(seq=seq, dtype=dtype, **sizes)
     for layer in model.model.layers:
-        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+        for parent_name, names in DECODER_LINEARS:
+            parent = getattr(layer, parent_name)
             for name in names:
-                linear = quantized(getattr(parent, name), scheme)
-                if group is not None:
-                    linear = _shard(linear, rank, world, "column" if name in COLUMN_PARALLEL else "row")
-                    linear = AllReduced(linear, group) if name in ROW_PARALLEL else linear
-                setattr(parent, name, linear)
+                setattr(parent, name, quantized(getattr(parent, name), scheme))
     return model, input_ids
+
+
+def tensor_parallel_llama(scheme: str, rank: int = 0, world: int = 1, group=None, seq: int = 8,
+                          dtype: torch.dtype = torch.float32, **sizes):
+    """(model, input_ids): `quantized_llama`, each decoder linear replaced by this rank's shard when
+    `group` is given (row-parallel ones followed by their all-reduce)."""
+    model, input_ids = quantized_llama(scheme, seq, dtype, **sizes)
+    if group is None:
+        return model, input_ids
+    for layer in model.model.layers:
+        for parent_name, names in DECODER_LINEARS:
+            parent = getattr(layer, parent_name)
+            for name in names:
+                linear = _shard(getattr(parent, name), rank, world, "column" if name in COLUMN_PARALLEL else "row")
+                setattr(parent, name, AllReduced(linear, group) if name in ROW_PARALLEL else linear)
+    return model, input_ids
+
+
+def _distribute(along: str, name: str, module: nn.Module, mesh) -> None:
+    """A `distribute_module` partition function: each tensor placed by `SHARD_DIMS[along]`. Every
+    rank built the whole quantized linear from the same seed, so each keeps its own shard
+    (`src_data_rank=None`: no scatter, which gloo cannot do for fp8)."""
+    for tensor_name, tensor, is_parameter in list(_tensors(module)):
+        dim = SHARD_DIMS[along][tensor_name]
+        placement = Replicate() if dim is None else Shard(dim)
+        _replace(module, tensor_name, distribute_tensor(tensor, mesh, [placement], src_data_rank=None), is_parameter)
+
+
+class QuantizedColwiseParallel(ColwiseParallel):
+    """ColwiseParallel for a quantized linear: its weight, scales, zero points and bias by output rows."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        return distribute_module(module, device_mesh, partial(_distribute, "column"),
+                                 partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+                                 partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+
+class QuantizedRowwiseParallel(RowwiseParallel):
+    """RowwiseParallel for a quantized linear: the weight by input columns; scales and bias whole."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        self.desired_input_layouts = (Shard(-1),)
+        return distribute_module(module, device_mesh, partial(_distribute, "row"),
+                                 partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+                                 partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+
+def dtensor_mlp(float_block: nn.ModuleDict, scheme: str, mesh) -> nn.Module:
+    """The quantized block sharded by `parallelize_module` on `mesh`'s device: gate / up column-, down row-parallel."""
+    return parallelize_module(TensorParallelMlp(float_block, scheme).to(mesh.device_type), mesh, {
+        "gate": QuantizedColwiseParallel(), "up": QuantizedColwiseParallel(), "down": QuantizedRowwiseParallel()})
+
+
+def dtensor_llama(scheme: str, mesh, seq: int = 8, dtype: torch.dtype = torch.float32, **sizes):
+    """(model, input_ids) on `mesh`'s device: `quantized_llama(scheme)` sharded by `parallelize_module`,
+    whole heads per rank."""
+    model, input_ids = quantized_llama(scheme, seq, dtype, **sizes)
+    model, input_ids = model.to(mesh.device_type), input_ids.to(mesh.device_type)
+    plan = {f"model.layers.*.{parent}.{name}": QuantizedColwiseParallel() if name in COLUMN_PARALLEL
+            else QuantizedRowwiseParallel()
+            for parent, names in DECODER_LINEARS for name in names}
+    return parallelize_module(model, mesh, plan), input_ids

@@ -14,7 +14,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tests.distributed.tp_models import TensorParallelMlp, float_mlp, tensor_parallel_llama
+from tests.distributed.tp_models import (TensorParallelMlp, dtensor_llama, dtensor_mlp, float_mlp, quantized_llama,
+                                        tensor_parallel_llama)
+
+SHARDINGS = ("funcol", "dtensor")  # by hand on functional collectives; by parallelize_module on DTensors
 
 
 @dataclass
@@ -25,23 +28,30 @@ class Case:
     run: Callable[[nn.Module], torch.Tensor]  # the module on the case's input
 
 
-def build_case(model: str, scheme: str, rank: int, world: int, group, tokens: int) -> Case:
-    """The "mlp" block on [tokens, 64] activations, or the two-layer "llama" on [1, 8] token ids."""
+def build_case(model: str, scheme: str, sharding: str, rank: int, world: int, group, tokens: int) -> Case:
+    """The "mlp" block on [tokens, 64] activations, or the two-layer "llama" on [1, 8] token ids,
+    sharded by hand ("funcol") or by `parallelize_module` ("dtensor")."""
+    if sharding == "dtensor":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world,))
     if model == "llama":
-        sharded, input_ids = tensor_parallel_llama(scheme, rank, world, group)
-        return Case(sharded, tensor_parallel_llama(scheme)[0], tensor_parallel_llama("float")[0],
+        sharded, input_ids = (dtensor_llama(scheme, mesh) if sharding == "dtensor"
+                              else tensor_parallel_llama(scheme, rank, world, group))
+        return Case(sharded, quantized_llama(scheme)[0], quantized_llama("float")[0],
                     lambda module: module(input_ids).logits)
     floats = float_mlp()
     x = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(7))
-    return Case(TensorParallelMlp(floats, scheme, rank, world, group), TensorParallelMlp(floats, scheme),
-                TensorParallelMlp(floats, "float"), lambda module: module(x))
+    sharded = dtensor_mlp(floats, scheme, mesh) if sharding == "dtensor" else TensorParallelMlp(floats, scheme, rank, world, group)
+    return Case(sharded, TensorParallelMlp(floats, scheme), TensorParallelMlp(floats, "float"), lambda module: module(x))
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual.float() - expected.float()).abs().max().item() / expected.float().abs().max().item()
 
 
-def run_rank(rank: int, world: int, store_file: str, out_dir: str, model: str, scheme: str, tokens: int = 5) -> None:
+def run_rank(rank: int, world: int, store_file: str, out_dir: str, model: str, scheme: str, sharding: str = "funcol",
+             tokens: int = 5) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
@@ -49,7 +59,7 @@ def run_rank(rank: int, world: int, store_file: str, out_dir: str, model: str, s
         import qfuse
 
         torch._inductor.config.force_disable_caches = True
-        case = build_case(model, scheme, rank, world, dist.group.WORLD, tokens)
+        case = build_case(model, scheme, sharding, rank, world, dist.group.WORLD, tokens)
         with torch.no_grad():
             eager = case.run(case.sharded)
             marker = qfuse.graphs_compiled()
@@ -63,6 +73,7 @@ def run_rank(rank: int, world: int, store_file: str, out_dir: str, model: str, s
             "kernels": sorted({record.kernel for record in records if record.fused}),
             "compiled_vs_eager": relative_error(compiled, eager),
             "sharded_vs_float": relative_error(eager, unsharded_float),
+            "sharded_vs_unsharded": relative_error(eager, unsharded_quantized),
             "unsharded_vs_float": relative_error(unsharded_quantized, unsharded_float),
             "ops_after": {key: value for report in reports for key, value in report.ops_after.items()
                           if "qfuse" in key or "c10d" in key},
