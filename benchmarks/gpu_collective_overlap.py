@@ -6,18 +6,20 @@ NCCL, plus a quantized 4096 -> 4096 linear that does not depend on the all-reduc
 Compiled by Inductor and by qfuse, with Inductor's `reorder_for_compute_comm_overlap` off and on,
 it records per variant:
 
-    order         the GEMMs, the all-reduce and its wait as the generated code issues them
-                  (a Triton template's launch is not a named call: see `fused`)
+    order         the GEMMs (extern calls and Triton template launches), the all-reduce and its
+                  wait, as the generated code issues them
     per_call_us   one call, warm (the harness's `time_call`)
     nccl_us       the NCCL kernels' GPU time per call (torch.profiler, 20 calls)
     overlap_us    the part of it during which a compute kernel ran on the GPU too
 
     torchrun --nproc-per-node 2 benchmarks/gpu_collective_overlap.py [--schemes int8,fp8] [--ms 1024,4096] [--out FILE.json]
+    python benchmarks/gpu_collective_overlap.py --table FILE.json      (the markdown table)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -93,8 +95,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--schemes", default="int8,fp8")
     parser.add_argument("--ms", default="1024,4096")
+    parser.add_argument("--table", metavar="FILE.json", help="print the table of a result file and exit")
     add_output_arguments(parser, "gpu_collective_overlap")
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())["rows"]))
+        return
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())

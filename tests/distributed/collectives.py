@@ -23,9 +23,10 @@ _GEMMS = ("_int_mm", "_scaled_mm", "mm", "addmm", "bmm")
 
 
 def _event(callee: str) -> str | None:
-    """What a call of the generated code is: a GEMM, the collective, its wait, or None. A Triton
-    template's kernel is not seen (its launch is `<kernel>.run(...)`), so on the GPU count the
-    records, not the "gemm" events."""
+    """What a call of the generated code is: a GEMM (an extern GEMM, a qfuse op, or the launch of a
+    Triton template, `triton_tem_*.run`), the collective, its wait, or None."""
+    if callee.startswith("triton_tem_"):
+        return "gemm"
     name = callee.split(".")[-2 if callee.endswith(".default") else -1]
     if name == "all_reduce_":
         return "all_reduce"
