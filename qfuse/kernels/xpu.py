@@ -1,14 +1,15 @@
 """`xpu`: W4A8 on Intel GPUs, through oneDNN's int4 x int8 matmul (`_xpu_C::int4_gemm_w4a8`).
 
-    a, scale_a = dynamic per-token symmetric int8 quantization of x      (qfuse's own quantizer)
+    a, scale_a = the activation quantized to symmetric int8 by the model's graph, per token or one scale
     out[m, n]  = scale_a[m] * sum_k a[m, k] * w[k, n] * scale_w[k // g, n] + bias[n]
     w: int4 values in [-8, 7], stored packed (below); the op writes float16, cast to the out dtype
 
 What it accepts: the machine in `is_supported` (an XPU with vllm-xpu-kernels importable: it registers
 torch.ops._xpu_C), the rest in the capability table `XpuKernel.capabilities` (docs/kernels.md prints
 it): int4 symmetric weights per channel or in groups of a multiple of 32, int8 activations quantized
-dynamically per token inside the op, static K and N multiples of 8, fp16 / bf16 in and out (oneDNN
-writes fp16, so a bf16 model gets a one-time warning on its first call and a cast back to bf16).
+dynamically per token (or with one scale) by the graph, static K and N multiples of 8, fp16 / bf16
+in and out (oneDNN writes fp16, so a bf16 model gets a one-time warning on its first call and a cast
+back to bf16).
 
 Packing (`qfuse.kernels.int4_words.pack_int4`, the layout of vLLM's XPUW4A8IntLinearKernel): the [N, K] int4 values, plus 8
 (so each is a nibble in [0, 15]), eight consecutive K values per int32, the first in the lowest
@@ -67,10 +68,11 @@ def warn_float16_output_once() -> None:
 
 class XpuKernel(Kernel):
     name = "xpu"
-    fuses_activation_quant = True  # the op takes the float activation: it is quantized right before the matmul
+    fuses_activation_quant = False  # the op takes the graph's int8 activation and its scale
     prepares_weight = True  # int4 values -> packed int32
     capabilities = (
-        Capability("W4A8 int4_gemm_w4a8", ("xpu",), (torch.int8,), (INT4_DTYPE,), (Granularity.PER_TOKEN,),
+        Capability("W4A8 int4_gemm_w4a8", ("xpu",), (torch.int8,), (INT4_DTYPE,),
+                   (Granularity.PER_TENSOR, Granularity.PER_TOKEN),  # one value is expanded to every token
                    (Granularity.PER_CHANNEL, Granularity.PER_GROUP), activation_scale_kinds=(DYNAMIC,),
                    weight_group_multiple=GROUP_SIZE_MULTIPLE, k_multiple=ALIGNMENT, n_multiple=ALIGNMENT,
                    out_dtypes=XPU_FLOAT_DTYPES),  # any float bias: cast to float16 for oneDNN

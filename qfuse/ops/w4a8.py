@@ -1,14 +1,16 @@
 """`qfuse::w4a8_scaled_mm`: a linear with int4 weights and int8 activations (W4A8).
 
-    w4a8_scaled_mm(x, b, scale_b, bias, group_size, eps, out_dtype, kernel)
-        = q(x) * scale_x @ (b * scale_b, each scale row covering `group_size` rows of K) + bias,
-          cast to out_dtype, where q(x), scale_x is x quantized dynamically per token to symmetric
-          int8 (amax floored at eps) by the kernel, right before its matmul.
+    w4a8_scaled_mm(a, scale_a, b, scale_b, bias, group_size, out_dtype, kernel)
+        = (a * scale_a) @ (b * scale_b, each scale row covering `group_size` rows of K) + bias,
+          cast to out_dtype
 
-Operands: `x` float [..., K] (the output is [..., N]); `b` the int4 weight as a [K, N] int8 matrix of
-values in [-8, 7], any strides (usually `w.t()` of a stored [N, K]); kernels that pack it do so once
-per weight (`qfuse.kernels.prepared`). `group_size` g > 0 with `scale_b` [K / g, N] (g divides K),
-or g = -1 for per-channel scales, `scale_b` [N] or [1, N]. `bias` [N].
+Operands: `a` the symmetric int8 activation [..., K] (the output is [..., N]) and `scale_a` its
+float scale, one value or one per token ([..., 1]). The model's graph quantizes the activation with
+its own formula and the op takes its q and scale, so the rewrite keeps the model's quantizer,
+whatever it writes. `b` the int4 weight as a [K, N] int8 matrix of values in [-8, 7], any strides
+(usually `w.t()` of a stored [N, K]); kernels that pack it do so once per weight
+(`qfuse.kernels.prepared`). `group_size` g > 0 with `scale_b` [K / g, N] (g divides K), or g = -1
+for per-channel scales, `scale_b` [N] or [1, N]. `bias` [N].
 
 Kernels: `xpu` (oneDNN's int4 x int8 matmul) and `reference`. The reference kernel's math reads a
 weight scale per element, per row / column or per 128-block, so the op expands a g-group scale to
@@ -21,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from qfuse.ops.arguments import op_arguments
 from qfuse.ops.scaled_mm import OUT_DTYPES, prepared_kernel
 
 PER_CHANNEL = -1  # group_size for one scale per output channel
@@ -28,13 +31,18 @@ W4A8_KERNELS = ("xpu", "reference")
 _OP = "qfuse::w4a8_scaled_mm"
 
 
-def _check_operands(x, b, scale_b, bias, out_dtype, kernel) -> None:
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"{_OP}: activation must be floating point, got {x.dtype}")
+def _check_operands(a, scale_a, b, scale_b, bias, out_dtype, kernel) -> None:
+    if a.dtype != torch.int8:
+        raise ValueError(f"{_OP}: activation must be int8 (quantized), got {a.dtype}")
+    if not scale_a.dtype.is_floating_point:
+        raise ValueError(f"{_OP}: scale_a must be floating point, got {scale_a.dtype}")
+    if scale_a.numel() != 1 and tuple(scale_a.shape) != (*a.shape[:-1], 1):
+        raise ValueError(f"{_OP}: scale_a must be one value or one per token {(*a.shape[:-1], 1)}, "
+                         f"got {tuple(scale_a.shape)}")
     if b.dtype != torch.int8 or b.dim() != 2:
         raise ValueError(f"{_OP}: weight must be an int8 [K, N] matrix of int4 values, got {b.dtype} {tuple(b.shape)}")
-    if x.shape[-1] != b.shape[0]:
-        raise ValueError(f"{_OP}: activation has K={x.shape[-1]} but the [K, N] weight has {b.shape[0]} rows")
+    if a.shape[-1] != b.shape[0]:
+        raise ValueError(f"{_OP}: activation has K={a.shape[-1]} but the [K, N] weight has {b.shape[0]} rows")
     if not scale_b.dtype.is_floating_point:
         raise ValueError(f"{_OP}: scale_b must be floating point, got {scale_b.dtype}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != b.shape[1]):
@@ -60,20 +68,25 @@ def _group_scale(scale_b: torch.Tensor, k: int, n: int, group_size: int) -> tupl
 
 
 @torch.library.custom_op("qfuse::w4a8_scaled_mm", mutates_args=())
-def w4a8_scaled_mm(x: Tensor, b: Tensor, scale_b: Tensor, bias: Tensor | None, group_size: int, eps: float,
+def w4a8_scaled_mm(a: Tensor, scale_a: Tensor, b: Tensor, scale_b: Tensor, bias: Tensor | None, group_size: int,
                    out_dtype: torch.dtype, kernel: str) -> Tensor:
-    _check_operands(x, b, scale_b, bias, out_dtype, kernel)
-    (k, n), out_shape = b.shape, (*x.shape[:-1], b.shape[1])
+    _check_operands(a, scale_a, b, scale_b, bias, out_dtype, kernel)
+    (k, n), out_shape = b.shape, (*a.shape[:-1], b.shape[1])
     scale, group = _group_scale(scale_b, k, n, group_size)
     if kernel == "reference":
         scale = scale.repeat_interleave(group, dim=0)  # [K, N]: one scale per weight element
     implementation, weight = prepared_kernel(kernel, b, scale, None)
-    out = implementation.quant_apply(x.reshape(-1, k), weight, None, bias, torch.int8, eps, out_dtype)
+    token_scale = scale_a.reshape(1, 1) if scale_a.numel() == 1 else scale_a.reshape(-1, 1)
+    out = implementation.apply(a.reshape(-1, k), weight, token_scale, bias, None, out_dtype)
     return out.reshape(out_shape)
 
 
 @w4a8_scaled_mm.register_fake
-def _(x, b, scale_b, bias, group_size, eps, out_dtype, kernel):
-    _check_operands(x, b, scale_b, bias, out_dtype, kernel)
+def _(a, scale_a, b, scale_b, bias, group_size, out_dtype, kernel):
+    _check_operands(a, scale_a, b, scale_b, bias, out_dtype, kernel)
     _group_scale(scale_b, b.shape[0], b.shape[1], group_size)
-    return x.new_empty((*x.shape[:-1], b.shape[1]), dtype=out_dtype)
+    return a.new_empty((*a.shape[:-1], b.shape[1]), dtype=out_dtype)
+
+
+class W4a8ScaledMmArgs(op_arguments(torch.ops.qfuse.w4a8_scaled_mm.default)):
+    """`qfuse::w4a8_scaled_mm`'s arguments by name; its fields are the parameters of the op above."""

@@ -10,7 +10,8 @@ where q holds integers, as one of
 
     q_int.to(float)                                  a stored int8 / uint8 weight upcast
     round / clamp chain, e.g. clamp(round(x / s) + zp, lo, hi), clamp(x / s + zp, lo, hi).round()
-                                                     integers in [lo, hi] within int8 / uint8
+                                                     integers in [lo, hi] within int8 / uint8, also
+                                                     cast to another float dtype after (exact)
     q_fp8.to(float), x.to(fp8).to(float)             fp8 values
 
 and the dequantize may be computed in float32 and cast to the activation's dtype after. Scales
@@ -56,8 +57,13 @@ def _integer_valued(node) -> tuple[Node, torch.dtype | None, str] | None:
         source = node.args[0]
         if dtype_of(source) in (torch.int8, torch.uint8, FP8_DTYPE):
             return source, None, f"{dtype_of(source)}.to(float)".replace("torch.", "")
+        if _float_to_float(node):
+            return _integer_valued(source)  # integers in int8 / uint8's range are exact in every float dtype
         return None
     value, low, high, rounded = strip_round_and_clamps(node)
+    while not rounded and _float_to_float(value):  # round in bf16, clamp in float32: the values stay integers
+        value, inner_low, inner_high, rounded = strip_round_and_clamps(value.args[0])
+        low, high = inner_low if low is None else low, inner_high if high is None else high
     if not rounded and isinstance(value, Node) and value.target == aten.add.Tensor:  # clamp(round(x / s) + zp)
         rounded = any(isinstance(arg, Node) and arg.target == aten.round.default for arg in value.args)
     if not rounded or low is None or high is None or low != int(low) or high != int(high):
@@ -66,6 +72,14 @@ def _integer_valued(node) -> tuple[Node, torch.dtype | None, str] | None:
         if qmin <= low and high <= qmax:
             return node, dtype, "fake quant (round, clamp)"
     return None
+
+
+def _float_to_float(node) -> bool:
+    """A cast between float dtypes: integers in int8 / uint8's range stay exact, and a value beyond
+    the range stays beyond it (a clamp after the cast still bounds it)."""
+    target = converted_dtype(node) if isinstance(node, Node) else None
+    return (target is not None and target.is_floating_point and dtype_of(node.args[0]) is not None
+            and dtype_of(node.args[0]).is_floating_point)
 
 
 def _fp8_round_trip(node) -> tuple[Node, None, str] | None:

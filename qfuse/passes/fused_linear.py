@@ -3,8 +3,10 @@
 A pass that recognises a quantized linear fills a `FusedLinear` (operands as graph nodes, pending
 calls or Python numbers, the scheme) and calls `fuse_linear`: it asks the kernel registry, records
 the outcome in the report, and if a kernel can run it, inserts the operands' pending calls and one
-`qfuse::scaled_mm` that replaces `replaces`. Until then the graph is untouched, so a linear that no
-kernel can run stays exactly as it was.
+fused op (`_fused_op_args` says which) that replaces `replaces`. Where no kernel runs it, its
+`fallback` (the same linear read another way: W4A8 as int4 weight-only) is tried, with the reason in
+the record's note. Until then the graph is untouched, so a linear that no kernel can run stays
+exactly as it was.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from qfuse.ops import RECORD_KEY
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.ops.verify import CheckCloseArgs, tolerance_for
+from qfuse.ops.w4a8 import PER_CHANNEL, W4a8ScaledMmArgs
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 from qfuse.passes.graph_utils import (
     PendingCall,
@@ -40,7 +43,7 @@ from qfuse.passes.report import LinearRecord, PassReport
 from qfuse.passes.scale_algebra import ScaleProduct
 from qfuse.passes.transaction import UndoFailed, new_nodes_removed_on_error
 from qfuse.platform import current_platform
-from qfuse.schemes import QuantScheme
+from qfuse.schemes import INT4_DTYPE, Granularity, QuantScheme
 
 if TYPE_CHECKING:
     from qfuse.config import QfuseConfig
@@ -107,6 +110,7 @@ class FusedLinear:
     note: str = ""  # e.g. why the epilogue stopped where it did
     per_call_weight: bool = False  # the quantized weight is computed on every call (fake-quantized float weight)
     int4: Int4Weight | None = None  # an int4 weight packed along K (then `b` is its packed tensor)
+    fallback: FusedLinear | None = None  # fused instead where no kernel runs this one (W4A8 -> weight-only)
 
     def gemm_key(self) -> GemmKey:
         k, n = self.int4.k_and_n if self.int4 else fake_value(self.b).shape
@@ -141,7 +145,8 @@ def _as_tensor_node(graph: Graph, operand: Scale, dtype: torch.dtype, device: to
 def _fused_op_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch.device):
     """The fused op's arguments, every operand inserted as a node (at the current insertion point):
     `qfuse::int4_weight_only_mm` for a packed int4 weight, `qfuse::weight_only_scaled_mm` for another
-    weight-only scheme (a float activation), else `qfuse::scaled_mm`."""
+    weight-only scheme (a float activation), `qfuse::w4a8_scaled_mm` for int4 values with int8
+    activations, else `qfuse::scaled_mm`."""
     if linear.int4 is not None:
         int4 = linear.int4
         return Int4WeightOnlyMmArgs(
@@ -152,6 +157,14 @@ def _fused_op_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch
             zero_convention=int4.zero_convention, packed_along_n=int4.packed_along_n,
         )
     scale_b = _as_tensor_node(graph, linear.scale_b, torch.float32, device)
+    if linear.scheme.weight_dtype == INT4_DTYPE:
+        scheme = linear.scheme
+        return W4a8ScaledMmArgs(
+            a=materialize(graph, linear.a), scale_a=_as_tensor_node(graph, linear.scale_a, torch.float32, device),
+            b=materialize(graph, linear.b), scale_b=scale_b, bias=materialize(graph, linear.bias),
+            group_size=scheme.weight_group_size if scheme.weight_granularity == Granularity.PER_GROUP else PER_CHANNEL,
+            out_dtype=linear.out_dtype, kernel=kernel,
+        )
     if linear.scheme.is_weight_only:
         return WeightOnlyScaledMmArgs(
             x=materialize(graph, linear.a), b=materialize(graph, linear.b), scale_b=scale_b,
@@ -199,6 +212,12 @@ def _fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Nod
         scheme=linear.scheme.describe(), rejected_kernels=choice.rejected, note=linear.note,
         kernel_constrained=bool(config.kernel or config.kernel_preference or config.disabled_kernels),
     )
+    if choice.kernel is None and linear.fallback is not None:
+        fallback = linear.fallback
+        why = (f"read as {linear.scheme.describe()}, no kernel runs it ({choice.rejections()}); "
+               f"fused as {fallback.scheme.describe()}")
+        fallback.note = f"{fallback.note}; {why}" if fallback.note else why
+        return _fuse_linear(graph, fallback, context)
     if choice.kernel is None:
         record.reason = "no kernel can run it: " + choice.rejections()
         context.report.add(record)

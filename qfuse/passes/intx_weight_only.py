@@ -19,7 +19,8 @@ which), so the op checks the values once per weight and runs an int4 kernel, or 
 weight dequantized once (`qfuse.ops.int4_weight_only`; a float copy of the weight is kept, and
 logged): exact either way. The report calls every such linear int4. 8da4w's activation is
 fake-quantized in float (per-token asymmetric int8); that stays in the graph and the fused op takes
-its float result, the math eager runs.
+its float result, the math eager runs. A symmetric int8 activation fake quant and a weight without
+zero points make the linear W4A8 (`qfuse.passes.w4a8`), with this one as its fallback.
 
 Near misses, named in debug mode: scales in another dtype than the activation, stored tensors
 computed per call, a dequantized weight with another user, an addmm that scales its terms (`alpha`,
@@ -34,6 +35,7 @@ from torch.fx import Graph, Node
 from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
 from qfuse.passes.graph_utils import (CONVERT_OPS, aten, converted_dtype, dtype_of, is_call, is_subtraction, shape_of,
                                      static_int, strip_views)
+from qfuse.passes.w4a8 import with_int8_activation
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, Granularity, QuantScheme
 
 FAMILY = "intx_weight_only"
@@ -117,11 +119,12 @@ def _linear(anchor, x2d, bias, weight, q, scales, zero_point, group_size: int) -
         raise NotFusable(f"{FOUND} the bias is {dtype_of(bias)} {list(shape_of(bias))}, not [{n}] in the "
                          "activation's dtype")
     scheme = QuantScheme.weight_only(INT4_DTYPE, Granularity.PER_GROUP, x_dtype, weight_group_size=group_size)
-    return FusedLinear(
+    weight_only = FusedLinear(
         anchor=anchor, family=FAMILY, pattern="int8-stored int4 (torchao intx) + dequantize + float linear",
         a=x2d, b=q, scheme=scheme, out_dtype=dtype_of(anchor), replaces=anchor, bias=bias,
         int4=Int4Weight(q, None, scales, zero_point, group_size),
     )
+    return with_int8_activation(weight_only, x2d, has_weight_zero_point=zero_point is not None)
 
 
 def run(graph: Graph, context: PassContext) -> None:

@@ -85,10 +85,9 @@ ROW = "W4A8 int4_gemm_w4a8"
          "xpu computes int8 x int4 on xpu, not uint8 x int4"),
         (key(w4a8(symmetric=False)), f"{ROW} takes no activation zero point (asymmetric activations)"),
         (key(w4a8(dynamic=False)), f"{ROW} takes dynamic activation scales only"),
-        (key(w4a8(activation_granularity=G.PER_TENSOR)),
-         f"{ROW} takes per-token activation scales, not per-tensor"),
+        (key(w4a8(activation_granularity=G.PER_TENSOR)), ""),  # one scale, expanded to every token
         (key(w4a8(activation_granularity=G.PER_GROUP)),
-         f"{ROW} takes per-token activation scales, not per-group"),
+         f"{ROW} takes per-tensor / per-token activation scales, not per-group"),
         (key(w4a8(None, weight_granularity=G.PER_TENSOR)),
          "W4A8 int4_gemm_w4a8 takes per-channel / per-group weight scales, not per-tensor"),
         (key(w4a8(None, weight_granularity=G.BLOCK)), "W4A8 int4_gemm_w4a8 takes per-channel / per-group weight scales, not block"),
@@ -265,26 +264,29 @@ def standin(monkeypatch):
 
 
 def w4a8_operands(group_size, dtype, m=(2, 3), n=24, k=64, seed=0):
+    """The op's operands: the activation quantized per token (q int8 [*m, K], its float32 scale
+    [*m, 1]), int4 values [N, K], scale_b, bias, group_size."""
     values, scale = int4_weight(n, k, group_size, seed)
     generator = torch.Generator().manual_seed(seed + 100)
     x = torch.randn(*m, k, generator=generator).to(dtype)
+    q, token_scale = reference_math.dynamic_quant(x.reshape(-1, k), torch.int8, G.PER_TOKEN, 1e-5)
     bias = torch.randn(n, generator=generator).to(dtype)
     scale_arg = scale.reshape(n) if group_size is None else scale
-    return x, values, scale_arg, bias, -1 if group_size is None else group_size
+    return (q.reshape(*m, k), token_scale.float().reshape(*m, 1), values, scale_arg, bias,
+            -1 if group_size is None else group_size)
 
 
 @pytest.mark.parametrize("group_size", [32, 64, None])
 @pytest.mark.parametrize("dtype", [FP16, BF16])
 def test_the_op_calls_onednn_with_packed_weights_and_matches_the_reference(standin, group_size, dtype):
-    x, values, scale, bias, group_arg = w4a8_operands(group_size, dtype)
+    q, token_scale, values, scale, bias, group_arg = w4a8_operands(group_size, dtype)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = torch.ops.qfuse.w4a8_scaled_mm(x, values.t(), scale, bias, group_arg, 1e-5, dtype, "xpu")
+        out = torch.ops.qfuse.w4a8_scaled_mm(q, token_scale, values.t(), scale, bias, group_arg, dtype, "xpu")
     assert [str(w.message).startswith("qfuse's xpu W4A8 kernel") for w in caught] == ([True] if dtype == BF16 else [])
     (call,) = standin
-    quantized, token_scale = reference_math.dynamic_quant(x.reshape(6, 64), torch.int8, G.PER_TOKEN, 1e-5)
-    assert torch.equal(call["A"], quantized) and call["A_contiguous"]
-    assert call["A_scale"].shape == (6, 1) and call["A_scale"].dtype == dtype and torch.equal(call["A_scale"], token_scale)
+    assert torch.equal(call["A"], q.reshape(6, 64)) and call["A_contiguous"]
+    assert call["A_scale"].shape == (6, 1) and torch.equal(call["A_scale"], token_scale.reshape(6, 1))
     assert call["A_zp"].dtype == torch.int32 and call["A_zp"].shape == (6, 1) and not call["A_zp"].any()
     assert call["B"].dtype == torch.int32 and call["B"].shape == (8, 24) and call["B_stride"] == (1, 8)  # NT view
     assert torch.equal(call["B"].t(), pack_int4(values))
@@ -293,24 +295,24 @@ def test_the_op_calls_onednn_with_packed_weights_and_matches_the_reference(stand
     assert call["group_size"] == (64 if group_size is None else group_size) and call["g_idx"] is None
     assert call["bias"].dtype == FP16 and torch.equal(call["bias"], bias.to(FP16))
     assert out.dtype == dtype and out.shape == (2, 3, 24)
-    reference = torch.ops.qfuse.w4a8_scaled_mm(x, values.t(), scale, bias, group_arg, 1e-5, dtype, "reference")
+    reference = torch.ops.qfuse.w4a8_scaled_mm(q, token_scale, values.t(), scale, bias, group_arg, dtype, "reference")
     torch.testing.assert_close(out, reference)
 
 
 def test_the_packed_weight_is_made_once_per_weight(standin):
-    x, values, scale, bias, group_arg = w4a8_operands(32, FP16, seed=3)
+    q, token_scale, values, scale, bias, group_arg = w4a8_operands(32, FP16, seed=3)
     weight = values.t()
     for _ in range(2):
-        torch.ops.qfuse.w4a8_scaled_mm(x, weight, scale, bias, group_arg, 1e-5, FP16, "xpu")
+        torch.ops.qfuse.w4a8_scaled_mm(q, token_scale, weight, scale, bias, group_arg, FP16, "xpu")
     first, second = standin
     assert first["B"].data_ptr() == second["B"].data_ptr()
 
 
 @pytest.mark.parametrize("group_size", [32, None])
 def test_opcheck_through_the_stand_in(standin, group_size):
-    x, values, scale, bias, group_arg = w4a8_operands(group_size, FP16, seed=7)
-    for args in ((x, values.t(), scale, bias), (x[0], values.t(), scale, None)):
-        torch.library.opcheck(torch.ops.qfuse.w4a8_scaled_mm.default, (*args, group_arg, 1e-5, FP16, "xpu"))
+    q, token_scale, values, scale, bias, group_arg = w4a8_operands(group_size, FP16, seed=7)
+    for args in ((q, token_scale, values.t(), scale, bias), (q[0], token_scale[0], values.t(), scale, None)):
+        torch.library.opcheck(torch.ops.qfuse.w4a8_scaled_mm.default, (*args, group_arg, FP16, "xpu"))
 
 
 def test_apply_rejects_what_onednn_cannot_compute(standin):

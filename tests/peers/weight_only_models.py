@@ -331,6 +331,27 @@ def torchao_intx_int4(dtype: torch.dtype, group_size: int = 32, zero_points: str
     return model
 
 
+class W4A8Linear(nn.Module):
+    """W4A8 (int4 weights, int8 activations) in plain torch: the activation fake-quantized per token
+    (symmetric: round(x / s) clamped to int8, times s; `divisor` 127 as vLLM, 127.5 as torchao's
+    symmetric mapping; `activation_zero_point` adds torchao's asymmetric form), then `weight`, an
+    `IntxInt4Linear` (int4 values in int8 storage, group scales), dequantizes and runs the float
+    linear. Not a weight-only form: qfuse reads it as W4A8 (qfuse/passes/w4a8.py) where a kernel runs
+    that, else as int4 weight-only (tests/passes/test_w4a8.py)."""
+
+    def __init__(self, weight: nn.Module, divisor: float = 127.0, activation_zero_point: bool = False) -> None:
+        super().__init__()
+        self.weight_linear, self.divisor, self.activation_zero_point = weight, divisor, activation_zero_point
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-5) / self.divisor
+        if self.activation_zero_point:
+            zero_point = torch.round(-x.amin(-1, keepdim=True) / scale) - 128
+            q = torch.clamp(torch.round(x / scale) + zero_point, -128, 127)
+            return self.weight_linear((q - zero_point) * scale)
+        return self.weight_linear(torch.clamp(torch.round(x / scale), -128, 127) * scale)
+
+
 class AutoGptqLinear(nn.Module):
     """int4 GPTQ linear in the classic AutoGPTQ checkpoint layout (`[K, N]` orientation).
 
