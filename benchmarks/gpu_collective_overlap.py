@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 
 import qfuse
+from gpu_tensor_parallel import nccl_process_group
 from qfuse.bench import add_output_arguments, format_table, out_path, progress, time_call, warm, write
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.distributed
@@ -101,11 +102,8 @@ def main() -> None:
     if args.table:
         print(table(json.loads(Path(args.table).read_text())["rows"]))
         return
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    rows = []
-    try:
+    with nccl_process_group() as (rank, world):
+        rows = []
         for scheme in args.schemes.split(","):
             for m in (int(m) for m in args.ms.split(",")):
                 progress(f"rank {rank}/{world} {scheme} M={m}")
@@ -113,9 +111,6 @@ def main() -> None:
         if rank == 0:
             print(table(rows))
             print(f"wrote {write(out_path(args, 'gpu_collective_overlap'), rows)}", flush=True)
-    finally:
-        torch._dynamo.reset()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

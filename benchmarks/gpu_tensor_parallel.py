@@ -25,6 +25,7 @@ torchrun; on a multi-GPU machine: `torchrun --nproc-per-node 2 benchmarks/gpu_te
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -50,15 +51,23 @@ LLAMA_SIZES = {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_at
 VARIANTS = ("inductor", "qfuse", "inductor:reduce-overhead", "qfuse:reduce-overhead")
 
 
-def init_process_group() -> tuple[int, int]:
-    """(rank, world): torchrun's, or a one-process group on a file store."""
+@contextlib.contextmanager
+def nccl_process_group():
+    """(rank, world) on NCCL: torchrun's group, or a one-process group on a file store; each rank on
+    its own GPU. Torn down on exit: the CUDA graphs of mode="reduce-overhead" hold NCCL work, and
+    destroying the process group while they live hangs (pytorch/pytorch#115388, docs/distributed.md),
+    so the compiled code is freed first."""
     if "RANK" in os.environ:
         dist.init_process_group("nccl")
     else:
         dist.init_process_group("nccl", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())
-    return rank, world
+    try:
+        yield rank, world
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
 
 
 class Logits(nn.Module):
@@ -140,9 +149,8 @@ def main() -> None:
     if args.table:
         print(table([row for name in args.table for row in json.loads(Path(name).read_text())["rows"]]))
         return
-    rank, world = init_process_group()
-    rows, out = [], rank_path(out_path(args, "gpu_tensor_parallel"), rank, world)
-    try:
+    with nccl_process_group() as (rank, world):
+        rows, out = [], rank_path(out_path(args, "gpu_tensor_parallel"), rank, world)
         for model in args.models.split(","):
             for sharding in args.shardings.split(","):
                 for scheme in args.schemes.split(","):
@@ -153,12 +161,6 @@ def main() -> None:
         if rank == 0:
             print(table(rows))
         print(f"wrote {out}", flush=True)
-    finally:
-        # The CUDA graphs of mode="reduce-overhead" hold NCCL work: destroying the process group
-        # while they live hangs (pytorch/pytorch#115388, docs/distributed.md). Free them first.
-        torch._dynamo.reset()
-        dist.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()
