@@ -87,6 +87,29 @@ def test_fake_quant_linear_fuses_and_matches_eager(form, shape):
     torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("shape", [(1, K), (9, K), (2, 5, K)], ids=["M1", "M9", "3D"])
+def test_a_bf16_fake_quant_is_matched_through_inductors_float32_clamp(shape):
+    """In bf16 Inductor rounds in bf16, clamps in float32 and casts back: the values are still
+    integers in int8's range, and the linear is int8 W8A8 (within verify mode's 1e-2 of eager, which
+    rounds the dequantized operands to bf16 before its GEMM)."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    w_int, w_scale, bias = stored_weight()
+    w_scale, bias = w_scale.to(torch.bfloat16), bias.to(torch.bfloat16)
+
+    def bf16_dynamic_per_token(x, w_int, w_scale, bias):
+        s = x.abs().amax(-1, keepdim=True).clamp(min=1e-5) / 127
+        return F.linear(torch.clamp(torch.round(x / s), -128, 127) * s, w_int.to(x.dtype) * w_scale, bias)
+
+    with torch.no_grad():
+        out, report = compile_and_run(bf16_dynamic_per_token, x, w_int, w_scale, bias)
+        expected = bf16_dynamic_per_token(x, w_int, w_scale, bias)
+    (record,) = report.records
+    assert record.fused and record.family == "fake_quant_linear", record
+    assert record.scheme == ("int8 dyn-tensor x per-channel" if shape[0] == 1 else "int8 dyn-token x per-channel")
+    error = (out.double() - expected.double()).norm() / expected.double().norm()
+    assert error < 1e-2, error
+
+
 def test_a_weight_quantized_each_call_skips_kernels_that_repack():
     x = torch.randn(9, K)
     w_int, w_scale, bias = stored_weight()
