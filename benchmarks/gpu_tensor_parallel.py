@@ -42,8 +42,8 @@ from qfuse.bench import add_output_arguments, format_table, out_path, progress, 
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.distributed
-from tests.distributed.tp_models import (TensorParallelMlp, dtensor_llama, dtensor_mlp, float_mlp,  # noqa: E402
-                                        tensor_parallel_llama)
+from tests.distributed.tp_models import (SHARDINGS, TensorParallelMlp, dtensor_llama, dtensor_mlp,  # noqa: E402
+                                        float_mlp, tensor_parallel_llama)
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 LLAMA_SIZES = {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_attention_heads": 32,
@@ -149,6 +149,11 @@ def main() -> None:
     if args.table:
         print(table([row for name in args.table for row in json.loads(Path(name).read_text())["rows"]]))
         return
+    if unknown := set(args.shardings.split(",")) - set(SHARDINGS):
+        parser.error(f"unknown sharding {sorted(unknown)}; choose from {SHARDINGS}")
+    if "dtensor" in args.shardings.split(",") and "fp8" in args.schemes.split(","):
+        parser.error("fp8 does not run sharded on DTensors (DTensor's _scaled_mm rule, docs/distributed.md): "
+                     "--shardings dtensor takes --schemes int8")
     with nccl_process_group() as (rank, world):
         rows, out = [], rank_path(out_path(args, "gpu_tensor_parallel"), rank, world)
         for model in args.models.split(","):

@@ -10,13 +10,21 @@ gives it mm's strategies on each mesh dimension:
     Replicate    Replicate    Replicate
     Shard(0)     Shard(0)     Replicate      rows of the activation
     Shard(1)     Replicate    Shard(1)       column-parallel: the weight's output channels
-    Partial      Shard(1)     Shard(0)       row-parallel: int32 partial sums, added exactly
+    Partial      Shard(1)     Shard(0)       row-parallel: int32 partial sums
+
+The row-parallel partial sums stay `Partial` through the dequantize epilogue (a product with
+replicated scales is still a sum of products), so DTensor all-reduces the layer's float output, as
+the hand-sharded model does, and the epilogue stays next to its `_int_mm` in the graph qfuse sees.
 
 `import qfuse` registers it (the backend's entry point imports qfuse too), unless DTensor already
-has a strategy for the op (a newer torch, or the user's own), which is then left as it is.
+has a strategy for the op (a newer torch, or the user's own), which is then left as it is. If
+DTensor's registry is not where this torch version keeps it, nothing is registered and a warning
+says so: `import qfuse` never fails for it.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -45,13 +53,18 @@ def int_mm_shardings(a, b) -> list[tuple[list, list]]:
 
 
 def register_int_mm_sharding() -> bool:
-    """Give DTensor `aten._int_mm`'s sharding strategy; False where torch.distributed is missing or
-    DTensor already has one."""
+    """Give DTensor `aten._int_mm`'s sharding strategy; False where torch.distributed is missing,
+    DTensor already has one, or registering failed (with a warning)."""
     if not torch.distributed.is_available():
         return False
-    if has_sharding_strategy(_INT_MM):
-        return False
-    from torch.distributed.tensor.experimental import register_sharding
+    try:
+        if has_sharding_strategy(_INT_MM):
+            return False
+        from torch.distributed.tensor.experimental import register_sharding
 
-    register_sharding(_INT_MM)(int_mm_shardings)
+        register_sharding(_INT_MM)(int_mm_shardings)
+    except Exception as error:  # a torch whose DTensor internals moved: qfuse still imports
+        warnings.warn(f"qfuse could not give DTensor a sharding rule for aten._int_mm ({error!r}); an int8 "
+                      "linear on DTensors needs one", stacklevel=2)
+        return False
     return True

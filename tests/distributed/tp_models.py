@@ -5,9 +5,10 @@ with its decoder linears quantized and sharded. This module does not import qfus
     gate, up   column-parallel: rank r holds output rows [r N / tp, (r + 1) N / tp) of the int8 / fp8
                weight and of its per-channel scale; its input is the whole (replicated) activation
     down       row-parallel: rank r holds input columns [r K / tp, (r + 1) K / tp) of the weight (the
-               per-channel scale is whole: it belongs to the output rows), its input is the rank's
-               own slice of SiLU(gate) * up, and its partial sums are added across ranks by
-               `torch.distributed._functional_collectives.all_reduce`
+               per-channel scale is whole: it belongs to the output rows; a bias stays on rank 0),
+               its input is the rank's own slice of SiLU(gate) * up, and its partial sums are added
+               across ranks by `torch.distributed._functional_collectives.all_reduce`
+               (tp must divide N and K: the slices are those of DTensor's `Shard`)
 
 In the Llama, q / k / v_proj are column-parallel too (whole heads per rank: 4 heads and 2 KV heads
 over 2 ranks leave 2 and 1, the same GQA groups), o_proj is row-parallel with its all-reduce; the
@@ -21,14 +22,16 @@ the same shard in eager; the sharded block against the unsharded float one withi
 
 The same models sharded with DTensor (`dtensor_mlp`, `dtensor_llama`): `parallelize_module` with
 `QuantizedColwiseParallel` / `QuantizedRowwiseParallel`, torch's Colwise / RowwiseParallel for a
-quantized linear's buffers (the weight and its per-channel scale), as a user writes them for a
-module that is not an `nn.Linear`. DTensor computes the unsharded math: the row-parallel linear's
-per-token amax is all-reduced (max) before it quantizes, and the all-reduce of its partial sums
-comes from the output layout; the int8 GEMM needs qfuse's `_int_mm` sharding rule (qfuse/distributed.py).
+quantized linear's tensors (the weight, its per-channel scale and zero point, the bias), as a user
+writes them for a module that is not an `nn.Linear`. DTensor computes the unsharded math: the
+row-parallel linear's per-token amax is all-reduced (max) before it quantizes, its partial sums stay
+`Partial` through the dequantize epilogue and are all-reduced at the output layout; the int8 GEMM
+needs qfuse's `_int_mm` sharding rule (qfuse/distributed.py).
 """
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 
 import torch
@@ -87,7 +90,9 @@ def float_mlp(hidden: int = 64, intermediate: int = 128, seed: int = 0) -> nn.Mo
 #: How each tensor of a quantized linear is split, by parallel style: the dimension sharded, or None
 #: (whole on every rank). Column-parallel keeps output rows with their per-channel scales and zero
 #: points; row-parallel keeps input columns of the weight, and every output row's scale. The names
-#: are those of the reference linears (buffers) and of compressed-tensors' (parameters).
+#: are those of the reference linears (buffers) and of compressed-tensors' (parameters). A
+#: row-parallel bias is whole, and added once: by rank 0 in the hand-sharded model (the other ranks
+#: hold zeros, so the all-reduce adds it once), after the reduction on DTensors.
 SHARD_DIMS = {
     "column": {"weight": 0, "weight_scale": 0, "weight_zero_point": 0, "bias": 0},
     "row": {"weight": 1, "weight_scale": None, "weight_zero_point": None, "bias": None},
@@ -108,11 +113,16 @@ def _replace(module: nn.Module, name: str, tensor: torch.Tensor, is_parameter: b
 
 
 def _shard(linear: nn.Module, rank: int, world: int, along: str) -> nn.Module:
-    """This rank's part of a quantized linear, in place: each tensor cut along `SHARD_DIMS[along]`."""
+    """This rank's part of a copy of a quantized linear: each tensor cut along `SHARD_DIMS[along]`."""
+    linear = copy.deepcopy(linear)
     for name, tensor, is_parameter in list(_tensors(linear)):
         dim = SHARD_DIMS[along][name]
         if dim is not None:
+            if tensor.shape[dim] % world:
+                raise ValueError(f"{name} {tuple(tensor.shape)}: dimension {dim} does not split into {world} ranks")
             _replace(linear, name, tensor.chunk(world, dim)[rank].contiguous(), is_parameter)
+        elif along == "row" and name == "bias" and rank != 0:
+            _replace(linear, name, torch.zeros_like(tensor), is_parameter)
     return linear
 
 
@@ -128,12 +138,12 @@ class TensorParallelMlp(nn.Module):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+        partial_sums = self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
         if self.group is None:
-            return partial
+            return partial_sums
         from torch.distributed import _functional_collectives as funcol
 
-        return funcol.all_reduce(partial, "sum", self.group)
+        return funcol.all_reduce(partial_sums, "sum", self.group)
 
 
 class AllReduced(nn.Module):
@@ -153,7 +163,7 @@ COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
 
 
-DECODER_LINEARS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
+PARALLEL_LINEARS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
 #: The quantizer: compressed-tensors' W8A8 preset (fake quant, `compile_friendly` forwards; CPU only).
 COMPRESSED_TENSORS = "ct_w8a8"
 
@@ -167,10 +177,12 @@ def quantized_llama(scheme: str, seq: int = 8, dtype: torch.dtype = torch.float3
     if scheme == COMPRESSED_TENSORS:
         from tests.peers.compressed_tensors_models import ct_llama
 
+        if sizes or dtype != torch.float32:
+            raise ValueError("the compressed-tensors Llama is the tiny float32 one: no dtype or sizes")
         return ct_llama("W8A8", "qdq", compile_friendly=True, seq=seq)
     model, input_ids = tiny_llama(seq=seq, dtype=dtype, **sizes)
     for layer in model.model.layers:
-        for parent_name, names in DECODER_LINEARS:
+        for parent_name, names in PARALLEL_LINEARS:
             parent = getattr(layer, parent_name)
             for name in names:
                 setattr(parent, name, quantized(getattr(parent, name), scheme))
@@ -185,7 +197,7 @@ def tensor_parallel_llama(scheme: str, rank: int = 0, world: int = 1, group=None
     if group is None:
         return model, input_ids
     for layer in model.model.layers:
-        for parent_name, names in DECODER_LINEARS:
+        for parent_name, names in PARALLEL_LINEARS:
             parent = getattr(layer, parent_name)
             for name in names:
                 linear = _shard(getattr(parent, name), rank, world, "column" if name in COLUMN_PARALLEL else "row")
@@ -193,21 +205,21 @@ def tensor_parallel_llama(scheme: str, rank: int = 0, world: int = 1, group=None
     return model, input_ids
 
 
-def _distribute(along: str, name: str, module: nn.Module, mesh) -> None:
-    """A `distribute_module` partition function: each tensor placed by `SHARD_DIMS[along]`. Every
-    rank built the whole quantized linear from the same seed, so each keeps its own shard
-    (`src_data_rank=None`: no scatter, which gloo cannot do for fp8)."""
+def _distribute(along: str, src_data_rank: int | None, name: str, module: nn.Module, mesh) -> None:
+    """A `distribute_module` partition function: each tensor placed by `SHARD_DIMS[along]`, from
+    `src_data_rank` as torch's styles do (None: each rank keeps its own shard of its own copy)."""
     for tensor_name, tensor, is_parameter in list(_tensors(module)):
         dim = SHARD_DIMS[along][tensor_name]
         placement = Replicate() if dim is None else Shard(dim)
-        _replace(module, tensor_name, distribute_tensor(tensor, mesh, [placement], src_data_rank=None), is_parameter)
+        _replace(module, tensor_name, distribute_tensor(tensor, mesh, [placement], src_data_rank=src_data_rank),
+                 is_parameter)
 
 
 class QuantizedColwiseParallel(ColwiseParallel):
     """ColwiseParallel for a quantized linear: its weight, scales, zero points and bias by output rows."""
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-        return distribute_module(module, device_mesh, partial(_distribute, "column"),
+        return distribute_module(module, device_mesh, partial(_distribute, "column", self.src_data_rank),
                                  partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
                                  partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
 
@@ -217,15 +229,23 @@ class QuantizedRowwiseParallel(RowwiseParallel):
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
         self.desired_input_layouts = (Shard(-1),)
-        return distribute_module(module, device_mesh, partial(_distribute, "row"),
+        return distribute_module(module, device_mesh, partial(_distribute, "row", self.src_data_rank),
                                  partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
                                  partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
 
 
+SHARDINGS = ("funcol", "dtensor")  # by hand on functional collectives; by parallelize_module on DTensors
+
+#: Every rank builds the whole quantized model from the same seed, so each keeps its own shard: no
+#: scatter from rank 0 (which gloo cannot do for fp8).
+SRC_DATA_RANK = None
+
+
 def dtensor_mlp(float_block: nn.ModuleDict, scheme: str, mesh) -> nn.Module:
     """The quantized block sharded by `parallelize_module` on `mesh`'s device: gate / up column-, down row-parallel."""
-    return parallelize_module(TensorParallelMlp(float_block, scheme).to(mesh.device_type), mesh, {
-        "gate": QuantizedColwiseParallel(), "up": QuantizedColwiseParallel(), "down": QuantizedRowwiseParallel()})
+    block = TensorParallelMlp(copy.deepcopy(float_block), scheme).to(mesh.device_type)
+    return parallelize_module(block, mesh, {"gate": QuantizedColwiseParallel(), "up": QuantizedColwiseParallel(),
+                                            "down": QuantizedRowwiseParallel()}, src_data_rank=SRC_DATA_RANK)
 
 
 def dtensor_llama(scheme: str, mesh, seq: int = 8, dtype: torch.dtype = torch.float32, **sizes):
@@ -235,5 +255,5 @@ def dtensor_llama(scheme: str, mesh, seq: int = 8, dtype: torch.dtype = torch.fl
     model, input_ids = model.to(mesh.device_type), input_ids.to(mesh.device_type)
     plan = {f"model.layers.*.{parent}.{name}": QuantizedColwiseParallel() if name in COLUMN_PARALLEL
             else QuantizedRowwiseParallel()
-            for parent, names in DECODER_LINEARS for name in names}
-    return parallelize_module(model, mesh, plan), input_ids
+            for parent, names in PARALLEL_LINEARS for name in names}
+    return parallelize_module(model, mesh, plan, src_data_rank=SRC_DATA_RANK), input_ids

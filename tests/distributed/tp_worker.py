@@ -14,10 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tests.distributed.tp_models import (TensorParallelMlp, dtensor_llama, dtensor_mlp, float_mlp, quantized_llama,
-                                        tensor_parallel_llama)
-
-SHARDINGS = ("funcol", "dtensor")  # by hand on functional collectives; by parallelize_module on DTensors
+from tests.distributed.tp_models import (SHARDINGS, TensorParallelMlp, dtensor_llama, dtensor_mlp, float_mlp,
+                                        quantized_llama, tensor_parallel_llama)
 
 
 @dataclass
@@ -31,6 +29,8 @@ class Case:
 def build_case(model: str, scheme: str, sharding: str, rank: int, world: int, group, tokens: int) -> Case:
     """The "mlp" block on [tokens, 64] activations, or the two-layer "llama" on [1, 8] token ids,
     sharded by hand ("funcol") or by `parallelize_module` ("dtensor")."""
+    if sharding not in SHARDINGS:
+        raise ValueError(f"unknown sharding {sharding!r}; one of {SHARDINGS}")
     if sharding == "dtensor":
         from torch.distributed.device_mesh import init_device_mesh
 
