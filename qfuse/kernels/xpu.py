@@ -35,7 +35,7 @@ import warnings
 import torch
 
 from qfuse.kernels.base import OK, Kernel, Verdict
-from qfuse.kernels.capabilities import DYNAMIC, Capability
+from qfuse.kernels.capabilities import DYNAMIC, STATIC, Capability
 from qfuse.kernels.int4_words import pack_int4
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
@@ -46,6 +46,7 @@ GROUP_SIZE_MULTIPLE = 32
 ALIGNMENT = 8  # K and N
 XPU_FLOAT_DTYPES = (torch.float16, torch.bfloat16)  # activation and output
 ONEDNN_OUT_DTYPE = torch.float16
+DEQUANTIZED = "dequantized float32"  # the packing of a weight whose values leave int4's range
 
 
 def xpu_int4_gemm_w4a8():
@@ -73,7 +74,7 @@ class XpuKernel(Kernel):
     capabilities = (
         Capability("W4A8 int4_gemm_w4a8", ("xpu",), (torch.int8,), (INT4_DTYPE,),
                    (Granularity.PER_TENSOR, Granularity.PER_TOKEN),  # one value is expanded to every token
-                   (Granularity.PER_CHANNEL, Granularity.PER_GROUP), activation_scale_kinds=(DYNAMIC,),
+                   (Granularity.PER_CHANNEL, Granularity.PER_GROUP), activation_scale_kinds=(DYNAMIC, STATIC),
                    weight_group_multiple=GROUP_SIZE_MULTIPLE, k_multiple=ALIGNMENT, n_multiple=ALIGNMENT,
                    out_dtypes=XPU_FLOAT_DTYPES),  # any float bias: cast to float16 for oneDNN
     )
@@ -94,6 +95,13 @@ class XpuKernel(Kernel):
             raise ValueError(f"the xpu kernel needs a [K / g, N] weight scale for its [K, N] = {tuple(b.shape)} "
                              f"weight, got {shape}")
         k, n = b.shape
+        if b.numel() and (b.min() < -INT4_OFFSET or b.max() >= INT4_OFFSET):
+            # int8 storage does not prove int4's range (torchao's intx keeps int5-int8 values alike): such a
+            # weight runs dequantized, exact and slower, where oneDNN's int4 packing cannot hold it
+            warnings.warn(f"qfuse's xpu W4A8 kernel: a [K, N] = {(k, n)} weight holds values outside int4's "
+                          "[-8, 7]; it runs dequantized in float32 (exact, slower)", stacklevel=3)
+            dense = b.float() * scale_b.float().repeat_interleave(k // scale_b.shape[0], dim=0)
+            return PreparedWeight(dense, None, None, k, n, packing=DEQUANTIZED)
         zero_point = torch.tensor([INT4_OFFSET], dtype=torch.int8, device=b.device)
         return PreparedWeight(pack_int4(b.t()), scale_b.contiguous(), zero_point, k, n)
 
@@ -103,10 +111,13 @@ class XpuKernel(Kernel):
                              f"got {a.dtype} with zero point {azp_a is not None}")
         if out_dtype not in XPU_FLOAT_DTYPES:
             raise ValueError(f"the xpu kernel returns float16 or bfloat16, not {out_dtype}")
-        if out_dtype == torch.bfloat16:
-            warn_float16_output_once()
         rows = a.shape[0]
         scale_a = _per_token_scale(scale_a, rows, a.device)
+        if weight.packing == DEQUANTIZED:
+            out = (a.float() * scale_a.float()) @ weight.data
+            return (out if bias is None else out + bias.float()).to(out_dtype)
+        if out_dtype == torch.bfloat16:
+            warn_float16_output_once()
         zero_point_a = torch.zeros(rows, 1, dtype=torch.int32, device=a.device)
         group_size = weight.k // weight.scale.shape[0]
         bias = None if bias is None else bias.to(ONEDNN_OUT_DTYPE)

@@ -11,7 +11,8 @@ where q holds integers, as one of
     q_int.to(float)                                  a stored int8 / uint8 weight upcast
     round / clamp chain, e.g. clamp(round(x / s) + zp, lo, hi), clamp(x / s + zp, lo, hi).round()
                                                      integers in [lo, hi] within int8 / uint8, also
-                                                     cast to another float dtype after (exact)
+                                                     with casts between 16- and 32-bit floats inside or
+                                                     after the chain (exact for those integers)
     q_fp8.to(float), x.to(fp8).to(float)             fp8 values
 
 and the dequantize may be computed in float32 and cast to the activation's dtype after. Scales
@@ -58,7 +59,7 @@ def _integer_valued(node) -> tuple[Node, torch.dtype | None, str] | None:
         if dtype_of(source) in (torch.int8, torch.uint8, FP8_DTYPE):
             return source, None, f"{dtype_of(source)}.to(float)".replace("torch.", "")
         if _float_to_float(node):
-            return _integer_valued(source)  # integers in int8 / uint8's range are exact in every float dtype
+            return _integer_valued(source)  # integers in int8 / uint8's range are exact in 16-bit floats
         return None
     value, low, high, rounded = strip_round_and_clamps(node)
     while not rounded and _float_to_float(value):  # round in bf16, clamp in float32: the values stay integers
@@ -74,12 +75,15 @@ def _integer_valued(node) -> tuple[Node, torch.dtype | None, str] | None:
     return None
 
 
+_EXACT_FOR_INT8 = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # every int8 / uint8 integer exact
+
+
 def _float_to_float(node) -> bool:
-    """A cast between float dtypes: integers in int8 / uint8's range stay exact, and a value beyond
-    the range stays beyond it (a clamp after the cast still bounds it)."""
+    """A cast between float dtypes of 16 bits or more: integers in int8 / uint8's range stay exact, and
+    a value beyond the range stays beyond it (a clamp after the cast still bounds it). Not an 8-bit
+    float: fp8 rounds 127 to 128."""
     target = converted_dtype(node) if isinstance(node, Node) else None
-    return (target is not None and target.is_floating_point and dtype_of(node.args[0]) is not None
-            and dtype_of(node.args[0]).is_floating_point)
+    return target in _EXACT_FOR_INT8 and dtype_of(node.args[0]) in _EXACT_FOR_INT8
 
 
 def _fp8_round_trip(node) -> tuple[Node, None, str] | None:

@@ -11,6 +11,7 @@ exactly as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -157,7 +158,7 @@ def _fused_op_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch
             zero_convention=int4.zero_convention, packed_along_n=int4.packed_along_n,
         )
     scale_b = _as_tensor_node(graph, linear.scale_b, torch.float32, device)
-    if linear.scheme.weight_dtype == INT4_DTYPE:
+    if linear.scheme.weight_dtype == INT4_DTYPE and not linear.scheme.is_weight_only:
         scheme = linear.scheme
         return W4a8ScaledMmArgs(
             a=materialize(graph, linear.a), scale_a=_as_tensor_node(graph, linear.scale_a, torch.float32, device),
@@ -215,9 +216,9 @@ def _fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Nod
     if choice.kernel is None and linear.fallback is not None:
         fallback = linear.fallback
         why = (f"read as {linear.scheme.describe()}, no kernel runs it ({choice.rejections()}); "
-               f"fused as {fallback.scheme.describe()}")
-        fallback.note = f"{fallback.note}; {why}" if fallback.note else why
-        return _fuse_linear(graph, fallback, context)
+               f"falls back to {fallback.scheme.describe()}")
+        return _fuse_linear(graph, dataclasses.replace(fallback, note=f"{fallback.note}; {why}" if fallback.note else why),
+                            context)
     if choice.kernel is None:
         record.reason = "no kernel can run it: " + choice.rejections()
         context.report.add(record)

@@ -31,7 +31,7 @@ from qfuse.passes.fused_linear import FusedLinear, NotFusable
 from qfuse.passes.graph_utils import PendingCall, aten, shape_of, strip_views
 from qfuse.passes.pt2e_linear import activation_operand, can_fuse_activation
 from qfuse.passes.quant_forms import is_dynamic_scale
-from qfuse.schemes import QuantScheme
+from qfuse.schemes import QuantScheme, dtype_name
 
 
 def _token_scale(scale, view_shape):
@@ -52,9 +52,11 @@ def with_int8_activation(linear: FusedLinear, x2d: Node, has_weight_zero_point: 
         granularity = can_fuse_activation(activation)
     except NotFusable as reason:
         return _noted(linear, f"the activation is a fake quant W4A8 kernels cannot take ({reason})")
-    if activation.dtype != torch.int8 or activation.zero_point not in (0, None):
-        return _noted(linear, f"the activation is a {activation.dtype} fake quant with a zero point; W4A8 kernels "
-                              "take symmetric int8 activations")
+    if activation.dtype != torch.int8:
+        return _noted(linear, f"the activation is a {dtype_name(activation.dtype)} fake quant; W4A8 kernels take int8")
+    if not (isinstance(activation.zero_point, int) and activation.zero_point == 0):
+        return _noted(linear, "the activation is an int8 fake quant with a zero point; W4A8 kernels take symmetric "
+                              "int8 activations")
     if has_weight_zero_point:
         return _noted(linear, "the activation is a symmetric int8 fake quant (W4A8), but the weight subtracts stored "
                               "zero points; W4A8 kernels take symmetric int4 weights")

@@ -110,6 +110,24 @@ def test_a_bf16_fake_quant_is_matched_through_inductors_float32_clamp(shape):
     assert error < 1e-2, error
 
 
+def test_an_fp8_cast_of_the_integers_is_not_taken_as_exact():
+    """fp8 rounds int8's integers (e4m3 turns 127 into 128, e5m2 keeps 2 mantissa bits): a fake quant
+    cast through fp8 is no int8 activation, and must not fuse as one."""
+    x = torch.randn(9, K, generator=torch.Generator().manual_seed(1))
+    w_int, w_scale, bias = stored_weight()
+
+    def through_e5m2(x, w_int, w_scale, bias):
+        s = x.abs().amax(-1, keepdim=True) / 127
+        q = torch.clamp(torch.round(x / s), -128, 127).to(torch.float8_e5m2).to(x.dtype)
+        return F.linear(q * s, w_int.float() * w_scale, bias)
+
+    with torch.no_grad():
+        out, report = compile_and_run(through_e5m2, x, w_int, w_scale, bias)
+        expected = through_e5m2(x, w_int, w_scale, bias)
+    assert all(not record.scheme.startswith("int8 dyn") for record in report.records if record.fused), report.records
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_a_weight_quantized_each_call_skips_kernels_that_repack():
     x = torch.randn(9, K)
     w_int, w_scale, bias = stored_weight()
