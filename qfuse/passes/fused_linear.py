@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,15 +57,15 @@ class NotFusable(Exception):
     """A `can_fuse_*` check failed; the message is the near-miss reason."""
 
 
-@dataclass
+@dataclasses.dataclass
 class PassContext:
     """What a pass needs besides the graph: the configuration and the report to fill."""
 
     config: QfuseConfig
-    report: PassReport = field(default_factory=PassReport)
+    report: PassReport = dataclasses.field(default_factory=PassReport)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Int4Weight:
     """The stored tensors of an int4 weight (`qfuse::int4_weight_only_mm`'s operands)."""
 
@@ -89,7 +88,7 @@ class Int4Weight:
         return (rows, cols * 8) if self.packed_along_n else (cols * 8, rows)
 
 
-@dataclass
+@dataclasses.dataclass
 class FusedLinear:
     """A recognised quantized linear: out = ((a - azp_a) sa) @ ((b - azp_b) sb) + bias."""
 
@@ -112,6 +111,10 @@ class FusedLinear:
     per_call_weight: bool = False  # the quantized weight is computed on every call (fake-quantized float weight)
     int4: Int4Weight | None = None  # an int4 weight packed along K (then `b` is its packed tensor)
     fallback: FusedLinear | None = None  # fused instead where no kernel runs this one (W4A8 -> weight-only)
+
+    def noted(self, note: str) -> FusedLinear:
+        """A copy with `note` added to its note."""
+        return dataclasses.replace(self, note=f"{self.note}; {note}" if self.note else note)
 
     def gemm_key(self) -> GemmKey:
         k, n = self.int4.k_and_n if self.int4 else fake_value(self.b).shape
@@ -217,8 +220,7 @@ def _fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Nod
         fallback = linear.fallback
         why = (f"read as {linear.scheme.describe()}, no kernel runs it ({choice.rejections()}); "
                f"falls back to {fallback.scheme.describe()}")
-        return _fuse_linear(graph, dataclasses.replace(fallback, note=f"{fallback.note}; {why}" if fallback.note else why),
-                            context)
+        return _fuse_linear(graph, fallback.noted(why), context)
     if choice.kernel is None:
         record.reason = "no kernel can run it: " + choice.rejections()
         context.report.add(record)

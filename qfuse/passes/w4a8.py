@@ -51,14 +51,14 @@ def with_int8_activation(linear: FusedLinear, x2d: Node, has_weight_zero_point: 
     try:
         granularity = can_fuse_activation(activation)
     except NotFusable as reason:
-        return _noted(linear, f"the activation is a fake quant W4A8 kernels cannot take ({reason})")
+        return linear.noted(f"the activation is a fake quant W4A8 kernels cannot take ({reason})")
     if activation.dtype != torch.int8:
-        return _noted(linear, f"the activation is a {dtype_name(activation.dtype)} fake quant; W4A8 kernels take int8")
+        return linear.noted(f"the activation is a {dtype_name(activation.dtype)} fake quant; W4A8 kernels take int8")
     if not (isinstance(activation.zero_point, int) and activation.zero_point == 0):
-        return _noted(linear, "the activation is an int8 fake quant with a zero point; W4A8 kernels take symmetric "
+        return linear.noted("the activation is an int8 fake quant with a zero point; W4A8 kernels take symmetric "
                               "int8 activations")
     if has_weight_zero_point:
-        return _noted(linear, "the activation is a symmetric int8 fake quant (W4A8), but the weight subtracts stored "
+        return linear.noted("the activation is a symmetric int8 fake quant (W4A8), but the weight subtracts stored "
                               "zero points; W4A8 kernels take symmetric int4 weights")
     a, _ = activation_operand(activation, view_shape)
     weight_only = linear.scheme
@@ -75,8 +75,3 @@ def with_int8_activation(linear: FusedLinear, x2d: Node, has_weight_zero_point: 
         scale_b=PendingCall(aten.permute.default, (int4.scales, [1, 0])),
         fallback=linear,
     )
-
-
-def _noted(linear: FusedLinear, note: str) -> FusedLinear:
-    linear.note = f"{linear.note}; {note}" if linear.note else note
-    return linear
