@@ -13,6 +13,9 @@ Each case is compiled with Inductor default, Inductor max-autotune-no-cudagraphs
 qfuse default, timed per call (back to back, what a model sees) and for the host time of one call
 (`qfuse.bench.time_call`); at M <= 16 also with mode="reduce-overhead" (CUDA graphs). Beside them: the
 raw GEMM alone on pre-quantized operands (row-wise `_scaled_mm`, `_int_mm`) and the bf16 linear.
+A variant is `backend[:mode]`; the mode `freezing` compiles with `torch._inductor.config.freezing` set
+instead (parameters and buffers become constants: what a model's weights cost to prepare moves to compile
+time; torch 2.11-2.13 do not freeze for `options={"freezing": True}`, so the config is patched around the compile).
 `--variants qfuse-inductor-quant` is qfuse with its activation-quant step off (the quant left to
 Inductor's reduction, as before qfuse's quantizer entered the generated code), for a same-run "before".
 The weight of one linear is re-read from the L2 on every call (4096 x 4096 int8 fits in an H100's
@@ -100,6 +103,8 @@ def compiled(model, variant: str):
     backend, _, mode = variant.partition(":")
     if backend in NAMED_OPTIONS:
         return torch.compile(model, backend="qfuse", options=NAMED_OPTIONS[backend])
+    if mode == "freezing":  # the config patched around the first call, which compiles (`measure`)
+        return torch.compile(model, backend=backend)
     return torch.compile(model, backend=backend, mode=mode or None)
 
 
@@ -109,7 +114,8 @@ def measure(model, x, variant: str, expected) -> dict:
     marker = qfuse.graphs_compiled()
     counters.clear()
     fn = compiled(model, variant)
-    out = warm(fn, x)
+    with torch._inductor.config.patch(freezing=variant.endswith(":freezing")):
+        out = warm(fn, x)
     row = {"variant": variant, "error": relative_error(out, expected), **time_call(fn, x)}
     if variant.endswith("reduce-overhead"):
         row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]

@@ -22,6 +22,9 @@ decoder's layers do (one linear alone would be served from an H100's 50 MiB L2).
     inductor, inductor:max-autotune-no-cudagraphs (M >= 1024), qfuse     the GPTQ form compiled
     bf16 (inductor)                      a stack of bf16 nn.Linear of the same sizes, compiled
     ...:reduce-overhead (M <= 256)       the same with CUDA graphs
+    ...:freezing (autogptq)              the same with Inductor's freezing: qfuse sorts the act-order weight
+                                         at compile time; Inductor folds the whole dequantize into a
+                                         constant bf16 weight (4x the int4 weight's memory)
     triton kernel (eager)                qfuse's kernel alone (`triton_int4_mm` at decode, `triton_w8a16_mm`
                                          at every M), GPU time only
     HBM floor                            weight bytes / the bandwidth of a device-to-device copy
@@ -278,8 +281,10 @@ def hbm_floor_us(n: int, k: int, form: str) -> float:
     return weight_bytes(n, k, form) / (2 * src.numel() / seconds) * 1e6
 
 
-def variants_for(m: int) -> list[str]:
+def variants_for(m: int, form: str = "gptq") -> list[str]:
     names = ["inductor", "qfuse"]
+    if form == "autogptq":  # act order: the weight sorted at compile time (qfuse) or dequantized once (Inductor)
+        names += ["inductor:freezing", "qfuse:freezing"]
     if m >= 1024:
         names.append("inductor:max-autotune-no-cudagraphs")
     if m <= 256:  # decode and batched decode: where CUDA graphs pay
@@ -296,7 +301,7 @@ def case_rows(m: int, n: int, k: int, form: str = "gptq") -> list[dict]:
     with torch.no_grad():
         stack = quantized_stack(n, k, form)
         expected = stack(x)
-        for variant in variants_for(m):
+        for variant in variants_for(m, form):
             rows.append(label | measure(stack, x, variant, expected))
         floats = bf16_stack(n, k, layers)
         for variant in ["inductor"] + (["inductor:reduce-overhead"] if m <= 256 else []):

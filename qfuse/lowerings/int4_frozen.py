@@ -1,17 +1,23 @@
-"""The CPU int4 weight-only linear on a frozen weight: ATen's int4pack kernel called from the generated code.
+"""int4 weight-only linears on frozen weights: the preparation a kernel makes once, made at compile time.
 
-Without freezing the `torch` kernel's int4 linear is an extern call of `qfuse::int4_weight_only_mm`:
-its Python repacks the weight once (`ops.int4_weight_only.prepared_int4_weight`) and calls
-`aten._weight_int4pack_mm_for_cpu` on every call, 0.4-0.5 ms more than the bare kernel at M = 1 on
-the GPU machine's AMX host. Under freezing (`torch._inductor.config.freezing`) the stored words,
-scales and zero points are constants of the graph when the op is lowered, so the same preparation
-runs here, at compile time, and its packed weight and scales become new graph constants:
+Under freezing (`torch._inductor.config.freezing`) the stored words, scales, zero points and `g_idx`
+of a linear are constants of the graph when `qfuse::int4_weight_only_mm` is lowered, so the work the
+op's Python would do once per weight (`ops.int4_weight_only.prepared_int4_weight`) runs here, at
+compile time, and its result becomes new graph constants:
 
-    out = (aten._weight_int4pack_mm_for_cpu(x2d[:, order]?, packed, g, scales_and_zeros) + bias).to(out_dtype)
+- CPU, the `torch` kernel: ATen's int4pack layout, called from the generated code through Inductor's
+  own lowering of that op (an extern ATen call, or under max-autotune also its C++ template on the
+  constant weight). Without freezing the op's extern call repacks once and calls the kernel with
+  0.4-0.5 ms of Python a call more than the bare kernel at M = 1 (the GPU machine's AMX host):
 
-through Inductor's own lowering of that op (an extern ATen call, or under max-autotune also its C++
-template on the constant weight). The math is the kernel's (`kernels.int4_cpu.int4pack_mm`).
-A weight whose preparation is no int4pack layout (dequantized once: DENSE) stays the op's extern call.
+      out = (aten._weight_int4pack_mm_for_cpu(x2d[:, order]?, packed, g, scales_and_zeros) + bias).to(out_dtype)
+
+  A weight whose preparation is no int4pack layout (dequantized once: DENSE) stays the op's extern call.
+- CUDA, the `triton` kernel, act order (a `g_idx`): the weight's rows sorted by group, packed back into
+  words [N, K / 8] with their scales and zero points, and the activation's columns gathered in that
+  order in Inductor's code (`act_order_on_constants`). The call is then GPTQ's plain form, which the
+  Triton templates read (the nibble-plane template fuses the gather into its activation copy);
+  without freezing act order reads every column's scale and zero point through `g_idx`.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from torch._inductor.virtualized import V
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from qfuse.kernels.int4_cpu import PACKING
-from qfuse.lowerings.ir import convert, lower, record_lowering
+from qfuse.lowerings.ir import convert, lower, record_lowering, rows_at_most
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, prepared_int4_weight
 
 aten = torch.ops.aten
@@ -42,10 +48,10 @@ def _constant_value(node) -> torch.Tensor | None:
     return None
 
 
-def frozen_weight(call: Int4WeightOnlyMmArgs):
-    """The kernel's prepared weight where the call runs the CPU `torch` kernel under freezing and its
-    weight tensors are graph constants, and that preparation is ATen's int4pack layout; else None."""
-    if not inductor_config.freezing or call.kernel != "torch" or call.x.get_device().type != "cpu":
+def _prepared_on_constants(call: Int4WeightOnlyMmArgs):
+    """The kernel's prepared weight, made now from the call's weight tensors, where freezing made every
+    one of them a graph constant; else None."""
+    if not inductor_config.freezing:
         return None
     node = V.graph.current_node
     if node is None or node.target != Int4WeightOnlyMmArgs.op:
@@ -60,7 +66,16 @@ def frozen_weight(call: Int4WeightOnlyMmArgs):
         _, weight = prepared_int4_weight(call.kernel, values["packed"], values.get("shifts"), values["scales"],
                                          values.get("packed_zeros"), call.group_size, values.get("g_idx"),
                                          call.zero_convention, call.packed_along_n)
-    return weight if weight.packing == PACKING else None
+    return weight
+
+
+def frozen_weight(call: Int4WeightOnlyMmArgs):
+    """The kernel's prepared weight where the call runs the CPU `torch` kernel under freezing and its
+    weight tensors are graph constants, and that preparation is ATen's int4pack layout; else None."""
+    if call.kernel != "torch" or call.x.get_device().type != "cpu":
+        return None
+    weight = _prepared_on_constants(call)
+    return weight if weight is not None and weight.packing == PACKING else None
 
 
 def int4pack_on_constants(call: Int4WeightOnlyMmArgs, weight, x2d):
@@ -78,3 +93,28 @@ def int4pack_on_constants(call: Int4WeightOnlyMmArgs, weight, x2d):
     record_lowering("ATen's _weight_int4pack_mm_for_cpu on the frozen weight, packed at compile time; the bias, "
                     "the cast and what follows in Inductor's code")
     return convert(out, call.out_dtype)
+
+
+def act_order_on_constants(call: Int4WeightOnlyMmArgs, x2d, rows, max_rows: int) -> Int4WeightOnlyMmArgs | None:
+    """The call of the same linear without act order, where the call runs the `triton` kernel on CUDA
+    under freezing with a `g_idx`, constant weight tensors and at most `max_rows` rows (a dynamic M
+    guarded on it): the weight sorted by group at compile time (the kernel's own layout: words
+    [N, K / 8], scales [N, K / g], zero points [N / 8, K / g]) and x2d [M, K] gathered in that order.
+    None where that does not hold, or where `g_idx` sorts into no groups of the group size (the op
+    then multiplies a dense weight: left to its extern call's rule)."""
+    from qfuse.kernels.triton import INT4_PACKING, INT4_ZEROS_MINUS_ONE
+
+    if (not inductor_config.freezing or call.g_idx is None or call.kernel != "triton"
+            or call.x.get_device().type != "cuda" or not rows_at_most(rows, max_rows)):
+        return None
+    weight = _prepared_on_constants(call)
+    if weight is None or weight.packing not in (INT4_PACKING, INT4_ZEROS_MINUS_ONE):
+        return None
+    constant = V.graph.add_tensor_constant
+    order = constant(weight.input_order, "qfuse_int4_order")
+    return call._replace(
+        x=lower(aten.index.Tensor, x2d, [None, order]), packed=constant(weight.data, "qfuse_int4_words"), shifts=None,
+        scales=constant(weight.scale, "qfuse_int4_scales"),
+        packed_zeros=None if weight.zero_point is None else constant(weight.zero_point, "qfuse_int4_zeros"),
+        g_idx=None, zero_convention="plus_one" if weight.packing == INT4_ZEROS_MINUS_ONE else "stored",
+        packed_along_n=False)

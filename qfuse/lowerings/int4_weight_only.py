@@ -43,6 +43,19 @@ in IR from the same stored tensors
 autotuned templates under max-autotune), on any device. That is what Inductor compiles from the model's own code,
 and it beats the template there (docs/benchmarks.md, gpu_weight_only).
 
+Act order has two ways onto qfuse's kernels, both on a weight sorted by group once:
+- under freezing, at the rows a template takes the sorted weight (`_sorted_rows`: planes up to 256,
+  words up to 16), the weight is a constant: it is sorted at compile time and the call becomes the
+  plain form on the sorted words, the activation gathered in Inductor's code (`int4_frozen.act_order_on_constants`);
+- under CUDA graphs, at decode (M <= 16), the op's extern call: its Python sorts the weight on the
+  first call (`prepared_int4_weight`) and runs at capture only, so a replay is the gather and the
+  eager kernel.
+On an H100 (AutoGPTQ with act order, 4096 x 4096, session 23, docs/benchmarks.md) that took the GPU
+time at M = 1 / 16 / 64 from Inductor's 32-33 µs to 13.7 / 14.2 / 18.3 under freezing, and per call
+under CUDA graphs from 33-35 to 25-27 µs at M = 1 / 16 (at 64 rows 32 against 34, at 256 rows 57 against
+42: the eager path stops at decode). Above those rows the sorted weight was slower than the gathers
+(80 against 68 µs at M = 1024 under freezing).
+
 Other kernels (the CPU `torch` kernel: ATen's int4pack on a weight repacked once) stay an extern call,
 except under freezing, where the CPU kernel's weight is packed at compile time (`lowerings.int4_frozen`).
 """
@@ -51,20 +64,23 @@ from __future__ import annotations
 
 import sympy
 import torch
+from torch._inductor import config as inductor_config
 from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.lowerings.int4_frozen import frozen_weight, int4pack_on_constants
-from qfuse.lowerings.ir import (IR_OPS, convert, extern_call, falls_back_to_extern_call, lower, record_lowering,
-                                rows_at_most, rows_bucket)
+from qfuse.lowerings.int4_frozen import act_order_on_constants, frozen_weight, int4pack_on_constants
+from qfuse.lowerings.ir import (IR_OPS, append_to_lowering, convert, extern_call, falls_back_to_extern_call, lower,
+                                record_lowering, rows_at_most, rows_bucket)
 from qfuse.lowerings.triton_template import max_autotune, split_k_linear
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, apply_zero_convention
 from qfuse.schemes import INT4_OFFSET
 
 aten, prims = torch.ops.aten, torch.ops.prims
 ACT_ORDER = ("a g_idx: act order gathers every column's scale and zero point, which made the template 0.44x "
-             "Inductor's code at decode on an H100")
+             "Inductor's code at decode on an H100; under freezing or CUDA graphs the weight is sorted by group once")
+ACT_ORDER_SORTED_ONCE = ("act order under CUDA graphs: the weight sorted by group on the first call, the "
+                         "activation gathered, the eager Triton kernel; a replay runs no Python")
 
 # INPUTS: X, W, S, and each of SHIFTS, Z, BIAS that the call has (`template_for_inputs`). The output
 # holds SPLIT_K row blocks of M rows: split pid_k stores its partial sums at rows pid_k * M + m.
@@ -128,6 +144,14 @@ def _template_bounds(call: Int4WeightOnlyMmArgs, k: int) -> list[int]:
     return [DECODE_ROWS, *BATCHED_TILES] if call.packed_along_n or _is_int8_storage(call) else [DECODE_ROWS]
 
 
+def _sorted_rows(call: Int4WeightOnlyMmArgs, k: int) -> int:
+    """The most rows a template takes this act-order weight at once it is sorted by group (no g_idx):
+    the plane template's where it takes the weight, else the words template's decode rows."""
+    from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS, takes_planes
+
+    return PLANE_MAX_ROWS if takes_planes(k, call.group_size, call.packed_along_n, _is_int8_storage(call)) else DECODE_ROWS
+
+
 def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
     """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call.
     M is looked at (and a dynamic M guarded) only for a call that can be lowered at all."""
@@ -138,6 +162,9 @@ def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
         return "M is 0"
     if call.x.get_device().type != "cuda" and _is_decode(call, rows):
         return "the Triton template runs on CUDA"
+    if (call.g_idx is not None and inductor_config.triton.cudagraphs and call.x.get_device().type == "cuda"
+            and rows_at_most(rows, DECODE_ROWS)):
+        return ACT_ORDER_SORTED_ONCE
     return ""
 
 
@@ -146,16 +173,17 @@ def lower_int4_weight_only_mm(*args, **kwargs):
     call = Int4WeightOnlyMmArgs(*args, **kwargs)
     *lead, k = call.x.get_size()
     rows = sympy.Mul(*lead)
+    x2d = lower(aten.reshape.default, call.x, [rows, k])
     if (weight := frozen_weight(call)) is not None:
-        x2d = lower(aten.reshape.default, call.x, [rows, k])
         return lower(aten.reshape.default, int4pack_on_constants(call, weight, x2d), [*lead, weight.n])
-    reason = why_not_lowered(call)
-    if reason:
-        return extern_call(call, reason)
+    sorted_call = act_order_on_constants(call, x2d, rows, _sorted_rows(call, int(k)))
+    if sorted_call is not None:  # from here on the call is the plain form on the sorted weight, x2d gathered
+        call, x2d = sorted_call, sorted_call.x
+    n = int(call.scales.get_size()[0])
+    if reason := why_not_lowered(call):
+        return lower(aten.reshape.default, extern_call(call, reason), [*lead, n])
     bounds = _template_bounds(call, int(k))
     bucket = rows_bucket(rows, bounds) if call.x.get_device().type == "cuda" else 0  # CPU: never a template
-    n = int(call.scales.get_size()[0])
-    x2d = lower(aten.reshape.default, call.x, [rows, k])
     if not bucket:
         dynamic = not sympy.sympify(rows).is_number
         if call.g_idx is not None:
@@ -167,6 +195,8 @@ def lower_int4_weight_only_mm(*args, **kwargs):
                         "in its fused pointwise code")
     else:
         out = _template(call, x2d, rows, n, int(k), bucket)
+    if sorted_call is not None:
+        append_to_lowering("; act order: the frozen weight sorted by group at compile time, the activation gathered")
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
 
 

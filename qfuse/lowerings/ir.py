@@ -104,6 +104,12 @@ def record_lowering(how: str) -> None:
         record.lowered = how
 
 
+def append_to_lowering(text: str) -> None:
+    """Add `text` to what `record_lowering` wrote for this op."""
+    if (record := current_record()) is not None:
+        record.lowered = (record.lowered or "") + text
+
+
 def extern_call(call, reason: str = ""):
     """`call` (an op's named arguments, `qfuse.ops.arguments`) as an extern call of the op; a `reason`
     (why it is not lowered) goes to the debug log and the op's record."""

@@ -110,6 +110,59 @@ def test_act_order_and_autogptq_forms(form, rows):
     assert TEMPLATE_MARK not in code and "a g_idx" in record.lowered, record.lowered  # act order: Inductor's code
 
 
+def _act_order_model(form: str, group_size: int):
+    if form == "autogptq_act_order":
+        return autogptq_int4(BF16, group_size=group_size, act_order=True, in_features=512).cuda()
+    return gptq_packed_int4(BF16, group_size=group_size, act_order=True, symmetric=False, zeros_minus_one=True,
+                            in_features=512).cuda()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40, 300])
+@pytest.mark.parametrize("group_size", [64, 128], ids=["words", "planes"])
+@pytest.mark.parametrize("form", ["act_order_zeros_minus_one", "autogptq_act_order"])
+def test_act_order_under_freezing_runs_the_template_on_the_weight_sorted_at_compile_time(form, group_size, rows):
+    """Under freezing the act-order weight is a constant: sorted by group at compile time, it is the plain
+    form, which the templates take at their rows (planes up to 256, words up to 16) with the activation
+    gathered in Inductor's code; above, Inductor's dequantize + mm of the sorted weight (no per-column gathers)."""
+    model = _act_order_model(form, group_size)
+    x = torch.randn(rows, 512, device="cuda", dtype=BF16)
+    with torch._inductor.config.patch(freezing=True), torch.no_grad():
+        out, code, report = compile_and_get_code(model, x)
+        assert_close_to_eager(out, model, x)
+    (record,) = report.fused
+    on_template = rows <= (PLANE_MAX_ROWS if group_size == 128 else 16)
+    assert EXTERN_CALL not in code
+    assert ("sorted by group at compile time" in record.lowered) == on_template, record.lowered
+    assert (TEMPLATE_MARK in code) == on_template, record.lowered
+    assert (PLANES_MARK in code) == (on_template and group_size == 128), record.lowered
+    if not on_template:  # above the template's rows the sorted weight was slower than the gathers
+        assert record.lowered.startswith("Inductor's own dequantize + mm (a g_idx"), record.lowered
+
+
+@pytest.mark.parametrize("rows", [1, 16, 40, 300])
+@pytest.mark.parametrize("group_size", [64, 128], ids=["words", "planes"])
+def test_act_order_under_cuda_graphs_is_the_ops_call_on_a_weight_sorted_once(group_size, rows):
+    """Under CUDA graphs at decode (M <= 16) act order is the op's extern call: its Python sorts the weight
+    once and runs at capture only. Above, Inductor's dequantize + mm with the gathers."""
+    import qfuse
+
+    model = _act_order_model("act_order_zeros_minus_one", group_size)
+    x = torch.randn(rows, 512, device="cuda", dtype=BF16)
+    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
+    marker = qfuse.graphs_compiled()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for _ in range(3):  # warm-up, capture, replay
+            out = compiled(x)
+        assert_close_to_eager(out.clone(), model, x)
+    (record,) = qfuse.reports_since(marker)[-1].fused
+    assert record.kernel == "triton", record
+    if rows <= 16:
+        assert record.lowered.startswith("extern call") and "act order under CUDA graphs" in record.lowered, record.lowered
+    else:
+        assert record.lowered.startswith("Inductor's own dequantize + mm (a g_idx"), record.lowered
+
+
 def test_autogptq_without_act_order_reads_the_transposed_words_in_the_template():
     """Only the lowering's g_idx gate keeps AutoGPTQ off the template: the op without it, on the
     transposed stored tensors, runs the template at decode."""
