@@ -43,7 +43,7 @@ from qfuse.passes.families import PATTERN_FAMILIES, family_module
 from qfuse.passes.fused_linear import PassContext
 from qfuse.passes.graph_utils import module_path
 from qfuse.passes.inductor_woq import reclaim_woq_int8
-from qfuse.passes.report import RECLAIMED, PassReport, count_ops, inductor_quantized_nodes, matmul_nodes
+from qfuse.passes.report import RECLAIMED, PassReport, count_ops, matmul_nodes, quantized_kernel_nodes
 from qfuse.passes.transaction import GraphSnapshot
 
 log = logging.getLogger("qfuse")
@@ -169,7 +169,7 @@ class QfusePass(CustomGraphPass):
             # ran before, and the linears taken back stay Inductor's dequantize + mm
             _reclaim_or_restore(graph, report)
         matmuls = {node.name: module_path(node) for node in matmul_nodes(graph)}
-        report.inductor_quantized = inductor_quantized_nodes(graph)
+        report.inductor_quantized, report.model_kernel_calls = quantized_kernel_nodes(graph)
         if self.config.debug:
             if not continued:  # the patterns once a graph; the graph before each stage
                 debug.write_patterns(self.config, report.graph_name, {family: describe(family) for family in configured})

@@ -83,6 +83,7 @@ class PassReport(RecordSelection):
     records: list[LinearRecord] = field(default_factory=list)
     float_matmuls: list[str] = field(default_factory=list)  # matmuls with no quantized operand
     inductor_quantized: list[str] = field(default_factory=list)  # linears Inductor's own passes already took
+    model_kernel_calls: list[str] = field(default_factory=list)  # quantized kernels the model calls itself (torchao's)
     reclaimed_from_inductor: list[str] = field(default_factory=list)  # mm nodes qfuse took back (`inductor_woq`)
     matches: Counter = field(default_factory=Counter)  # pattern name -> times applied
     ops_before: Counter = field(default_factory=Counter)  # op name -> count in the graph
@@ -134,6 +135,9 @@ class PassReport(RecordSelection):
             line += f"; {len(self.float_matmuls)} float matmul{'s' if len(self.float_matmuls) > 1 else ''} left alone"
         if self.inductor_quantized:
             line += f"; {len(self.inductor_quantized)} taken by Inductor's own quantization passes"
+        if self.model_kernel_calls:
+            count = len(self.model_kernel_calls)
+            line += f"; {count} quantized kernel call{'s' if count > 1 else ''} of the model's own left alone"
         if self.errors:
             line += f"; {len(self.errors)} internal error{'s' if len(self.errors) > 1 else ''} (left to Inductor)"
         return line
@@ -168,6 +172,9 @@ class PassReport(RecordSelection):
         if self.inductor_quantized:
             lines += ["", "taken by Inductor's own quantization passes before qfuse ran (freezing=True lowers PT2E "
                       "linears to oneDNN; weight-only int8 / int4 patterns): " + ", ".join(self.inductor_quantized)]
+        if self.model_kernel_calls:
+            lines += ["", "quantized kernels the model calls itself (e.g. torchao's packed int4 on CPU), left as they "
+                      "are: " + ", ".join(self.model_kernel_calls)]
         if self.errors:
             lines += ["", "internal errors (the graph was left as it was before the failing family):"]
             lines += [f"  {error}" for error in self.errors]
@@ -182,6 +189,7 @@ class PassReport(RecordSelection):
             "linears": [dataclasses.asdict(record) for record in self.records],
             "float_matmuls": self.float_matmuls,
             "inductor_quantized": self.inductor_quantized,
+            "model_kernel_calls": self.model_kernel_calls,
             "reclaimed_from_inductor": self.reclaimed_from_inductor,
             "matches": dict(self.matches),
             "errors": self.errors,
@@ -199,10 +207,17 @@ def matmul_nodes(graph) -> list:
     return [node for node in graph.nodes if node.op == "call_function" and str(node.target) in MATMUL_OPS]
 
 
-def inductor_quantized_nodes(graph) -> list[str]:
-    """'name (target)' of each node that Inductor's own quantization passes made of a linear."""
-    return [f"{node.name} ({getattr(node.target, '__name__', node.target)})" for node in graph.nodes
-            if node.op == "call_function" and any(op in _qualified_name(node.target) for op in INDUCTOR_QUANTIZED_OPS)]
+def quantized_kernel_nodes(graph) -> tuple[list[str], list[str]]:
+    """'name (target)' of each quantized kernel call in the graph (`INDUCTOR_QUANTIZED_OPS`): (those Inductor's
+    own quantization passes made of a linear, those the model called itself). A node the model's code
+    traced to is its own `original_aten` (torchao's int4 on CPU calls `_weight_int4pack_mm_for_cpu`);
+    one a pass made records the op it replaced there."""
+    made, called = [], []
+    for node in graph.nodes:
+        if node.op == "call_function" and any(op in _qualified_name(node.target) for op in INDUCTOR_QUANTIZED_OPS):
+            traced = str(node.meta.get("original_aten")) == str(node.target)
+            (called if traced else made).append(f"{node.name} ({getattr(node.target, '__name__', node.target)})")
+    return made, called
 
 
 def _qualified_name(target) -> str:

@@ -219,6 +219,20 @@ def test_torchao_int4_on_cpu_is_one_opaque_weight_int4pack_mm_for_cpu(dtype, thr
                absent={"aten.mm", "aten.addmm", "aten.bitwise_and", "prims.convert_element_type"})
 
 
+def test_qfuse_reports_torchaos_int4_cpu_call_as_the_models_own_kernel():
+    """torchao's CPU int4 linear calls `_weight_int4pack_mm_for_cpu` itself: qfuse leaves it and says the
+    model called it (it was reported as taken by Inductor's quantization passes, which it was not)."""
+    import qfuse
+
+    model = build(wo.torchao_int4_cpu, BF16)
+    x = wo.example_input(128, BF16)
+    with torch.no_grad():
+        (report,) = qfuse.explain(model, x).reports
+    assert not report.records and not report.inductor_quantized, report.table()
+    assert len(report.model_kernel_calls) == 1 and "_weight_int4pack_mm_for_cpu" in report.model_kernel_calls[0]
+    assert "1 quantized kernel call of the model's own left alone" in report.headline(), report.headline()
+
+
 # --- 3. GPTQ / compressed-tensors pack-quantized int4 ------------------------------------------------------
 
 UNPACK_ALONG_K = {"aten.unsqueeze", "aten.__rshift__.Tensor", "aten.bitwise_and.Scalar", "aten.reshape"}
