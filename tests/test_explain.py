@@ -140,3 +140,17 @@ def test_one_record_per_linear_whichever_families_passed_it_over():
     report.add(LinearRecord(node="addmm", family="later", fused=True, pattern="p", scheme="s", kernel="k"))
     (fused,) = report.records
     assert "passed over by int4_weight_only: no kernel can run it" in fused.note and "group scales" in fused.note
+
+
+def test_a_float_linear_of_an_activation_read_from_integers_is_a_float_matmul():
+    """Only the weight operand is followed back to stored integers: image pixels stored as uint8 and scaled
+    to float feed a float linear, which stays a float matmul (no `unrecognised` near miss)."""
+    linear = torch.nn.Linear(48, 8)
+
+    def model(pixels):
+        return linear(pixels.float() / 255)
+
+    pixels = torch.randint(0, 256, (4, 48), dtype=torch.uint8)
+    with torch.no_grad():
+        (report,) = qfuse.explain(model, pixels).reports
+    assert not report.records and len(report.float_matmuls) == 1, report.table()

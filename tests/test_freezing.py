@@ -119,3 +119,16 @@ def test_a_training_graph_is_not_taken_in_the_joint_stage():
     inference = torch.fx.Graph()
     inference.placeholder("arg0_1")
     assert not _is_training_graph(inference)
+
+
+def test_a_near_miss_of_the_joint_stage_is_no_float_matmul_of_the_post_grad_stage():
+    """Under freezing the joint stage records AWQ's bf16 linear as a near miss (no CPU kernel); the post-grad
+    stage sees the same linear as a new addmm node, computed from the stored int32 words that freezing keeps:
+    it is no float matmul (it was listed as one beside the near miss)."""
+    model, x = FORMS["awq"][0](), FORMS["awq"][1]()
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(freezing=True), pass_skipping_caches_off(), torch.no_grad():
+        marker = qfuse.graphs_compiled()
+        torch.compile(model, backend="qfuse")(x)
+    (report,) = qfuse.reports_since(marker)
+    assert len(report.near_misses) == 1 and not report.float_matmuls, report.table()

@@ -29,6 +29,42 @@ CONVERT_OPS = (prims.convert_element_type.default, aten._to_copy.default)
 CONSTANT_OPS = (aten.full.default, aten.ones.default)
 
 
+#: dtypes quantized weights are stored in (not int64 or bool: indices, positions and masks are)
+STORED_QUANTIZED_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.float8_e4m3fn,
+                           torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+#: where a stored tensor's values stop being followed: products of other matmuls (an earlier layer's
+#: output) and convolutions
+_PRODUCTS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten._int_mm.default,
+             aten._scaled_mm.default, aten.convolution.default)
+#: gathers, whose indices are positions, not values: only their data operand (the first) is followed
+_GATHERS = (aten.index.Tensor, aten.embedding.default, aten.gather.default, aten.index_select.default)
+
+
+def stored_quantized_sources(node: Any, limit: int = 64) -> list[Node]:
+    """The stored tensors (graph inputs, constants) of a quantized dtype (`STORED_QUANTIZED_DTYPES`, at
+    least 2D) whose values reach `node` through the graph's own ops: a dequantize written in the
+    graph. Not followed: matmuls' outputs, custom ops (qfuse's fused linears), the indices of a
+    gather. At most `limit` nodes are looked at."""
+    found, seen, frontier = [], set(), [node]
+    while frontier and len(seen) < limit:
+        current = frontier.pop()
+        if not isinstance(current, Node) or current in seen:
+            continue
+        seen.add(current)
+        if current.op in ("placeholder", "get_attr"):
+            value = fake_value(current)
+            if value is not None and value.dtype in STORED_QUANTIZED_DTYPES and value.dim() >= 2:
+                found.append(current)
+            continue
+        if current.op != "call_function" or not isinstance(current.target, torch._ops.OpOverload):
+            continue
+        if current.target.namespace not in ("aten", "prims") or current.target in _PRODUCTS:
+            continue
+        inputs = current.args[:1] if current.target in _GATHERS else current.all_input_nodes
+        frontier.extend(inputs)
+    return found
+
+
 def is_call(node: Any, *targets) -> bool:
     """`node` is a call of one of `targets`."""
     return isinstance(node, Node) and node.op == "call_function" and node.target in targets

@@ -41,9 +41,10 @@ from qfuse.config import QfuseConfig
 from qfuse.errors import contain_internal_error
 from qfuse.passes.families import PATTERN_FAMILIES, family_module
 from qfuse.passes.fused_linear import PassContext
-from qfuse.passes.graph_utils import module_path
+from qfuse.passes.graph_utils import dtype_of, module_path, shape_of, stored_quantized_sources
 from qfuse.passes.inductor_woq import reclaim_woq_int8
-from qfuse.passes.report import RECLAIMED, PassReport, count_ops, matmul_nodes, quantized_kernel_nodes
+from qfuse.passes.report import (RECLAIMED, LinearRecord, PassReport, count_ops, matmul_nodes,
+                                 quantized_kernel_nodes, weight_operand)
 from qfuse.passes.transaction import GraphSnapshot
 
 log = logging.getLogger("qfuse")
@@ -95,6 +96,34 @@ def _run_family_or_restore(family: str, graph: torch.fx.Graph, context: PassCont
         snapshot.restore()
         rollback_report()
         context.report.errors.append(contain_internal_error(f"pattern family {family}", error, "the graph is left as it was before it"))
+
+
+UNRECOGNISED = "unrecognised"  # the family name of a quantized linear no family read
+
+
+def _account_for_quantized_matmuls(graph: torch.fx.Graph, report: PassReport, matmuls: dict[str, str],
+                                   continued: bool) -> set[str]:
+    """The names of the matmuls no family recorded whose weight operand (the right one; an activation read
+    from stored integers, as image pixels are, is data) is computed from stored quantized tensors
+    (`stored_quantized_sources`): quantized linears, not float matmuls. Each gets a near miss (a form
+    qfuse does not know: a 3-bit unpack, another packing), except in the post-grad stage of a freezing
+    compile: its matmuls are new nodes, and the joint stage already recorded the linears it read
+    (Inductor's own PT2E lowering takes the others), so there they are only kept off the float list."""
+    by_name = {node.name: node for node in graph.nodes}
+    quantized = set()
+    for name, module in matmuls.items():
+        if name not in by_name or report.record_for(name):
+            continue
+        if sources := stored_quantized_sources(weight_operand(by_name[name])):
+            quantized.add(name)
+            if continued:
+                continue
+            stored = ", ".join(f"{str(dtype_of(source)).removeprefix('torch.')} {list(shape_of(source))}" for source in sources)
+            report.add(LinearRecord(
+                node=name, module=module, family=UNRECOGNISED, fused=False,
+                reason=f"the weight operand is computed from stored quantized tensors ({stored}) by ops no qfuse form "
+                       "matches (docs/forms.md lists the forms); left to Inductor"))
+    return quantized
 
 
 def _reclaim_or_restore(graph: torch.fx.Graph, report: PassReport) -> None:
@@ -188,9 +217,9 @@ class QfusePass(CustomGraphPass):
             if (record := report.record_for(name)) is not None:
                 record.add_note(RECLAIMED)
         report.ops_after = count_ops(graph)
-        report.float_matmuls = [
-            f"{name} ({module})" if module else name for name, module in matmuls.items() if not report.record_for(name)
-        ]
+        quantized = _account_for_quantized_matmuls(graph, report, matmuls, continued)
+        report.float_matmuls = [f"{name} ({module})" if module else name for name, module in matmuls.items()
+                                if not report.record_for(name) and name not in quantized]
         _recent_reports.append(report)
         if report.records:
             log.info(report.headline())

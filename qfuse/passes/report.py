@@ -203,6 +203,11 @@ def count_ops(graph) -> Counter:
     return Counter(str(node.target) for node in graph.nodes if node.op == "call_function")
 
 
+def weight_operand(matmul):
+    """The right operand of a matmul node of `MATMUL_OPS` (addmm's and baddbmm's third argument)."""
+    return matmul.args[2] if "addmm" in str(matmul.target) or "baddbmm" in str(matmul.target) else matmul.args[1]
+
+
 def matmul_nodes(graph) -> list:
     return [node for node in graph.nodes if node.op == "call_function" and str(node.target) in MATMUL_OPS]
 

@@ -162,3 +162,47 @@ def test_forms_not_taken_are_named_and_stay_correct(form):
                     if record.family == "int4_weight_only" or "int4_weight_only" in record.note]
     assert int4_records and not any(record.fused and record.family == "int4_weight_only" for record in int4_records)
     assert any(reason in record.reason + record.note for record in int4_records), explanation
+
+
+class _GptqVariant(torch.nn.Module):
+    """The GPTQ form (`wo.gptq_packed_int4`'s stored tensors, groups of 32) with one change to its dequantize."""
+
+    def __init__(self, variant: str):
+        super().__init__()
+        self.base, self.variant = wo.gptq_packed_int4(BF16, group_size=32), variant
+        if variant == "float32-scales":
+            self.base.scales = self.base.scales.float()
+
+    def forward(self, x):
+        base, variant = self.base, self.variant
+        n = base.qweight.shape[0]
+        q = ((base.qweight.unsqueeze(-1) >> base.shifts) & (0x7 if variant == "three-bit-mask" else 0xF)).reshape(n, -1)
+        k, g = q.shape[1], base.group_size
+        scales = base.scales.abs() if variant == "scales-per-call" else base.scales
+        w = ((q - (7 if variant == "offset-7" else 8)).reshape(n, k // g, g) * scales.unsqueeze(-1)).reshape(n, k)
+        out = torch.nn.functional.linear(x, w.to(x.dtype), base.bias)
+        return out + w.sum() if variant == "two-users" else out
+
+
+RECOGNITION_NEAR_MISSES = {
+    "offset-7": ("int4_weight_only", "its zero point is neither the uint4 offset 8 nor int32 [N / 8, K / g] zero points"),
+    "scales-per-call": ("int4_weight_only", "its scales are computed on every call"),
+    "float32-scales": ("int4_weight_only", "its scales are torch.float32 and the activation torch.bfloat16"),
+    "two-users": ("int4_weight_only", "the dequantized weight has 2 users"),
+    "three-bit-mask": ("unrecognised", "the weight operand is computed from stored quantized tensors (int32 [128, 32])"),
+}
+
+
+@pytest.mark.parametrize("variant", list(RECOGNITION_NEAR_MISSES))
+def test_a_dequantize_that_is_no_int4_scheme_is_a_near_miss_with_its_reason(variant):
+    """Unpacked words whose dequantize differs from every int4 scheme in one way are not rewritten; explain
+    names the linear and why. A weight unpacked by a mask of 0x7 matches no form at all: it is still named
+    as a quantized linear (computed from stored int32 words), not counted as a float matmul."""
+    model = _GptqVariant(variant)
+    x = wo.example_input(256, BF16)
+    eager, out, explanation = eager_compiled_and_explained(model, x)
+    assert_close_relative(out, eager)
+    family, reason = RECOGNITION_NEAR_MISSES[variant]
+    (record,) = explanation.records
+    assert not record.fused and record.family == family and reason in record.reason, explanation
+    assert not explanation.reports[-1].float_matmuls
