@@ -154,3 +154,18 @@ def test_a_float_linear_of_an_activation_read_from_integers_is_a_float_matmul():
     with torch.no_grad():
         (report,) = qfuse.explain(model, pixels).reports
     assert not report.records and len(report.float_matmuls) == 1, report.table()
+
+
+def test_a_switched_off_family_is_named_in_the_unrecognised_reason():
+    """With the int4 family off by `patterns`, a GPTQ linear is still named as a quantized linear, and the
+    reason says which families the configuration did not run."""
+    from qfuse.passes.families import PATTERN_FAMILIES
+    from tests.peers.weight_only_models import example_input, gptq_packed_int4
+
+    model = gptq_packed_int4(torch.bfloat16, group_size=32)
+    x = example_input(256, torch.bfloat16)
+    patterns = [family for family in PATTERN_FAMILIES if family != "int4_weight_only"]
+    with torch.no_grad():
+        (report,) = qfuse.explain(model, x, options={"patterns": patterns}).reports
+    (record,) = report.records
+    assert record.family == "unrecognised" and "not run, by the configuration's `patterns`: int4_weight_only" in record.reason

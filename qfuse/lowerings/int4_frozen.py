@@ -48,9 +48,8 @@ def _constant_value(node) -> torch.Tensor | None:
     return None
 
 
-def _prepared_on_constants(call: Int4WeightOnlyMmArgs):
-    """The kernel's prepared weight, made now from the call's weight tensors, where freezing made every
-    one of them a graph constant; else None."""
+def _constant_weight(call: Int4WeightOnlyMmArgs) -> dict | None:
+    """The call's weight tensors by field, where freezing made every one of them a graph constant; else None."""
     if not inductor_config.freezing:
         return None
     node = V.graph.current_node
@@ -62,6 +61,13 @@ def _prepared_on_constants(call: Int4WeightOnlyMmArgs):
         node = getattr(fx_call, field)
         if node is not None and (values.setdefault(field, _constant_value(node)) is None):
             return None
+    return values
+
+
+def _prepared(call: Int4WeightOnlyMmArgs, values: dict | None):
+    """The kernel's prepared weight, made now from the constant weight tensors `values` (None: None)."""
+    if values is None:
+        return None
     with unset_fake_temporarily():  # real tensors: the preparation runs now, once
         _, weight = prepared_int4_weight(call.kernel, values["packed"], values.get("shifts"), values["scales"],
                                          values.get("packed_zeros"), call.group_size, values.get("g_idx"),
@@ -74,7 +80,7 @@ def frozen_weight(call: Int4WeightOnlyMmArgs):
     weight tensors are graph constants, and that preparation is ATen's int4pack layout; else None."""
     if call.kernel != "torch" or call.x.get_device().type != "cpu":
         return None
-    weight = _prepared_on_constants(call)
+    weight = _prepared(call, _constant_weight(call))
     return weight if weight is not None and weight.packing == PACKING else None
 
 
@@ -104,10 +110,12 @@ def act_order_on_constants(call: Int4WeightOnlyMmArgs, x2d, rows, max_rows: int)
     then multiplies a dense weight: left to its extern call's rule)."""
     from qfuse.kernels.triton import INT4_PACKING, INT4_ZEROS_MINUS_ONE
 
-    if (not inductor_config.freezing or call.g_idx is None or call.kernel != "triton"
-            or call.x.get_device().type != "cuda" or not rows_at_most(rows, max_rows)):
+    if call.g_idx is None or call.kernel != "triton" or call.x.get_device().type != "cuda":
         return None
-    weight = _prepared_on_constants(call)
+    values = _constant_weight(call)
+    if values is None or not rows_at_most(rows, max_rows):  # a dynamic M guarded only where the sort would run
+        return None
+    weight = _prepared(call, values)
     if weight is None or weight.packing not in (INT4_PACKING, INT4_ZEROS_MINUS_ONE):
         return None
     constant = V.graph.add_tensor_constant

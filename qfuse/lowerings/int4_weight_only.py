@@ -51,8 +51,8 @@ Act order has two ways onto qfuse's kernels, both on a weight sorted by group on
   first call (`prepared_int4_weight`) and runs at capture only, so a replay is the gather and the
   eager kernel.
 On an H100 (AutoGPTQ with act order, 4096 x 4096, session 23, docs/benchmarks.md) that took the GPU
-time at M = 1 / 16 / 64 from Inductor's 32-33 µs to 13.7 / 14.2 / 18.3 under freezing, and per call
-under CUDA graphs from 33-35 to 25-27 µs at M = 1 / 16 (at 64 rows 32 against 34, at 256 rows 57 against
+time at M = 1 / 16 / 64 from Inductor's 32-33 µs to 13.8 / 14.2 / 18.2 under freezing, and per call
+under CUDA graphs from 33.4 / 34.2 to 24.5 / 26.3 µs at M = 1 / 16 (at 64 rows 32 against 34, at 256 rows 57 against
 42: the eager path stops at decode). Above those rows the sorted weight was slower than the gathers
 (80 against 68 µs at M = 1024 under freezing).
 

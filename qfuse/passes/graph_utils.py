@@ -32,10 +32,15 @@ CONSTANT_OPS = (aten.full.default, aten.ones.default)
 #: dtypes quantized weights are stored in (not int64 or bool: indices, positions and masks are)
 STORED_QUANTIZED_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.float8_e4m3fn,
                            torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
-#: where a stored tensor's values stop being followed: products of other matmuls (an earlier layer's
-#: output) and convolutions
-_PRODUCTS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten._int_mm.default,
-             aten._scaled_mm.default, aten.convolution.default)
+#: where a stored tensor's values stop being followed: any product (an earlier layer's output, whatever
+#: kernel made it: `mm`, `_int_mm`, `_scaled_mm(_v2)`, `_weight_int4pack_mm_for_cpu`, ...), and convolutions
+_PRODUCT_SUFFIXES = ("mm", "mm_v2", "mm_for_cpu", "mv", "dot", "linear")
+_PRODUCT_PREFIXES = ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_")
+
+
+def _is_product(op: torch._ops.OpOverload) -> bool:
+    name = op._opname
+    return name.endswith(_PRODUCT_SUFFIXES) or name.startswith(_PRODUCT_PREFIXES)
 #: gathers, whose indices are positions, not values: only their data operand (the first) is followed
 _GATHERS = (aten.index.Tensor, aten.embedding.default, aten.gather.default, aten.index_select.default)
 
@@ -58,7 +63,7 @@ def stored_quantized_sources(node: Any, limit: int = 64) -> list[Node]:
             continue
         if current.op != "call_function" or not isinstance(current.target, torch._ops.OpOverload):
             continue
-        if current.target.namespace not in ("aten", "prims") or current.target in _PRODUCTS:
+        if current.target.namespace not in ("aten", "prims") or _is_product(current.target):
             continue
         inputs = current.args[:1] if current.target in _GATHERS else current.all_input_nodes
         frontier.extend(inputs)

@@ -99,30 +99,35 @@ def _run_family_or_restore(family: str, graph: torch.fx.Graph, context: PassCont
 
 
 UNRECOGNISED = "unrecognised"  # the family name of a quantized linear no family read
+LINEAR_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
 def _account_for_quantized_matmuls(graph: torch.fx.Graph, report: PassReport, matmuls: dict[str, str],
-                                   continued: bool) -> set[str]:
-    """The names of the matmuls no family recorded whose weight operand (the right one; an activation read
-    from stored integers, as image pixels are, is data) is computed from stored quantized tensors
-    (`stored_quantized_sources`): quantized linears, not float matmuls. Each gets a near miss (a form
-    qfuse does not know: a 3-bit unpack, another packing), except in the post-grad stage of a freezing
-    compile: its matmuls are new nodes, and the joint stage already recorded the linears it read
-    (Inductor's own PT2E lowering takes the others), so there they are only kept off the float list."""
+                                   record: bool, families_off: list[str]) -> set[str]:
+    """The names of the linears (mm, addmm) no family recorded whose weight operand (the right one: an
+    activation read from stored integers, as image pixels are, is data) is computed from stored
+    quantized tensors (`stored_quantized_sources`): quantized linears, not float matmuls. With `record`,
+    each gets a near miss (a form qfuse does not read: a 3-bit unpack, another packing; or one of a family
+    the configuration switched off). Batched matmuls are not looked at: attention's read KV caches and
+    rotary embeddings' positions, which are no linears. Under freezing the joint stage records them,
+    where the dequantizes are whole; the post-grad stage's matmuls are new nodes of the same linears,
+    which it only keeps off the float list."""
     by_name = {node.name: node for node in graph.nodes}
     quantized = set()
     for name, module in matmuls.items():
-        if name not in by_name or report.record_for(name):
+        node = by_name.get(name)
+        if node is None or node.target not in LINEAR_MATMULS or report.record_for(name):
             continue
-        if sources := stored_quantized_sources(weight_operand(by_name[name])):
+        if sources := stored_quantized_sources(weight_operand(node)):
             quantized.add(name)
-            if continued:
+            if not record:
                 continue
             stored = ", ".join(f"{str(dtype_of(source)).removeprefix('torch.')} {list(shape_of(source))}" for source in sources)
+            off = f"; not run, by the configuration's `patterns`: {', '.join(families_off)}" if families_off else ""
             report.add(LinearRecord(
                 node=name, module=module, family=UNRECOGNISED, fused=False,
                 reason=f"the weight operand is computed from stored quantized tensors ({stored}) by ops no qfuse form "
-                       "matches (docs/forms.md lists the forms); left to Inductor"))
+                       f"matches (docs/forms.md lists the forms){off}; left to Inductor"))
     return quantized
 
 
@@ -210,14 +215,16 @@ class QfusePass(CustomGraphPass):
                 step = configured.index(family) + 1
                 debug.dump_graph(self.config, report.graph_name, f"{step}_after_{family}", graph)
         graph.lint()
+        families_off = [family for family in PATTERN_FAMILIES if family not in configured]
         if self.stage == "joint":  # the post-grad stage finishes the report
+            _account_for_quantized_matmuls(graph, report, matmuls, True, families_off)
             _report_in_progress.report = report
             return
         for name in report.reclaimed_from_inductor:
             if (record := report.record_for(name)) is not None:
                 record.add_note(RECLAIMED)
         report.ops_after = count_ops(graph)
-        quantized = _account_for_quantized_matmuls(graph, report, matmuls, continued)
+        quantized = _account_for_quantized_matmuls(graph, report, matmuls, not continued, families_off)
         report.float_matmuls = [f"{name} ({module})" if module else name for name, module in matmuls.items()
                                 if not report.record_for(name) and name not in quantized]
         _recent_reports.append(report)

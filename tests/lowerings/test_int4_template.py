@@ -117,15 +117,16 @@ def _act_order_model(form: str, group_size: int):
                             in_features=512).cuda()
 
 
-@pytest.mark.parametrize("rows", [1, 3, 40, 300])
+@pytest.mark.parametrize("lead", [(1,), (3,), (2, 20), (300,)], ids=["M1", "M3", "3D_M40", "M300"])
 @pytest.mark.parametrize("group_size", [64, 128], ids=["words", "planes"])
 @pytest.mark.parametrize("form", ["act_order_zeros_minus_one", "autogptq_act_order"])
-def test_act_order_under_freezing_runs_the_template_on_the_weight_sorted_at_compile_time(form, group_size, rows):
+def test_act_order_under_freezing_runs_the_template_on_the_weight_sorted_at_compile_time(form, group_size, lead):
     """Under freezing the act-order weight is a constant: sorted by group at compile time, it is the plain
     form, which the templates take at their rows (planes up to 256, words up to 16) with the activation
     gathered in Inductor's code; above, Inductor's dequantize + mm of the sorted weight (no per-column gathers)."""
     model = _act_order_model(form, group_size)
-    x = torch.randn(rows, 512, device="cuda", dtype=BF16)
+    x = torch.randn(*lead, 512, device="cuda", dtype=BF16)
+    rows = x.numel() // 512
     with torch._inductor.config.patch(freezing=True), torch.no_grad():
         out, code, report = compile_and_get_code(model, x)
         assert_close_to_eager(out, model, x)
