@@ -78,7 +78,8 @@ from qfuse.schemes import INT4_OFFSET
 
 aten, prims = torch.ops.aten, torch.ops.prims
 ACT_ORDER = ("a g_idx: act order gathers every column's scale and zero point, which made the template 0.44x "
-             "Inductor's code at decode on an H100; under freezing or CUDA graphs the weight is sorted by group once")
+             "Inductor's code at decode on an H100; a weight sorted by group once is read instead under freezing up to "
+             "the template's rows and under CUDA graphs at M <= 16")
 ACT_ORDER_SORTED_ONCE = ("act order under CUDA graphs: the weight sorted by group on the first call, the "
                          "activation gathered, the eager Triton kernel; a replay runs no Python")
 
