@@ -44,7 +44,7 @@ autotuned templates under max-autotune), on any device. That is what Inductor co
 and it beats the template there (docs/benchmarks.md, gpu_weight_only).
 
 Act order has two ways onto qfuse's kernels, both on a weight sorted by group once:
-- under freezing, at the rows a template takes the sorted weight (`_sorted_rows`: planes up to 256,
+- under freezing, at the rows a template takes the sorted weight (`_template_bounds`: planes up to 256,
   words up to 16), the weight is a constant: it is sorted at compile time and the call becomes the
   plain form on the sorted words, the activation gathered in Inductor's code (`int4_frozen.act_order_on_constants`);
 - under CUDA graphs, at decode (M <= 16), the op's extern call: its Python sorts the weight on the
@@ -145,14 +145,6 @@ def _template_bounds(call: Int4WeightOnlyMmArgs, k: int) -> list[int]:
     return [DECODE_ROWS, *BATCHED_TILES] if call.packed_along_n or _is_int8_storage(call) else [DECODE_ROWS]
 
 
-def _sorted_rows(call: Int4WeightOnlyMmArgs, k: int) -> int:
-    """The most rows a template takes this act-order weight at once it is sorted by group (no g_idx):
-    the plane template's where it takes the weight, else the words template's decode rows."""
-    from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS, takes_planes
-
-    return PLANE_MAX_ROWS if takes_planes(k, call.group_size, call.packed_along_n, _is_int8_storage(call)) else DECODE_ROWS
-
-
 def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
     """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call.
     M is looked at (and a dynamic M guarded) only for a call that can be lowered at all."""
@@ -177,7 +169,8 @@ def lower_int4_weight_only_mm(*args, **kwargs):
     x2d = lower(aten.reshape.default, call.x, [rows, k])
     if (weight := frozen_weight(call)) is not None:
         return lower(aten.reshape.default, int4pack_on_constants(call, weight, x2d), [*lead, weight.n])
-    sorted_call = act_order_on_constants(call, x2d, rows, _sorted_rows(call, int(k)))
+    # up to the rows a template takes the weight at once it is sorted (act order's g_idx gone)
+    sorted_call = act_order_on_constants(call, x2d, rows, _template_bounds(call._replace(g_idx=None), int(k))[-1])
     if sorted_call is not None:  # from here on the call is the plain form on the sorted weight, x2d gathered
         call, x2d = sorted_call, sorted_call.x
     n = int(call.scales.get_size()[0])

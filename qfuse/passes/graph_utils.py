@@ -36,13 +36,13 @@ STORED_QUANTIZED_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, to
 #: kernel made it: `mm`, `_int_mm`, `_scaled_mm(_v2)`, `_weight_int4pack_mm_for_cpu`, ...), and convolutions
 _PRODUCT_SUFFIXES = ("mm", "mm_v2", "mm_for_cpu", "mv", "dot", "linear")
 _PRODUCT_PREFIXES = ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_")
+#: gathers, whose indices are positions, not values: only their data operand (the first) is followed
+_GATHERS = (aten.index.Tensor, aten.embedding.default, aten.gather.default, aten.index_select.default)
 
 
 def _is_product(op: torch._ops.OpOverload) -> bool:
     name = op._opname
     return name.endswith(_PRODUCT_SUFFIXES) or name.startswith(_PRODUCT_PREFIXES)
-#: gathers, whose indices are positions, not values: only their data operand (the first) is followed
-_GATHERS = (aten.index.Tensor, aten.embedding.default, aten.gather.default, aten.index_select.default)
 
 
 def stored_quantized_sources(node: Any, limit: int = 64) -> list[Node]:

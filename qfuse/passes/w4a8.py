@@ -56,10 +56,10 @@ def with_int8_activation(linear: FusedLinear, x2d: Node, has_weight_zero_point: 
         return linear.noted(f"the activation is a {dtype_name(activation.dtype)} fake quant; W4A8 kernels take int8")
     if not (isinstance(activation.zero_point, int) and activation.zero_point == 0):
         return linear.noted("the activation is an int8 fake quant with a zero point; W4A8 kernels take symmetric "
-                              "int8 activations")
+                            "int8 activations")
     if has_weight_zero_point:
         return linear.noted("the activation is a symmetric int8 fake quant (W4A8), but the weight subtracts stored "
-                              "zero points; W4A8 kernels take symmetric int4 weights")
+                            "zero points; W4A8 kernels take symmetric int4 weights")
     a, _ = activation_operand(activation, view_shape)
     weight_only = linear.scheme
     scheme = QuantScheme(
