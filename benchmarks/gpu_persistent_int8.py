@@ -7,7 +7,7 @@ Eager launches of `scaled_mm.triton_scaled_mm` (its table's tile) and of
 (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}; cuBLAS's `_int_mm` (no scales) beside them.
 GPU µs per call (`qfuse.bench.kernel_ms`: do_bench's median, the L2 emptied before each call).
 What it decides: `persistent_mm.CONFIGS["int8"]` and `MIN_M["int8"]`, the M from which the template
-(`qfuse.lowerings.triton_template`) runs the persistent kernel. --quick: M = 4096, one shape.
+(`qfuse.lowerings.triton.template`) runs the persistent kernel. --quick: M = 4096, one shape.
 """
 
 from __future__ import annotations

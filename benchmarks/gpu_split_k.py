@@ -1,7 +1,7 @@
 """Split K in qfuse's W8A8 template at small M: how many programs a multiprocessor to aim for.
 
-Up to `triton_template.SPLIT_K_MAX_ROWS` rows the template's few column blocks (N = 4096: 64 to 128
-on an H100) each stream the weight down the whole K; `triton_template.k_splits` splits K until the
+Up to `lowerings.triton.template.SPLIT_K_MAX_ROWS` rows the template's few column blocks (N = 4096: 64 to 128
+on an H100) each stream the weight down the whole K; `lowerings.triton.template.k_splits` splits K until the
 grid holds `SPLIT_K_PROGRAMS_PER_SM` programs a multiprocessor. This script compiles
 `gpu_linear.QuantLinear` (the reference-form dynamic per-token linear, int8 and fp8) per M and
 shape, with Inductor and with qfuse's `triton` kernel forced (QFUSE_KERNEL: on Hopper fp8 above 16
@@ -29,7 +29,7 @@ from qfuse.bench import add_output_arguments, format_table, out_path, progress, 
 
 
 def case_rows(dtype, m: int, n: int, k: int, targets: list[float]) -> list[dict]:
-    from qfuse.lowerings import triton_template
+    from qfuse.lowerings.triton import template as triton_template
 
     label = {"dtype": "int8" if dtype == torch.int8 else "fp8", "m": m, "n": n, "k": k}
     model = QuantLinear(n, k, dtype)

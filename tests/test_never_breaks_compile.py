@@ -71,7 +71,7 @@ def test_recognising_a_linear(monkeypatch):
 
 
 def test_choosing_the_kernel(monkeypatch):
-    monkeypatch.setattr(fused_linear, "choose_kernel", raise_injected)
+    monkeypatch.setattr(fused_linear.KernelRequest, "choose", raise_injected)
     assert_not_fused_because_of_the_fault(*compile_with_fault())
 
 
@@ -118,9 +118,9 @@ def test_a_whole_family_after_it_changed_the_graph(monkeypatch):
 
 
 def test_the_inductor_lowering(monkeypatch):
-    from qfuse.lowerings import scaled_mm
+    from qfuse.lowerings import dispatch
 
-    monkeypatch.setattr(scaled_mm, "_splits_onednn_epilogue", raise_injected)
+    monkeypatch.setattr(dispatch, "_kernel_of_bucket", raise_injected)
     report, internal_warnings = compile_with_fault()
     (record,) = report.records
     assert record.fused and record.lowered.startswith("extern call (qfuse internal error")
@@ -128,7 +128,7 @@ def test_the_inductor_lowering(monkeypatch):
 
 
 def test_warns_once_per_distinct_failure(monkeypatch):
-    monkeypatch.setattr(fused_linear, "choose_kernel", raise_injected)
+    monkeypatch.setattr(fused_linear.KernelRequest, "choose", raise_injected)
     _, first = compile_with_fault()
     torch._dynamo.reset()
     _, second = compile_with_fault()

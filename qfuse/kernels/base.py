@@ -107,6 +107,12 @@ class Kernel(abc.ABC):
         return (f"the weight ({key.k} x {key.n}) is below {self.min_weight_elements:,} elements, where its per-call "
                 "cost outweighs its faster GEMM: Inductor's own GEMM is faster (measured, docs/benchmarks.md)")
 
+    def speed_row_bounds(self, key: GemmKey, platform: Platform) -> tuple[int, ...]:
+        """The M values at which `why_slower_here`'s verdict on `key` changes (it is the same for every M
+        between two of them): where M is dynamic, the lowering asks kernel choice again per bucket
+        (`registry.KernelRequest.choose_by_rows`). A kernel whose rule looks at M declares its steps here."""
+        return ()
+
     def prepare_weight(
         self, b: torch.Tensor, scale_b: torch.Tensor | None, azp_b: torch.Tensor | None
     ) -> PreparedWeight:

@@ -56,7 +56,7 @@ def rowwise_slow_max_rows(platform: Platform) -> int:
     """Up to how many rows an fp8 linear runs faster on a later kernel than here (0: none): the
     decode rows, 16, where the Triton decode template is faster, and on Hopper up to 128, where
     cuBLAS is (`aten_rowwise_slow_max_rows`). Kernel choice asks it for a static M, the lowering
-    (`qfuse.lowerings.scaled_mm`) for a dynamic one."""
+    (`qfuse.lowerings.dispatch`) for each bucket of a dynamic one."""
     if cutlass_backend(platform) != "aten":
         return 0
     return max(DECODE_ROWS, aten_rowwise_slow_max_rows(platform))
@@ -91,6 +91,10 @@ class CutlassKernel(Kernel):
         if key.m is not None and key.m <= rowwise_slow_max_rows(platform) and key.scheme.activation_dtype == FP8_DTYPE:
             return f"at M = {key.m} {fp8_small_m_yields(platform)}"
         return super().why_slower_here(key, platform)
+
+    def speed_row_bounds(self, key: GemmKey, platform: Platform) -> tuple[int, ...]:
+        bound = rowwise_slow_max_rows(platform)
+        return (bound,) if bound and key.scheme.activation_dtype == FP8_DTYPE else ()
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
         """Column-major [K16, N16] weight (zero padded) and a float32 [1, N16] or [] scale."""

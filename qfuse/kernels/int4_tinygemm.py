@@ -24,6 +24,8 @@ not seen (docs/kernels.md).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from qfuse.kernels.prepared import PreparedWeight
@@ -44,6 +46,11 @@ def wins_here(key, platform) -> bool:
             and platform.capability >= MIN_CAPABILITY and key.scheme.activation_dtype == torch.bfloat16
             and not key.weight_zero_point and key.weight_scale_dtype == SCALE_DTYPE
             and key.scheme.weight_group_size in GROUP_SIZES)
+
+
+def row_bounds(key, platform) -> tuple[int, ...]:
+    """Where `wins_here`'s verdict on `key` changes with M: (1,) where it takes M = 1, else ()."""
+    return (1,) if wins_here(dataclasses.replace(key, m=1), platform) else ()
 
 
 def _inner_k_tiles(k: int) -> int:

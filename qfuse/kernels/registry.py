@@ -4,14 +4,20 @@ Priority lists are per platform; the first kernel that is supported on the machi
 implement the key (its capability table, then its `can_implement`) and is not measured slower here
 than a later kernel (`Kernel.why_slower_here`: a weight too small for its per-call cost, a decode
 or prefill M where another GPU kernel is faster) wins; one measured slower than Inductor's own code
-(`Kernel.why_inductor_is_faster`) leaves the linear to Inductor. A forced kernel skips both speed rules. `reference` is in no list: it is slow emulation, used only when forced.
-Every kernel that was passed over is returned with its reason, so debug mode can show it.
+(`Kernel.why_inductor_is_faster`) leaves the linear to Inductor. A forced kernel skips both speed rules.
+`reference` is in no list: it is slow emulation, used only when forced. Every kernel that was passed
+over is returned with its reason, so debug mode can show it.
+
+The same choice serves a static M (the passes ask `KernelRequest.choose`) and a dynamic one (the
+lowerings ask `KernelRequest.choose_by_rows` once M's bucket is known): the speed rules that look at
+M declare where their verdict changes (`Kernel.speed_row_bounds`), and a bucket is chosen for at its
+largest M, so both ways read one set of rules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from qfuse.errors import QfuseUserError
 from qfuse.kernels.aiter import AiterKernel
@@ -126,3 +132,42 @@ def choose_kernel(
         del rejected[slower[0].name]
         return KernelChoice(slower[0], rejected)
     return KernelChoice(None, rejected)
+
+
+@dataclass(frozen=True)
+class KernelRequest:
+    """One linear's question to kernel choice, kept so that it can be asked again at another M: the key
+    and the configuration's constraints (`choose_kernel`'s keywords)."""
+
+    key: GemmKey
+    forced: str | None = None
+    preference: tuple[str, ...] = ()
+    disabled: tuple[str, ...] = ()
+
+    def choose(self, platform: Platform, m: int | None = None) -> KernelChoice:
+        """`choose_kernel` for this request, at `m` rows where given (else the key's M)."""
+        key = self.key if m is None else replace(self.key, m=m)
+        return choose_kernel(key, platform, forced=self.forced, preference=self.preference, disabled=self.disabled)
+
+    def row_bounds(self, platform: Platform) -> tuple[int, ...]:
+        """The ascending M bounds at which a kernel that can run this request changes its speed verdict."""
+        if self.forced is not None:
+            return ()
+        names = [name for name in self.preference or priority_list(platform) if name not in self.disabled]
+        return tuple(sorted({bound for name in names if not _verdict(kernel := get_kernel(name), self.key, platform)
+                             for bound in kernel.speed_row_bounds(self.key, platform)}))
+
+    def choose_by_rows(self, platform: Platform, rows_at_most: Callable[[int], bool]) -> tuple[KernelChoice, str]:
+        """The choice for an M known only through `rows_at_most(bound)` (a dynamic M, which the caller
+        guards on each bound it is asked: so it is asked only the bounds of `row_bounds`, in turn), and
+        M's bucket in words ('' where no bound matters). Each speed rule is a step at one of the bounds,
+        so the bucket's largest M (one above the last bound for the top bucket) stands for all of it."""
+        bounds = self.row_bounds(platform)
+        if not bounds:
+            return self.choose(platform), ""
+        lower = 0
+        for bound in bounds:
+            if rows_at_most(bound):
+                return self.choose(platform, bound), f"M above {lower}, at most {bound}" if lower else f"M at most {bound}"
+            lower = bound
+        return self.choose(platform, lower + 1), f"M above {lower}"

@@ -128,6 +128,9 @@ class TorchKernel(Kernel):
                     "decode template's GPU time; it is faster only at M = 1 under CUDA graphs (kernels/int4_tinygemm.py)")
         return super().why_slower_here(key, platform)
 
+    def speed_row_bounds(self, key: GemmKey, platform: Platform) -> tuple[int, ...]:
+        return int4_tinygemm.row_bounds(key, platform) if key.scheme.weight_dtype == INT4_DTYPE else ()
+
     def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
         if values.device.type == "cuda":
             if zero_point is not None:

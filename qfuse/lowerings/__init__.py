@@ -1,5 +1,9 @@
-"""Inductor lowerings of qfuse ops. The only place that touches Inductor internals beyond the
-pattern matcher: if those internals move, qfuse logs it once and the ops run as extern calls."""
+"""Inductor lowerings of qfuse ops, one module per kernel beside the kernel's own (`qfuse.kernels`):
+`torch_native`, `cutlass`, `onednn`, `triton`. Each says, per op, what it takes (`why_not`) and how it
+enters Inductor's code (`lower`); `dispatch` gives Inductor one lowering per op, which finds the kernel
+of the call's M bucket and its lowering, or the op's extern call. The only place that touches
+Inductor internals beyond the pattern matcher: if those move, qfuse logs it once and the ops run as
+extern calls."""
 
 from __future__ import annotations
 
@@ -15,12 +19,11 @@ def register_lowerings() -> bool:
     import qfuse.ops  # noqa: F401
 
     try:
-        from qfuse.lowerings import int4_weight_only, quantize, scaled_mm, weight_only
+        from qfuse.lowerings import cutlass, dispatch, onednn, torch_native, triton
 
-        scaled_mm.register()
-        weight_only.register()
-        int4_weight_only.register()
-        quantize.register()
+        for kernel_lowerings in (torch_native, cutlass, onednn, triton):
+            dispatch.add(kernel_lowerings.KERNEL, kernel_lowerings.LOWERINGS)
+        dispatch.register()
     except (ImportError, AttributeError, TypeError) as error:
         log.warning("qfuse: Inductor lowerings unavailable (%s); fused ops run as extern calls", error)
         return False

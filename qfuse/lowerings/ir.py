@@ -4,6 +4,7 @@
     convert(value, dtype)   a dtype cast in IR (none when the dtype already matches)
     tensor_constant(value)  a constant of the compiled graph (no kernel per call)
     numel / known_equal     sizes, compared only when Inductor can prove the answer
+    rows_and_k / as_matrix  a linear's activation of any rank: its M and K / as [rows, K]
     rows_at_most(rows, b)   M <= b, for choosing a path or a tile by M: a dynamic M by a guard, so
                             that each M bucket gets its own compiled code
     rows_bucket(rows, bs)   the bound of M's bucket among ascending bounds (0 above), by `rows_at_most`
@@ -48,10 +49,10 @@ def convert(value, dtype: torch.dtype):
     return lower(prims.convert_element_type.default, value, dtype)
 
 
-def tensor_constant(value: torch.Tensor):
-    """`value` as a constant of the compiled graph: made once when the module loads, where a `full` in
-    IR that an extern call reads is a kernel launch on every call."""
-    return V.graph.add_tensor_constant(value)
+def tensor_constant(value: torch.Tensor, name: str | None = None):
+    """`value` as a constant of the compiled graph (named after `name` where given): made once when the
+    module loads, where a `full` in IR that an extern call reads is a kernel launch on every call."""
+    return V.graph.add_tensor_constant(value, name)
 
 
 IR_OPS = ArrayOps(
@@ -69,6 +70,19 @@ def numel(node) -> sympy.Expr:
 
 def known_equal(left, right) -> bool:
     return V.graph.sizevars.statically_known_equals(left, right)
+
+
+def rows_and_k(x):
+    """(M, K) of a linear's activation of any rank: M is the product of its leading sizes."""
+    *lead, k = x.get_size()
+    return (sympy.Mul(*lead) if lead else sympy.Integer(1)), k
+
+
+def as_matrix(x):
+    """(x as [rows, K], x's leading sizes, rows, K): a linear's activation of any rank as a matrix;
+    the linear's [rows, N] result goes back to [*leading, N]."""
+    rows, k = rows_and_k(x)
+    return lower(aten.reshape.default, x, [rows, k]), list(x.get_size()[:-1]), rows, k
 
 
 def rows_at_most(rows, bound: int) -> bool:

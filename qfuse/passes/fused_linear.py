@@ -21,7 +21,7 @@ from torch._inductor import config as inductor_config
 from torch.fx import Graph, Node
 
 from qfuse.errors import contain_internal_error
-from qfuse.kernels import GemmKey, choose_kernel
+from qfuse.kernels import GemmKey, KernelRequest
 from qfuse.ops import RECORD_KEY
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
 from qfuse.ops.scaled_mm import ScaledMmArgs
@@ -207,14 +207,12 @@ def fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node
 def _fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Node | None:
     config = context.config
     device = fake_value(linear.a).device
-    choice = choose_kernel(
-        linear.gemm_key(), current_platform(device.type),
-        forced=config.kernel, preference=config.kernel_preference, disabled=config.disabled_kernels,
-    )
+    request = KernelRequest(linear.gemm_key(), forced=config.kernel, preference=config.kernel_preference,
+                            disabled=config.disabled_kernels)
+    choice = request.choose(current_platform(device.type))
     record = LinearRecord(
         node=linear.anchor.name, module=module_path(linear.anchor), family=linear.family, fused=choice.kernel is not None, pattern=linear.pattern,
-        scheme=linear.scheme.describe(), rejected_kernels=choice.rejected, note=linear.note,
-        kernel_constrained=bool(config.kernel or config.kernel_preference or config.disabled_kernels),
+        scheme=linear.scheme.describe(), rejected_kernels=choice.rejected, note=linear.note, request=request,
     )
     if choice.kernel is None and linear.fallback is not None:
         fallback = linear.fallback

@@ -237,7 +237,7 @@ class QfusePass(CustomGraphPass):
     def uuid(self) -> str | None:
         """The FX graph cache key of the pass; None (no caching) under freezing: a frozen graph's
         cache entry holds the constants qfuse's lowerings make from the weights (the int4 weight
-        packed at compile time, `lowerings.int4_frozen`), while Inductor keys frozen parameters by
+        packed at compile time, `lowerings.frozen`), while Inductor keys frozen parameters by
         shape and dtype only, so another model's weights would reuse them."""
         if _freezing():
             return None

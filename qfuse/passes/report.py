@@ -45,11 +45,17 @@ class LinearRecord:
     module: str = ""  # the user's module the matmul came from, when Dynamo recorded it
     max_error: float | None = None  # verify mode: max |fused - original| on the first call
     lowered: str = ""  # how the fused op entered Inductor's generated code (written by qfuse.lowerings)
-    kernel_constrained: bool = False  # the configuration forced, preferred or disabled kernels: the lowering keeps the kernel
+    #: the question kernel choice was asked (`KernelRequest`): a lowering asks it again per bucket of a
+    #: dynamic M; not part of the report's text or JSON
+    request: object = field(default=None, repr=False, compare=False)
 
     @property
     def where(self) -> str:
         return f"{self.node} ({self.module})" if self.module else self.node
+
+    def as_dict(self) -> dict:
+        """The record's fields for the JSON report (the request left out)."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if name != "request"}
 
     def add_note(self, note: str) -> None:
         """Append `note` to the record's note ('; ' between notes)."""
@@ -186,7 +192,7 @@ class PassReport(RecordSelection):
         return json.dumps({
             "graph": self.graph_name,
             "headline": self.headline(),
-            "linears": [dataclasses.asdict(record) for record in self.records],
+            "linears": [record.as_dict() for record in self.records],
             "float_matmuls": self.float_matmuls,
             "inductor_quantized": self.inductor_quantized,
             "model_kernel_calls": self.model_kernel_calls,

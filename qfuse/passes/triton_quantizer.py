@@ -13,7 +13,7 @@ rounding, eps, the scale's dtype), computed in float32, is replaced by
                                                             by their GEMMs anyway: one pass over them,
                                                             the product never written
 
-whose lowerings launch the kernels from the generated code (`qfuse.lowerings.quantize`), where M is
+whose lowerings launch the kernels from the generated code (`qfuse.lowerings.triton.quantize`), where M is
 dynamic or at least `MIN_ROWS` (a smaller static M saves less GPU time than the launch costs). An x made
 by another pointwise op (RMSNorm's scaling, a residual add), or a SiLU * mul whose gate or up is a
 GEMM epilogue in Inductor's pointwise code (the `torch` kernel's), keeps Inductor's fused reduction,

@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from qfuse.kernels import KERNELS, GemmKey, KernelUnavailableError, choose_kernel, get_kernel
+from qfuse.kernels import KERNELS, GemmKey, KernelRequest, KernelUnavailableError, choose_kernel, get_kernel
 from qfuse.kernels.registry import PRIORITY
 from qfuse.platform import Platform
 from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme
@@ -205,6 +205,35 @@ def test_gpu_choice_depends_on_a_static_m(m, scheme, out_dtype, platform, chosen
         assert "slower than the Triton template's decode tiles and than cuBLAS" in choice.rejected["cutlass"]
     if chosen == "torch":
         assert "cuBLAS" in choice.rejected["triton"]
+
+
+@pytest.mark.parametrize("scheme, out_dtype, platform, bounds", [
+    (FP8_DYNAMIC, BF16, H100, (16, 128)),  # cutlass's step at 128 rows, triton's at 16
+    (FP8_DYNAMIC, FP32, H100, (16,)),  # no ATen row-wise GEMM for an fp32 output
+    (FP8_DYNAMIC, BF16, L40, (16,)),
+    (FP8_BLOCK, BF16, H100, ()),  # block scales stay on the template at any M
+    (INT8_DYNAMIC, BF16, H100, ()),
+])
+def test_a_dynamic_m_is_chosen_for_by_bucket_as_a_static_m_is(scheme, out_dtype, platform, bounds):
+    """The lowering asks kernel choice again per bucket of a dynamic M: the bounds are where a speed rule
+    changes, only the bounds up to M's bucket are asked (each a guard), and every M gets the kernel a
+    static M gets."""
+    request = KernelRequest(key(scheme, "cuda", out_dtype))
+    assert request.row_bounds(platform) == bounds
+    for m in (1, 5, 16, 17, 64, 128, 129, 4096):
+        asked = []
+        choice, bucket = request.choose_by_rows(platform, lambda bound: asked.append(bound) or m <= bound)
+        assert choice.kernel is choose_kernel(key(scheme, "cuda", out_dtype, m=m), platform).kernel, m
+        assert asked == [bound for bound in bounds if bound < m] + [bound for bound in bounds if bound >= m][:1]
+        assert bucket == ("" if not bounds else next((f"M {'above ' + str(low) + ', ' if low else ''}at most {high}"
+                                                      for low, high in zip((0, *bounds), bounds) if m <= high),
+                                                     f"M above {bounds[-1]}"))
+
+
+def test_a_forced_kernel_has_no_buckets():
+    request = KernelRequest(key(FP8_DYNAMIC, "cuda", BF16), forced="cutlass")
+    assert request.row_bounds(H100) == ()
+    assert request.choose_by_rows(H100, lambda bound: pytest.fail("no bound is asked"))[0].kernel.name == "cutlass"
 
 
 def test_a_kernel_slower_here_is_still_taken_when_no_later_one_can_run():

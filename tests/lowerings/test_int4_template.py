@@ -3,7 +3,7 @@ compressed-tensors forms compile to one template kernel that reads the stored wo
 of qfuse's op, no unpacked weight), with numerics equal to eager for symmetric and asymmetric
 weights, groups and per channel, bias, 3D, static and dynamic M, default mode, max-autotune and
 CUDA graphs; GPTQ's act order, zero points stored minus one and AutoGPTQ's [K / 8, N] layout at decode
-and prefill (act order: Inductor's own dequantize + mm at every M, lowerings/int4_weight_only.py); AWQ's
+and prefill (act order: Inductor's own dequantize + mm at every M, lowerings/triton/int4.py); AWQ's
 words packed along N; torchao's intx weights (int8 storage); the nibble-plane template where a step of
 128 lies in one group (`int4_planes`)."""
 

@@ -1,4 +1,4 @@
-"""When the int8 template runs as the persistent TMA kernel (`triton_template.why_not_persistent`),
+"""When the int8 template runs as the persistent TMA kernel (`lowerings.triton.template.why_not_persistent`),
 asked of IR stand-ins: no GPU needed (the GPU runs are in test_triton_template.py)."""
 
 import itertools
@@ -9,7 +9,7 @@ from torch._inductor.graph import GraphLowering
 from torch._inductor.virtualized import V
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from qfuse.lowerings.triton_template import why_not_persistent
+from qfuse.lowerings.triton.template import why_not_persistent
 
 _NAMES = itertools.count()
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)

@@ -8,7 +8,7 @@ scales at large M),
 weight-only kernels on `weight_stream.py`'s main loop: `int4_mm.py` (W4A16) and `w8a16_mm.py` (int8 /
 fp8 weights, bf16 / fp16 / fp32 activations). Under
 torch.compile the scaled-mm's main loop enters Inductor's generated code as a Triton template
-(`qfuse.lowerings.triton_template`), where Inductor fuses the epilogue into it; the eager launchers
+(`qfuse.lowerings.triton.template`), where Inductor fuses the epilogue into it; the eager launchers
 here serve the op's extern call (K not a multiple of 16) and eager use. What it takes is the
 capability table `TritonKernel.capabilities`: int8 from capability 8.0 (also on ROCm), fp8 e4m3fn
 from 8.9 (not on ROCm, whose fp8 is e4m3fnuz), every scale granularity (per-tensor, per-token /
@@ -49,12 +49,21 @@ INT4_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points 
 def fp8_template_yields_to_cublas(blocked: bool, platform: Platform) -> str:
     """Why an fp8 linear above FP8_TEMPLATE_MAX_ROWS rows runs faster on cuBLAS's `_scaled_mm` than on
     the template on this GPU, or '' (block scales: cuBLAS has none here; not Hopper: not measured).
-    Kernel choice asks it for a static M, the lowering (`qfuse.lowerings.scaled_mm`) for a dynamic one."""
+    Kernel choice asks it for a static M, the lowering (`qfuse.lowerings.dispatch`) for each bucket of a dynamic one."""
     if blocked or platform.capability < 90 or platform.is_rocm:
         return ""
     return ("on Hopper the template's fp8 main loop (no TMA) is slower than cuBLAS's _scaled_mm, which the "
             "torch kernel calls (Llama MLP block at M = 4096 on an H100: 535-666 against 377-415 µs a linear; "
             "at M = 32 / 128 on an H200: 18.6-23.0 against 17.4-22.1; docs/benchmarks.md, gpu_linear and profile_block)")
+
+
+def _fp8_yields_to_cublas(key: GemmKey, platform: Platform) -> str:
+    """`fp8_template_yields_to_cublas` for an fp8 W8A8 key ('' for any other)."""
+    scheme = key.scheme
+    if scheme.activation_dtype != FP8_DTYPE:
+        return ""
+    blocked = Granularity.BLOCK == scheme.weight_granularity or Granularity.PER_GROUP == scheme.activation_granularity
+    return fp8_template_yields_to_cublas(blocked, platform)
 
 
 _ALL_ACTIVATION_SCALES = (Granularity.PER_TENSOR, Granularity.PER_TOKEN, Granularity.PER_GROUP)
@@ -97,11 +106,14 @@ class TritonKernel(Kernel):
         if scheme.weight_dtype == INT4_DTYPE and int4_tinygemm.wins_here(key, platform):
             return ("at M = 1 under CUDA graphs ATen's tinygemm, which the torch kernel calls, is faster than the "
                     "plane template (7.2 against 11.0 µs at 4096 x 4096 on an H100; kernels/int4_tinygemm.py)")
-        blocked = Granularity.BLOCK == scheme.weight_granularity or Granularity.PER_GROUP == scheme.activation_granularity
-        if key.m is not None and key.m > FP8_TEMPLATE_MAX_ROWS and scheme.activation_dtype == FP8_DTYPE:
-            if reason := fp8_template_yields_to_cublas(blocked, platform):
-                return f"at M = {key.m} {reason}"
+        if key.m is not None and key.m > FP8_TEMPLATE_MAX_ROWS and (reason := _fp8_yields_to_cublas(key, platform)):
+            return f"at M = {key.m} {reason}"
         return super().why_slower_here(key, platform)
+
+    def speed_row_bounds(self, key: GemmKey, platform: Platform) -> tuple[int, ...]:
+        if key.scheme.weight_dtype == INT4_DTYPE:
+            return int4_tinygemm.row_bounds(key, platform)
+        return (FP8_TEMPLATE_MAX_ROWS,) if _fp8_yields_to_cublas(key, platform) else ()
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
         """K padded to a multiple of 16 (zeros), so rows are 16-byte aligned for vector loads.

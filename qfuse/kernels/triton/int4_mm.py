@@ -16,7 +16,7 @@ is read value by value, whatever the values: a 9-bit difference times a bf16 / f
 exact in float32, and with float32 scales the one float32 rounding is eager's own.
 
 The same `int4_dot` main loop serves the eager launcher (`triton_int4_mm`, the op's extern call) and
-the Inductor template (`qfuse.lowerings.int4_weight_only`), which reads the model's stored tensors
+the Inductor template (`qfuse.lowerings.triton.int4`), which reads the model's stored tensors
 directly: nothing is unpacked or repacked, and the weight costs nothing per call but its read.
 
 A K step loads the words as they are stored, a [BLOCK_N, BLOCK_K / 8] tile contiguous along K,
@@ -36,7 +36,7 @@ and the cast to Inductor's code). It still reads the weight at 650-780 GB/s, a t
 HBM, as every other structure tried did (docs/benchmarks.md, gpu_weight_only): 1.3-1.5x the bf16
 matmul. Decode calls whose K steps of 128 lie in one scale group (GPTQ g128, per channel) run on
 the nibble-plane loop instead (`int4_planes`), in the eager launcher and as the lowering's template.
-Prefill runs on Inductor's own dequantize + mm instead (`qfuse.lowerings.int4_weight_only`): this
+Prefill runs on Inductor's own dequantize + mm instead (`qfuse.lowerings.triton.int4`): this
 kernel is 3.5-4x cuBLAS's time there.
 
 AWQ's words, packed along N, are loaded as stored too, a [BLOCK_K, BLOCK_N / 8] tile unpacked along N

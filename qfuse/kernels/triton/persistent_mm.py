@@ -13,7 +13,7 @@ Hopper's reduced-precision wgmma accumulator into the float32 sum every PROMOTE_
 (see `scaled_mm.promote_every`).
 
 `descriptor_product` (one tile's K loop) is shared with the Inductor template of this kernel
-(`qfuse.lowerings.triton_template._PERSISTENT_SOURCE`), which makes its descriptors on the device.
+(`qfuse.lowerings.triton.template._PERSISTENT_SOURCE`), which makes its descriptors on the device.
 
 Needs (`should_run_persistent`): a CUDA GPU of capability 9.0 or newer, A [M, K] and B stored
 [N, K] with K contiguous, K a multiple of 16 (rows 16-byte aligned) and 16-byte aligned bases.

@@ -180,7 +180,7 @@ def _interpreted() -> bool:
 
 def quant_constants(quant_dtype: torch.dtype, eps: float, interpreted: bool | None = None) -> dict:
     """The constexprs `_quantize_and_store` takes, as the eager launchers and the lowerings
-    (`qfuse.lowerings.quantize`) both pass them (`interpreted`: Triton's interpreter, by default as
+    (`qfuse.lowerings.triton.quantize`) both pass them (`interpreted`: Triton's interpreter, by default as
     TRITON_INTERPRET says)."""
     return {"EPS": float(eps), "QMAX": symmetric_quant_max(quant_dtype), "IS_INT8": quant_dtype == torch.int8,
             "INTERPRETED": _interpreted() if interpreted is None else interpreted}

@@ -50,7 +50,7 @@ CONFIGS: dict[str, dict[int, tuple[int, int, int, int, int, int]]] = {
 # At N = 14336 (112 blocks) the table's tile stays: within 6% of the best tile tried.
 SKINNY_TILE = (64, 64, 256, 8, 4, 3)
 
-# Extra tiles Inductor benchmarks under max-autotune (qfuse.lowerings.triton_template), beside the
+# Extra tiles Inductor benchmarks under max-autotune (qfuse.lowerings.triton.template), beside the
 # table's tile for M: wider and taller tiles for large M, narrower ones for small N.
 AUTOTUNE_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (128, 128, 128, 8, 8, 3), (64, 128, 128, 8, 8, 4), (128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3),
@@ -133,7 +133,7 @@ def scaled_dot(
     """The main loop: A[offs_m, k_start:k_end] @ B[k_start:k_end, offs_n] as a [BLOCK_M, BLOCK_N] tile
     (the whole K, or one split's range: `k_start` a multiple of BLOCK_K), with block scales applied
     per K group when BLOCKED. int8 without block scales returns the exact int32 sum; the rest float32.
-    Shared by the eager kernel below and the Inductor templates (qfuse.lowerings.triton_template)."""
+    Shared by the eager kernel below and the Inductor templates (qfuse.lowerings.triton.template)."""
     offs_k = k_start + tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn

@@ -18,7 +18,7 @@ without fp8 tensor cores) and the GPU side of the fp8 block W8A16 checkpoints. T
 weight stream of `weight_stream`: a [BLOCK_N, BLOCK_K] tile of the weight, contiguous along K, is
 the left operand of acc^T [BLOCK_N, BLOCK_M] += w @ x^T; at decode K is split (`split_k`) so that
 the few column blocks reach every multiprocessor. The same `w8a16_dot` serves the eager launcher
-(`triton_w8a16_mm`, the op's extern call) and the Inductor template (`qfuse.lowerings.w8a16`),
+(`triton_w8a16_mm`, the op's extern call) and the Inductor template (`qfuse.lowerings.triton.w8a16`),
 which reads the model's stored weight and scale directly.
 """
 

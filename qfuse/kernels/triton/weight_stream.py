@@ -11,7 +11,7 @@ weight on the wide side of the tensor-core shape. The pieces here are that loop'
     split_k_tile      an eager launch's program: its tile of the output, its split, its K range
     split_k           how many K ranges a decode call splits into, so that the few column blocks of
                       a small N still reach every multiprocessor; their partial sums [SPLIT_K, M, N]
-                      (float32; int32 in the W8A8 template, `qfuse.lowerings.triton_template`) are
+                      (float32; int32 in the W8A8 template, `qfuse.lowerings.triton.template`) are
                       added after (`sum_splits` in eager, Inductor's code in a template)
     batched_split_k   the same at batched decode (16 < M <= 256), where the partial sums grow with M:
                       splits only while the programs stay within a budget a multiprocessor (every

@@ -1,7 +1,7 @@
-"""Inductor lowerings of `qfuse::dynamic_quant` and `qfuse::silu_mul_quant`: the Triton quantizers
-launched from Inductor's code.
+"""The `triton` kernel's lowerings of `qfuse::dynamic_quant` and `qfuse::silu_mul_quant`: its Triton
+quantizers launched from Inductor's code.
 
-On CUDA, with kernel 'triton' and a per-token or per-group scale, the op enters Inductor's generated
+On CUDA, with a per-token or per-group scale, the op enters Inductor's generated
 code as a user-defined Triton kernel (`qfuse.kernels.triton.quant._dynamic_quant_kernel`, as
 `torch.library.wrap_triton` would put it there): the wrapper launches it directly, with no Python op
 between the compiled graph and the launch. It reads x in its own dtype and writes q and the scale,
@@ -9,7 +9,7 @@ computed in `scale_dtype` (the passes hand it a bf16 activation whose model code
 `silu_mul_quant` reads gate and up (rows of either may be strided, as slices of one merged gate_up
 GEMM output are) and never writes their product.
 
-Everything else (another kernel, a CPU, a per-tensor scale) is an extern call of the op.
+Everything else (a CPU, a per-tensor scale, rows too wide for a program) is an extern call of the op.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import sympy
 import torch
 from torch._inductor import ir
 
-from qfuse.kernels import get_kernel
-from qfuse.lowerings.ir import extern_call, falls_back_to_extern_call, launch_user_triton_kernel, lower, numel, \
-    record_lowering
+from qfuse.kernels.triton import TritonKernel
+from qfuse.lowerings.ir import launch_user_triton_kernel, lower, numel, record_lowering
 from qfuse.ops.quantize import DynamicQuantArgs, SiluMulQuantArgs
 from qfuse.schemes import GROUP_SIZE, Granularity
 
@@ -28,19 +27,17 @@ aten = torch.ops.aten
 GRANULARITIES = {Granularity.PER_TOKEN.value, Granularity.PER_GROUP.value}
 
 
-def why_not_lowered(call) -> str:
+def why_not(call) -> str:
     """'' if the call (`DynamicQuantArgs` or `SiluMulQuantArgs`) is launched as a Triton quantizer from
     the generated code, else why not."""
     x = call.x if isinstance(call, DynamicQuantArgs) else call.gate
-    if call.kernel != "triton":
-        return f"kernel {call.kernel!r} runs as an extern call"
     if x.get_device().type != "cuda":
         return "the Triton quantizer enters generated code on CUDA only"
     if isinstance(call, DynamicQuantArgs) and call.granularity not in GRANULARITIES:
         return f"granularity {call.granularity!r}: the Triton quantizer takes per-token and per-group scales"
     if not x.get_size() or not isinstance(x.get_size()[-1], (int, sympy.Integer)):
         return "the quantized dim is not a static size"
-    if int(x.get_size()[-1]) > get_kernel("triton").quant_max_row:
+    if int(x.get_size()[-1]) > TritonKernel.quant_max_row:
         return f"rows of {x.get_size()[-1]} values: wider than a program of the Triton quantizer holds"
     return ""
 
@@ -68,11 +65,7 @@ def _row_stride(node):
     return node, node.get_size()[-1]
 
 
-@falls_back_to_extern_call(DynamicQuantArgs)
-def lower_dynamic_quant(*args, **kwargs):
-    call = DynamicQuantArgs(*args, **kwargs)
-    if reason := why_not_lowered(call):
-        return extern_call(call, reason)
+def lower_dynamic_quant(call: DynamicQuantArgs):
     from qfuse.kernels.triton.quant import _dynamic_quant_kernel, dynamic_quant_warps, next_power_of_2, quant_constants
 
     x = ir.ExternKernel.require_contiguous(call.x)
@@ -95,11 +88,7 @@ def lower_dynamic_quant(*args, **kwargs):
     return q, scale
 
 
-@falls_back_to_extern_call(SiluMulQuantArgs)
-def lower_silu_mul_quant(*args, **kwargs):
-    call = SiluMulQuantArgs(*args, **kwargs)
-    if reason := why_not_lowered(call):
-        return extern_call(call, reason)
+def lower_silu_mul_quant(call: SiluMulQuantArgs):
     from qfuse.kernels.triton.quant import (_silu_mul_quant_kernel, next_power_of_2, quant_constants,
                                             silu_mul_quant_warps)
 
@@ -117,10 +106,3 @@ def lower_silu_mul_quant(*args, **kwargs):
     )
     record_lowering("the Triton SiLU * mul quantizer, launched from Inductor's generated code")
     return q, scale
-
-
-def register() -> None:
-    from torch._inductor import lowering as inductor_lowering
-
-    inductor_lowering.register_lowering(DynamicQuantArgs.op, type_promotion_kind=None)(lower_dynamic_quant)
-    inductor_lowering.register_lowering(SiluMulQuantArgs.op, type_promotion_kind=None)(lower_silu_mul_quant)

@@ -28,7 +28,7 @@ Inductor benchmarks it against the tiled tiles.
 
 Up to 128 rows, where the tile's few column blocks stream a deep K (`k_splits`), a second template
 (`_SPLIT_K_SOURCE`) splits K: it stores each range's unscaled sums (int32 for int8, exact), and
-Inductor's code adds them and applies the scales, bias and cast (`qfuse.lowerings.scaled_mm`).
+Inductor's code adds them and applies the scales, bias and cast (`qfuse.lowerings.triton.scaled_mm`).
 
 `why_not_template` says when the kernel stays an extern call of the op instead (K not a multiple of
 16: the op pads the weight once, a template would read unaligned rows on every call).
@@ -110,7 +110,7 @@ from qfuse.kernels.triton.scaled_mm import grouped_tile, scale_and_bias, scaled_
 
 # Split K: program (tile, pid_k) stores the unscaled sums of its K range (int32 for int8, exact;
 # float32 for fp8) at rows pid_k * M + m of a [SPLIT_K * M, N] output; the splits' sum, the scales,
-# the bias and the cast follow in Inductor's code (`qfuse.lowerings.scaled_mm`).
+# the bias and the cast follow in Inductor's code (`qfuse.lowerings.triton.scaled_mm`).
 _SPLIT_K_SOURCE = r"""
 from qfuse.kernels.triton.scaled_mm import grouped_tile, scaled_dot
 from qfuse.kernels.triton.weight_stream import k_range

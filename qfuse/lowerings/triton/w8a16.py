@@ -1,4 +1,4 @@
-"""Inductor lowering of `qfuse::weight_only_scaled_mm` for the `triton` kernel (int8 / fp8 W8A16), by M.
+"""The `triton` kernel's lowering of `qfuse::weight_only_scaled_mm` (int8 / fp8 W8A16), by M.
 
 Decode and batched decode (M <= 128; a tile per M bucket, a dynamic M guarded on its bucket,
 `ir.rows_at_most`): a Triton template on the stored weight.
@@ -35,7 +35,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.lowerings.ir import convert, known_equal, lower, numel, record_lowering, rows_at_most, rows_bucket
-from qfuse.lowerings.triton_template import max_autotune, split_k_linear
+from qfuse.lowerings.triton.template import max_autotune, split_k_linear
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -76,7 +76,7 @@ def _is_decode(rows) -> bool:
     return rows_at_most(rows, DECODE_ROWS)
 
 
-def why_not_lowered(call: WeightOnlyScaledMmArgs) -> str:
+def why_not(call: WeightOnlyScaledMmArgs) -> str:
     """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call."""
     rows = _rows(call)
     if call.azp_b is not None:
@@ -106,8 +106,8 @@ def scale_as_matrix(call: WeightOnlyScaledMmArgs, n: int):
     return scale, BLOCK_SCALE
 
 
-def lower_w8a16(call: WeightOnlyScaledMmArgs):
-    """The call in Inductor IR (`why_not_lowered` said it can be)."""
+def lower_call(call: WeightOnlyScaledMmArgs):
+    """The call in Inductor IR (`why_not` said it can be)."""
     *lead, k = call.x.get_size()
     k, n = int(k), int(call.b.get_size()[1])
     rows = _rows(call)
@@ -115,7 +115,7 @@ def lower_w8a16(call: WeightOnlyScaledMmArgs):
     scale, kind = scale_as_matrix(call, n)
     from qfuse.kernels.triton.w8a16_mm import BATCHED_TILES, TEMPLATE_MAX_ROWS
 
-    # the template's buckets: 16 rows, then BATCHED_TILES'; CPU: decode stays an extern call (`why_not_lowered`)
+    # the template's buckets: 16 rows, then BATCHED_TILES'; CPU: decode stays an extern call (`why_not`)
     bucket = rows_bucket(rows, (DECODE_ROWS, *BATCHED_TILES)) if call.x.get_device().type == "cuda" else 0
     if not bucket:
         dynamic = "" if sympy.sympify(rows).is_number else ": a dynamic M, guarded"

@@ -1,4 +1,4 @@
-"""Inductor lowering of `qfuse::int4_weight_only_mm` for the `triton` kernel, by M.
+"""The `triton` kernel's lowering of `qfuse::int4_weight_only_mm`, by M.
 
 Decode (M <= 16, and for AWQ's words and intx's int8 storage batched decode up to 128 rows:
 `int4_mm.BATCHED_TILES`; a dynamic M guarded on its bucket, `ir.rows_at_most`): a Triton template on the
@@ -46,7 +46,7 @@ and it beats the template there (docs/benchmarks.md, gpu_weight_only).
 Act order has two ways onto qfuse's kernels, both on a weight sorted by group once:
 - under freezing, at the rows a template takes the sorted weight (`_template_bounds`: planes up to 256,
   words up to 16), the weight is a constant: it is sorted at compile time and the call becomes the
-  plain form on the sorted words, the activation gathered in Inductor's code (`int4_frozen.act_order_on_constants`);
+  plain form on the sorted words, the activation gathered in Inductor's code (`_act_order_on_constants`, on `lowerings.frozen`);
 - under CUDA graphs, at decode (M <= 16), the op's extern call: its Python sorts the weight on the
   first call (`prepared_int4_weight`) and runs at capture only, so a replay is the gather and the
   eager kernel.
@@ -56,8 +56,7 @@ under CUDA graphs from 33.4 / 34.2 to 24.5 / 26.3 µs at M = 1 / 16 (at 64 rows 
 42: the eager path stops at decode). Above those rows the sorted weight was slower than the gathers
 (80 against 68 µs at M = 1024 under freezing).
 
-Other kernels (the CPU `torch` kernel: ATen's int4pack on a weight repacked once) stay an extern call,
-except under freezing, where the CPU kernel's weight is packed at compile time (`lowerings.int4_frozen`).
+The CPU `torch` kernel's lowering is `lowerings.torch_native`'s.
 """
 
 from __future__ import annotations
@@ -65,14 +64,13 @@ from __future__ import annotations
 import sympy
 import torch
 from torch._inductor import config as inductor_config
-from torch._inductor import lowering as inductor_lowering
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.lowerings.int4_frozen import act_order_on_constants, frozen_weight, int4pack_on_constants
-from qfuse.lowerings.ir import (IR_OPS, append_to_lowering, convert, extern_call, falls_back_to_extern_call, lower,
-                                record_lowering, rows_at_most, rows_bucket)
-from qfuse.lowerings.triton_template import max_autotune, split_k_linear
+from qfuse.lowerings.frozen import constant_weight, prepared_now
+from qfuse.lowerings.ir import (IR_OPS, append_to_lowering, as_matrix, convert, extern_call, lower, record_lowering,
+                                rows_and_k, rows_at_most, rows_bucket)
+from qfuse.lowerings.triton.template import max_autotune, split_k_linear
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, apply_zero_convention
 from qfuse.schemes import INT4_OFFSET
 
@@ -145,37 +143,28 @@ def _template_bounds(call: Int4WeightOnlyMmArgs, k: int) -> list[int]:
     return [DECODE_ROWS, *BATCHED_TILES] if call.packed_along_n or _is_int8_storage(call) else [DECODE_ROWS]
 
 
-def why_not_lowered(call: Int4WeightOnlyMmArgs) -> str:
-    """'' if the call is lowered (template or Inductor's dequantize + mm), else why it stays an extern call.
-    M is looked at (and a dynamic M guarded) only for a call that can be lowered at all."""
-    if call.kernel != "triton":
-        return f"kernel {call.kernel!r} runs as an extern call"
-    rows = sympy.Mul(*call.x.get_size()[:-1])
+def why_not(call: Int4WeightOnlyMmArgs) -> str:
+    """'' if the call is lowered (template, Inductor's dequantize + mm, or under CUDA graphs with act order
+    the op's extern call at decode), else why it stays an extern call. M is looked at (and a dynamic M
+    guarded) only for a call that can be lowered at all."""
+    rows = rows_and_k(call.x)[0]
     if V.graph.sizevars.statically_known_true(sympy.Eq(rows, 0)):
         return "M is 0"
     if call.x.get_device().type != "cuda" and _is_decode(call, rows):
         return "the Triton template runs on CUDA"
-    if (call.g_idx is not None and inductor_config.triton.cudagraphs and call.x.get_device().type == "cuda"
-            and rows_at_most(rows, DECODE_ROWS)):
-        return ACT_ORDER_SORTED_ONCE
     return ""
 
 
-@falls_back_to_extern_call(Int4WeightOnlyMmArgs)
-def lower_int4_weight_only_mm(*args, **kwargs):
-    call = Int4WeightOnlyMmArgs(*args, **kwargs)
-    *lead, k = call.x.get_size()
-    rows = sympy.Mul(*lead)
-    x2d = lower(aten.reshape.default, call.x, [rows, k])
-    if (weight := frozen_weight(call)) is not None:
-        return lower(aten.reshape.default, int4pack_on_constants(call, weight, x2d), [*lead, weight.n])
+def lower_call(call: Int4WeightOnlyMmArgs):
+    x2d, lead, rows, k = as_matrix(call.x)
     # up to the rows a template takes the weight at once it is sorted (act order's g_idx gone)
-    sorted_call = act_order_on_constants(call, x2d, rows, _template_bounds(call._replace(g_idx=None), int(k))[-1])
+    sorted_call = _act_order_on_constants(call, x2d, rows, _template_bounds(call._replace(g_idx=None), int(k))[-1])
     if sorted_call is not None:  # from here on the call is the plain form on the sorted weight, x2d gathered
         call, x2d = sorted_call, sorted_call.x
+    elif (call.g_idx is not None and inductor_config.triton.cudagraphs and call.x.get_device().type == "cuda"
+            and rows_at_most(rows, DECODE_ROWS)):
+        return extern_call(call, ACT_ORDER_SORTED_ONCE)
     n = int(call.scales.get_size()[0])
-    if reason := why_not_lowered(call):
-        return lower(aten.reshape.default, extern_call(call, reason), [*lead, n])
     bounds = _template_bounds(call, int(k))
     bucket = rows_bucket(rows, bounds) if call.x.get_device().type == "cuda" else 0  # CPU: never a template
     if not bucket:
@@ -192,6 +181,30 @@ def lower_int4_weight_only_mm(*args, **kwargs):
     if sorted_call is not None:
         append_to_lowering("; act order: the frozen weight sorted by group at compile time, the activation gathered")
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
+
+
+def _act_order_on_constants(call: Int4WeightOnlyMmArgs, x2d, rows, max_rows: int) -> Int4WeightOnlyMmArgs | None:
+    """The call of the same linear without act order, where the call runs on CUDA under freezing with a `g_idx`, constant weight tensors and at most `max_rows` rows (a dynamic M
+    guarded on it): the weight sorted by group at compile time (the kernel's own layout: words
+    [N, K / 8], scales [N, K / g], zero points [N / 8, K / g]) and x2d [M, K] gathered in that order.
+    None where that does not hold, or where `g_idx` sorts into no groups of the group size (the op
+    then multiplies a dense weight: left to its extern call's rule)."""
+    if call.g_idx is None or call.x.get_device().type != "cuda":
+        return None
+    values = constant_weight(call)
+    if values is None or not rows_at_most(rows, max_rows):  # a dynamic M guarded only where the sort would run
+        return None
+    weight = prepared_now(call, values)
+    if weight is None or weight.packing not in (INT4_PACKING, INT4_ZEROS_MINUS_ONE):
+        return None
+    constant = V.graph.add_tensor_constant
+    order = constant(weight.input_order, "qfuse_int4_order")
+    return call._replace(
+        x=lower(aten.index.Tensor, x2d, [None, order]), packed=constant(weight.data, "qfuse_int4_words"), shifts=None,
+        scales=constant(weight.scale, "qfuse_int4_scales"),
+        packed_zeros=None if weight.zero_point is None else constant(weight.zero_point, "qfuse_int4_zeros"),
+        g_idx=None, zero_convention="plus_one" if weight.packing == INT4_ZEROS_MINUS_ONE else "stored",
+        packed_along_n=False)
 
 
 def _template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, bucket: int):
@@ -310,7 +323,3 @@ def _scaled_mm_of(call: Int4WeightOnlyMmArgs, x2d, q, per_column, n: int, k: int
     if call.bias is None:
         return lower(aten.mm.default, x2d, w_t)
     return lower(aten.addmm.default, convert(call.bias, x2d.get_dtype()), x2d, w_t)
-
-
-def register() -> None:
-    inductor_lowering.register_lowering(Int4WeightOnlyMmArgs.op, type_promotion_kind=None)(lower_int4_weight_only_mm)

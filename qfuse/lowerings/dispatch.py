@@ -1,0 +1,82 @@
+"""One Inductor lowering per qfuse op: the kernel of the call's M bucket, then that kernel's own lowering.
+
+    kernel   = the pass's choice (the op's `kernel` argument); where M is dynamic, kernel choice is
+               asked again for M's bucket (`KernelRequest.choose_by_rows`, each bound guarded by
+               `ir.rows_at_most`): the one choice of `qfuse.kernels.registry`, for a static and a dynamic M alike
+    lowering = the `KernelLowering` that kernel's module registered for the op (`lowerings/<kernel>.py`)
+    out      = lowering.lower(call) where lowering.why_not(call) is '', else the op's extern call with
+               that kernel, and why (in the record and the debug log)
+
+No lowering compares kernel names: a kernel's module says what it takes and how it enters the code,
+beside the kernel's eager `apply` (docs/architecture.md, "A kernel").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+from torch._inductor import lowering as inductor_lowering
+
+from qfuse.lowerings.ir import current_record, extern_call, falls_back_to_extern_call, record_lowering, rows_at_most
+from qfuse.platform import current_platform
+
+
+@dataclass(frozen=True)
+class KernelLowering:
+    """How one kernel's call of one op enters Inductor's generated code."""
+
+    #: '' if `lower` takes the call (the op's named arguments, their tensors Inductor IR), else why the
+    #: op stays an extern call. It may guard a dynamic M (`ir.rows_at_most`) only for a call it takes.
+    why_not: Callable[[Any], str]
+    #: the op's result in IR; it writes how into the record (`ir.record_lowering`)
+    lower: Callable[[Any], Any]
+
+
+#: (op's named-arguments class, kernel name) -> its lowering; filled by `add` from each kernel's module
+_LOWERINGS: dict[tuple[type, str], KernelLowering] = {}
+
+
+def add(kernel: str, lowerings: dict[type, KernelLowering]) -> None:
+    """Register `kernel`'s lowerings, by the named-arguments class of the op each lowers."""
+    for arguments_type, lowering in lowerings.items():
+        _LOWERINGS[arguments_type, kernel] = lowering
+
+
+def _kernel_of_bucket(call) -> tuple[Any, str]:
+    """(the call with the kernel of its M bucket, why that is not the pass's kernel, or ''). The op's first
+    argument is its activation, whose leading dims are M. A static M was chosen for by the pass; an op
+    the passes did not emit has no request to ask again."""
+    record = current_record()
+    request = None if record is None else record.request
+    rows = sympy.Mul(*call[0].get_size()[:-1])
+    if request is None or sympy.sympify(rows).is_number:
+        return call, ""
+    platform = current_platform(call[0].get_device().type)
+    choice, bucket = request.choose_by_rows(platform, lambda bound: rows_at_most(rows, bound))
+    if choice.kernel is None or choice.kernel.name == call.kernel:
+        return call, ""
+    why = f"{bucket} (a dynamic M, guarded) runs {choice.kernel.name}, not {call.kernel}: {choice.rejected[call.kernel]}"
+    return call._replace(kernel=choice.kernel.name), why
+
+
+def _lowering_of(arguments_type: type) -> Callable:
+    @falls_back_to_extern_call(arguments_type)
+    def lowering(*args, **kwargs):
+        call, why_this_kernel = _kernel_of_bucket(arguments_type(*args, **kwargs))
+        kernel_lowering = _LOWERINGS.get((arguments_type, call.kernel))
+        reason = (f"kernel {call.kernel!r} runs as an extern call" if kernel_lowering is None
+                  else kernel_lowering.why_not(call))
+        out = extern_call(call, reason) if reason else kernel_lowering.lower(call)
+        if why_this_kernel:  # the report says why, before how the bucket's kernel was lowered
+            record_lowering(f"{why_this_kernel}: {current_record().lowered}")
+        return out
+    return lowering
+
+
+def register() -> None:
+    """Give Inductor one lowering for each op that a kernel lowers."""
+    for arguments_type in dict.fromkeys(arguments_type for arguments_type, _ in _LOWERINGS):
+        inductor_lowering.register_lowering(arguments_type.op, type_promotion_kind=None)(_lowering_of(arguments_type))
