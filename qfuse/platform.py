@@ -28,7 +28,7 @@ class Platform:
     cpu_has_amx: bool = False
     cpu_is_amd_zen: bool = False
     gpu_arch: str = ""  # ROCm: the gfx name (gfx942 is MI300); empty elsewhere
-    libraries: frozenset[str] = frozenset()  # importable optional libraries, e.g. {"triton", "vllm"}
+    libraries: frozenset[str] = frozenset()  # importable optional libraries, e.g. {"triton", "vllm"}, and "nvrtc"
 
     def has(self, library: str) -> bool:
         return library in self.libraries
@@ -71,6 +71,20 @@ def _importable_libraries() -> frozenset[str]:
     return frozenset(name for name in OPTIONAL_LIBRARIES if importlib.util.find_spec(name) is not None)
 
 
+def _runtime_libraries(device_type: str) -> frozenset[str]:
+    """Runtime libraries a kernel can need besides Python packages, found by loading them: "nvrtc", CUDA's
+    runtime compiler (through torch's own loader), for qfuse's CUDA C++ kernels (`qfuse.kernels.cuda`)."""
+    if device_type != "cuda" or torch.version.cuda is None or not hasattr(torch.cuda, "_compile_kernel"):
+        return frozenset()
+    try:
+        from torch.cuda._utils import _get_nvrtc_library
+
+        _get_nvrtc_library()
+    except (ImportError, OSError, RuntimeError, AttributeError):
+        return frozenset()
+    return frozenset({"nvrtc"})
+
+
 def _rocm_arch() -> str:
     if torch.version.hip is None or not torch.cuda.is_available():
         return ""
@@ -84,7 +98,7 @@ def current_platform(device_type: str) -> Platform:
     if device_type == "cuda":
         capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
         return Platform("cuda", is_rocm=torch.version.hip is not None, cuda_capability=capability,
-                        gpu_arch=_rocm_arch(), libraries=libraries)
+                        gpu_arch=_rocm_arch(), libraries=libraries | _runtime_libraries("cuda"))
     if device_type == "cpu":
         return Platform(
             "cpu",

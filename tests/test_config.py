@@ -89,7 +89,7 @@ def test_lists_are_stored_as_tuples():
     "changes, error, message",
     [
         ({"patterns": ("reference_linear", "bogus")}, ValueError, r"unknown qfuse pattern families \['bogus'\]"),
-        ({"kernel": "cublaslt"}, ValueError, r"unknown qfuse kernels \['cublaslt'\]; known: \['aiter', 'cutlass', "
+        ({"kernel": "cublaslt"}, ValueError, r"unknown qfuse kernels \['cublaslt'\]; known: \['aiter', 'cuda', 'cutlass', "
                                              r"'onednn', 'reference', 'torch', 'triton', 'xpu', 'zentorch'\]"),
         ({"kernel_preference": ("torch", "hipblaslt")}, ValueError, r"unknown qfuse kernels \['hipblaslt'\]"),
         ({"disabled_kernels": "nope"}, ValueError, r"unknown qfuse kernels \['nope'\]"),

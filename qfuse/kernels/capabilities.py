@@ -56,7 +56,7 @@ class Capability:
     bias_dtypes: tuple[torch.dtype, ...] | str = FLOAT_ACTIVATION_DTYPES  # or SAME_AS_OUTPUT
     min_capability: int = 0  # NVIDIA compute capability as one number (89 = sm_89); ROCm is not held to it
     rocm: bool = True  # for "cuda" rows: also runs on ROCm GPUs
-    requires: tuple[str, ...] = ()  # packages that must be importable (`Platform.libraries`)
+    requires: tuple[str, ...] = ()  # packages that must be importable, or runtime libraries found (`Platform.libraries`)
     declined: str = ""  # not empty: the kernel declines this combination, for this reason
 
     @property

@@ -23,6 +23,7 @@ from qfuse.errors import QfuseUserError
 from qfuse.kernels.aiter import AiterKernel
 from qfuse.kernels.base import GemmKey, Kernel
 from qfuse.kernels.capabilities import table_verdict
+from qfuse.kernels.cuda import CudaKernel
 from qfuse.kernels.cutlass import CutlassKernel
 from qfuse.kernels.onednn import OneDnnKernel
 from qfuse.kernels.reference import ReferenceKernel
@@ -34,6 +35,7 @@ from qfuse.platform import Platform
 
 KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (
     CutlassKernel(),
+    CudaKernel(),
     TritonKernel(),
     TorchKernel(),
     AiterKernel(),
@@ -43,11 +45,12 @@ KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (
     ReferenceKernel(),
 )}
 
-#: First kernel that can run a linear wins. Vendor kernels first, Triton as the portable GPU
-#: fallback, torch last (it covers zero points and everything cuBLAS / ATen can take).
+#: First kernel that can run a linear wins. Vendor kernels first, then qfuse's CUDA C++ (int4 decode under
+#: CUDA graphs), Triton as the portable GPU fallback, torch last (it covers zero points and everything
+#: cuBLAS / ATen can take).
 PRIORITY: dict[str, tuple[str, ...]] = {
     "cpu": ("zentorch", "onednn", "torch"),
-    "cuda": ("cutlass", "triton", "torch"),
+    "cuda": ("cutlass", "cuda", "triton", "torch"),
     "rocm": ("aiter", "triton", "torch"),
     "xpu": ("xpu", "triton"),
 }

@@ -9,7 +9,6 @@ and the test checks what AITER would receive (layouts, dtypes, doubled scales) a
 against qfuse's float64 reference.
 """
 
-import types
 
 import pytest
 import torch

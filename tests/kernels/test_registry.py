@@ -48,7 +48,7 @@ def key(scheme=INT8_DYNAMIC, device_type="cpu", out_dtype=BF16, n=4096, k=4096, 
 def test_priority_lists_name_registered_kernels_and_never_reference():
     assert PRIORITY == {
         "cpu": ("zentorch", "onednn", "torch"),
-        "cuda": ("cutlass", "triton", "torch"),
+        "cuda": ("cutlass", "cuda", "triton", "torch"),
         "rocm": ("aiter", "triton", "torch"),
         "xpu": ("xpu", "triton"),
     }
@@ -68,13 +68,13 @@ def test_priority_lists_name_registered_kernels_and_never_reference():
         (PLAIN_CPU, W8A16_BLOCK, BF16, None, ["zentorch", "onednn", "torch"]),
         (H100, FP8_DYNAMIC, BF16, "cutlass", []),
         (H100, FP8_TENSOR, BF16, "cutlass", []),
-        (H100, FP8_DYNAMIC, FP32, "triton", ["cutlass"]),  # ATen's CUTLASS writes bf16 only
-        (H100, FP8_BLOCK, BF16, "triton", ["cutlass"]),
-        (H100, INT8_DYNAMIC, BF16, "triton", ["cutlass"]),  # int8 CUTLASS needs vLLM
-        (H100, UINT8_ASYMMETRIC, FP32, "torch", ["cutlass", "triton"]),
-        (H100, W4A8, BF16, None, ["cutlass", "triton", "torch"]),
-        (A100, FP8_DYNAMIC, BF16, None, ["cutlass", "triton", "torch"]),
-        (A100, INT8_DYNAMIC, FP32, "triton", ["cutlass"]),
+        (H100, FP8_DYNAMIC, FP32, "triton", ["cutlass", "cuda"]),  # ATen's CUTLASS writes bf16 only
+        (H100, FP8_BLOCK, BF16, "triton", ["cutlass", "cuda"]),
+        (H100, INT8_DYNAMIC, BF16, "triton", ["cutlass", "cuda"]),  # int8 CUTLASS needs vLLM
+        (H100, UINT8_ASYMMETRIC, FP32, "torch", ["cutlass", "cuda", "triton"]),
+        (H100, W4A8, BF16, None, ["cutlass", "cuda", "triton", "torch"]),
+        (A100, FP8_DYNAMIC, BF16, None, ["cutlass", "cuda", "triton", "torch"]),
+        (A100, INT8_DYNAMIC, FP32, "triton", ["cutlass", "cuda"]),
         (MI300, INT8_DYNAMIC, BF16, "aiter", []),
         (MI300, FP8_DYNAMIC, BF16, "aiter", []),
         (MI300, INT8_DYNAMIC, FP32, "triton", ["aiter"]),  # AITER writes bf16 / fp16
@@ -173,7 +173,7 @@ def test_torch_kernel_cuda_alignment_reasons(scheme, k, n, row, factor):
     ids=["get_kernel", "forced", "preference"],
 )
 def test_unknown_kernel_name_lists_known_kernels(call):
-    known = "['aiter', 'cutlass', 'onednn', 'reference', 'torch', 'triton', 'xpu', 'zentorch']"
+    known = "['aiter', 'cuda', 'cutlass', 'onednn', 'reference', 'torch', 'triton', 'xpu', 'zentorch']"
     with pytest.raises(KeyError, match=re.escape(f"unknown qfuse kernel 'cublaslt'; known kernels: {known}")):
         call()
 
@@ -183,17 +183,17 @@ def test_unknown_kernel_name_lists_known_kernels(call):
     [
         (None, FP8_DYNAMIC, BF16, H100, "cutlass", []),  # M unknown (dynamic): the priority list
         (4096, FP8_DYNAMIC, BF16, H100, "cutlass", []),
-        (16, FP8_DYNAMIC, BF16, H100, "triton", ["cutlass"]),  # decode: the Triton decode template
-        (17, FP8_DYNAMIC, BF16, H100, "torch", ["cutlass", "triton"]),  # cuBLAS up to 128 rows
-        (128, FP8_DYNAMIC, BF16, H100, "torch", ["cutlass", "triton"]),
+        (16, FP8_DYNAMIC, BF16, H100, "triton", ["cutlass", "cuda"]),  # decode: the Triton decode template
+        (17, FP8_DYNAMIC, BF16, H100, "torch", ["cutlass", "cuda", "triton"]),  # cuBLAS up to 128 rows
+        (128, FP8_DYNAMIC, BF16, H100, "torch", ["cutlass", "cuda", "triton"]),
         (129, FP8_DYNAMIC, BF16, H100, "cutlass", []),
-        (16, FP8_DYNAMIC, BF16, L40, "triton", ["cutlass"]),  # the small-M rules above 16 rows were measured on Hopper
+        (16, FP8_DYNAMIC, BF16, L40, "triton", ["cutlass", "cuda"]),  # the small-M rules above 16 rows were measured on Hopper
         (64, FP8_DYNAMIC, BF16, L40, "cutlass", []),
-        (4096, FP8_DYNAMIC, FP32, H100, "torch", ["cutlass", "triton"]),  # ATen's row-wise writes bf16 only
-        (16, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),
-        (None, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass"]),
-        (4096, FP8_BLOCK, BF16, H100, "triton", ["cutlass"]),  # the torch kernel has no block scales
-        (4096, INT8_DYNAMIC, BF16, H100, "triton", ["cutlass"]),  # int8 templates stay at any M
+        (4096, FP8_DYNAMIC, FP32, H100, "torch", ["cutlass", "cuda", "triton"]),  # ATen's row-wise writes bf16 only
+        (16, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass", "cuda"]),
+        (None, FP8_DYNAMIC, FP32, H100, "triton", ["cutlass", "cuda"]),
+        (4096, FP8_BLOCK, BF16, H100, "triton", ["cutlass", "cuda"]),  # the torch kernel has no block scales
+        (4096, INT8_DYNAMIC, BF16, H100, "triton", ["cutlass", "cuda"]),  # int8 templates stay at any M
     ],
 )
 def test_gpu_choice_depends_on_a_static_m(m, scheme, out_dtype, platform, chosen, passed_over):
@@ -301,6 +301,41 @@ def test_int4_at_m_1_under_cuda_graphs_is_atens_tinygemm(m, cuda_graphs, zero_po
         assert "tinygemm" in choice.rejected["triton"]
     else:
         assert "torch" not in choice.rejected, choice.rejected
+
+
+H100_NVRTC = Platform("cuda", cuda_capability=(9, 0), libraries=frozenset({"triton", "nvrtc"}))
+
+
+@pytest.mark.parametrize("m, cuda_graphs, zero_point, group, scale_dtype, platform, chosen, reason", [
+    (1, True, False, 128, BF16, H100_NVRTC, "cuda", ""),
+    (16, True, True, 128, BF16, H100_NVRTC, "cuda", ""),  # zero points: exact, as eager rounds them
+    (None, True, False, 4096, BF16, H100_NVRTC, "cuda", ""),  # a dynamic M: the lowering asks again per bucket
+    (17, True, False, 128, BF16, H100_NVRTC, "triton", "a decode kernel (M <= 16)"),
+    (1, False, False, 128, BF16, H100_NVRTC, "triton", "faster under CUDA graphs (mode='reduce-overhead') only"),
+    (1, True, False, 32, BF16, H100_NVRTC, "torch", "a multiple of 64"),  # tinygemm takes g32 at M = 1
+    (1, True, False, 128, torch.float16, H100_NVRTC, "triton", "the group scales are fp16, not bf16"),
+    (1, True, False, 128, BF16, H100, "torch", "needs nvrtc"),  # no NVRTC: tinygemm at M = 1
+])
+def test_int4_decode_under_cuda_graphs_is_the_cuda_kernels(m, cuda_graphs, zero_point, group, scale_dtype, platform,
+                                                           chosen, reason):
+    """qfuse's CUDA W4A16 kernel runs as an extern call: taken under CUDA graphs at decode, where it is the
+    fastest (docs/benchmarks.md), for the groups and scale dtypes it computes exactly."""
+    scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, BF16, weight_group_size=group)
+    key = GemmKey(scheme, m=m, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda",
+                  weight_zero_point=zero_point, weight_scale_dtype=scale_dtype, cuda_graphs=cuda_graphs)
+    choice = choose_kernel(key, platform)
+    assert choice.kernel.name == chosen, choice.rejected
+    assert reason in choice.rejected.get("cuda", "")
+
+
+def test_a_dynamic_m_under_cuda_graphs_runs_the_cuda_kernel_at_decode_only():
+    scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, BF16, weight_group_size=128)
+    key = GemmKey(scheme, m=None, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda",
+                  weight_scale_dtype=BF16, cuda_graphs=True)
+    request = KernelRequest(key)
+    assert request.row_bounds(H100_NVRTC) == (1, 16)  # tinygemm's step at 1 (torch), the cuda kernel's at 16
+    assert request.choose_by_rows(H100_NVRTC, lambda bound: 8 <= bound)[0].kernel.name == "cuda"
+    assert request.choose_by_rows(H100_NVRTC, lambda bound: 300 <= bound)[0].kernel.name == "triton"
 
 
 def test_tinygemm_states_why_it_is_not_taken_elsewhere():

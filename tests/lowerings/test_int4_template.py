@@ -71,7 +71,9 @@ def test_dynamic_m_compiles_once_per_m_bucket():
 
 @pytest.mark.parametrize("mode", ["max-autotune-no-cudagraphs", "reduce-overhead"])
 def test_modes(mode):
-    model = gptq_packed_int4(BF16, group_size=128, symmetric=False).cuda()
+    """max-autotune: the template. Under CUDA graphs at decode the `cuda` kernel's extern call
+    (test_decode_under_cuda_graphs_runs_the_cuda_kernel); groups of 32, which it does not take, the template."""
+    model = gptq_packed_int4(BF16, group_size=32, symmetric=False).cuda()
     x = torch.randn(16, 256, device="cuda", dtype=BF16)
     with torch.no_grad():
         out, code, _ = compile_and_get_code(model, x, mode=mode)
@@ -143,8 +145,8 @@ def test_act_order_under_freezing_runs_the_template_on_the_weight_sorted_at_comp
 @pytest.mark.parametrize("rows", [1, 16, 40, 300])
 @pytest.mark.parametrize("group_size", [64, 128], ids=["words", "planes"])
 def test_act_order_under_cuda_graphs_is_the_ops_call_on_a_weight_sorted_once(group_size, rows):
-    """Under CUDA graphs at decode (M <= 16) act order is the op's extern call: its Python sorts the weight
-    once and runs at capture only. Above, Inductor's dequantize + mm with the gathers."""
+    """Under CUDA graphs at decode (M <= 16) act order is the op's extern call on the `cuda` kernel: its Python
+    sorts the weight once and runs at capture only. Above, Inductor's dequantize + mm with the gathers."""
     import qfuse
 
     model = _act_order_model("act_order_zeros_minus_one", group_size)
@@ -157,10 +159,10 @@ def test_act_order_under_cuda_graphs_is_the_ops_call_on_a_weight_sorted_once(gro
             out = compiled(x)
         assert_close_to_eager(out.clone(), model, x)
     (record,) = qfuse.reports_since(marker)[-1].fused
-    assert record.kernel == "triton", record
-    if rows <= 16:
-        assert record.lowered.startswith("extern call") and "act order under CUDA graphs" in record.lowered, record.lowered
+    if rows <= 16:  # the cuda kernel's extern call (its weight sorted once)
+        assert record.kernel == "cuda" and record.lowered.startswith("extern call"), record
     else:
+        assert record.kernel == "triton", record
         assert record.lowered.startswith("Inductor's own dequantize + mm (a g_idx"), record.lowered
 
 
@@ -197,12 +199,13 @@ def test_awq_runs_as_the_template_at_decode(unpack_order, n, k, rows):
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-def test_m_1_under_cuda_graphs_runs_atens_tinygemm(act_order):
-    """At M = 1 under CUDA graphs kernel choice takes ATen's tinygemm (kernels/int4_tinygemm.py) for a
-    symmetric bf16 weight: the op's extern call on the weight packed once, captured and replayed."""
+def test_m_1_under_cuda_graphs_runs_atens_tinygemm_where_the_cuda_kernel_cannot(act_order):
+    """At M = 1 under CUDA graphs, groups of 32 (the cuda kernel takes multiples of 64), kernel choice takes
+    ATen's tinygemm (kernels/int4_tinygemm.py) for a symmetric bf16 weight: the op's extern call on the
+    weight packed once, captured and replayed."""
     import qfuse
 
-    model = gptq_packed_int4(BF16, group_size=128, act_order=act_order).cuda()
+    model = gptq_packed_int4(BF16, group_size=32, act_order=act_order).cuda()
     x = torch.randn(1, 256, device="cuda", dtype=BF16)
     compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
     marker = qfuse.graphs_compiled()
@@ -231,3 +234,52 @@ def test_torchao_intx_runs_as_the_template_at_decode(dtype, zero_points, values,
     (record,) = report.fused
     assert record.family == "intx_weight_only" and record.kernel == "triton", record
     assert EXTERN_CALL not in code and (TEMPLATE_MARK in code) == (rows <= 128)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("form", ["g128", "g128_zeros", "per_channel", "act_order", "zeros_minus_one"])
+@pytest.mark.parametrize("lead", [(1,), (5,), (16,), (2, 3), (40,)], ids=["M1", "M5", "M16", "3D", "M40"])
+def test_decode_under_cuda_graphs_runs_the_cuda_kernel(dtype, form, lead):
+    """Under CUDA graphs, at M <= 16, the `cuda` kernel (qfuse.kernels.cuda: tensor cores, the weight repacked
+    once) runs as the op's extern call, captured and replayed, with eager's numerics; above, the templates."""
+    import qfuse
+
+    group = None if form == "per_channel" else 128
+    model = gptq_packed_int4(dtype, group_size=group, symmetric=form not in ("g128", "per_channel", "act_order"),
+                             act_order=form == "act_order", zeros_minus_one=form == "zeros_minus_one",
+                             in_features=512, out_features=144).cuda()
+    x = torch.randn(*lead, 512, device="cuda", dtype=dtype)
+    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
+    marker = qfuse.graphs_compiled()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for _ in range(3):  # warm-up, capture, replay
+            out = compiled(x)
+        assert_close_to_eager(out.clone(), model, x)
+    (record,) = qfuse.reports_since(marker)[-1].fused
+    decode = x.numel() // 512 <= 16
+    assert (record.kernel == "cuda") == decode, record
+    if decode:
+        assert record.lowered.startswith("extern call"), record.lowered
+
+
+def test_a_dynamic_m_under_cuda_graphs_runs_the_cuda_kernel_in_the_decode_bucket():
+    """The pass sees no M; the lowering asks kernel choice again for M's bucket: M <= 16 the cuda kernel's
+    extern call, above it the Triton templates (the bucket guarded: one compile each)."""
+    import qfuse
+
+    model = gptq_packed_int4(BF16, group_size=128, in_features=512, out_features=144).cuda()
+    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead", dynamic=True)
+    marker = qfuse.graphs_compiled()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for rows in (5, 9, 100, 120):
+            x = torch.randn(rows, 512, device="cuda", dtype=BF16)
+            for _ in range(3):
+                out = compiled(x)
+            assert_close_to_eager(out.clone(), model, x)
+    records = [report.fused[0] for report in qfuse.reports_since(marker)]
+    assert len(records) == 2, [record.lowered for record in records]  # one compile a bucket
+    decode, batched = records
+    assert decode.lowered.startswith("extern call"), decode.lowered
+    assert "M above 16 (a dynamic M, guarded) runs triton, not cuda" in batched.lowered, batched.lowered

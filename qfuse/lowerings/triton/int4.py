@@ -67,6 +67,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.base import DECODE_ROWS
+from qfuse.kernels.triton import INT4_PACKING, INT4_ZEROS_MINUS_ONE
 from qfuse.lowerings.frozen import constant_weight, prepared_now
 from qfuse.lowerings.ir import (IR_OPS, append_to_lowering, as_matrix, convert, extern_call, lower, record_lowering,
                                 rows_and_k, rows_at_most, rows_bucket)

@@ -1,0 +1,184 @@
+// qfuse's W4A16 decode GEMM: out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]), M <= 16, on tensor cores.
+//
+//   w[n, k] = (u[n, k] - 8 - z[n, k / G]) * s[n, k / G]       u the stored nibble (0..15), rounded once
+//                                                             to the activation's dtype, as eager's
+//
+// The weight is repacked once (qfuse/kernels/cuda_int4.py, `repack`) so that each lane of a warp reads
+// the A operand of four mma.m16n8k16 with one 16-byte load: `words` is [N / 16, K / 64, 32 lanes, 4]
+// int32, word s of lane l = 4 g + t in chunk c holding rows 16 T + g and 16 T + g + 8 at
+// k = 64 c + 16 t + 4 s + {0, 1, 2, 3}. The MMA's k slots 2t, 2t+1, 2t+8, 2t+9 of step s are those
+// four k, for A and B alike, so a lane's B operand for the four steps is x[m, 64 c + 16 t .. + 16]:
+// two 16-byte loads. A word's nibbles, in the order the dequantize takes them:
+//
+//   bits  0- 3 | 16-19   row g,     k + 0 | k + 1      -> a0
+//   bits  4- 7 | 20-23   row g + 8, k + 0 | k + 1      -> a1
+//   bits  8-11 | 24-27   row g,     k + 2 | k + 3      -> a2
+//   bits 12-15 | 28-31   row g + 8, k + 2 | k + 3      -> a3
+//
+// Dequantize, two values a register: (w >> 4 j) & 0x000F000F | MAGIC is the pair MAGIC + u (MAGIC the
+// half float whose ulp is 1: 128 in bf16, 1024 in fp16), then fma(., 1, -(MAGIC + 8 + z)) = u - 8 - z
+// exactly, then fma(., s, -0) rounds (u - 8 - z) * s once. `sz` holds the pair (s, -(MAGIC + 8 + z)) per
+// row and group, [K / G, N]. 3 shifts, 4 lop3 and 8 fma for 8 values, then 4 MMAs.
+//
+// A block is one tile of 16 rows; its WARPS warps split K and add their sums through shared memory, so
+// the output is written once, bias and cast included, with no second launch. Column m of B is x's row
+// min(m, M - 1): columns past M compute values nobody stores.
+//
+// Compiled by NVRTC at first use with -DHALF_BF16 (or fp16), -DM_TILES=1|2 (M <= 8 | 16), -DWARPS=w,
+// -DOUT_F32 for a float32 output, -DUNROLL=u for the chunks a warp loads ahead.
+
+#ifdef HALF_BF16
+#define MAGIC 0x43004300u
+#define ONE 0x3F803F80u
+#define FMA_PAIR "fma.rn.bf16x2"
+#define MMA "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+#define FROM_FLOAT "cvt.rn.bf16.f32"
+#else
+#define MAGIC 0x64006400u
+#define ONE 0x3C003C00u
+#define FMA_PAIR "fma.rn.f16x2"
+#define MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+#define FROM_FLOAT "cvt.rn.f16.f32"
+#endif
+
+#ifndef UNROLL
+#define UNROLL 4  // chunks loaded before any is used: 2 KiB in flight a warp
+#endif
+
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+struct __align__(16) Words { unsigned x, y, z, w; };  // 16 bytes: one vector load
+
+__device__ __forceinline__ float bits_as_float(unsigned bits) {
+    float f;
+    asm("mov.b32 %0, %1;" : "=f"(f) : "r"(bits));
+    return f;
+}
+
+__device__ __forceinline__ unsigned pair_value(unsigned w, unsigned minus_zero, unsigned scale) {
+    unsigned r;
+    asm("{\n"
+        "  .reg .b32 u;\n"
+        "  lop3.b32 u, %1, 0x000F000F, %4, 0xEA;\n"
+        "  " FMA_PAIR " u, u, %5, %2;\n"
+        "  " FMA_PAIR " %0, u, %3, %6;\n"
+        "}\n"
+        : "=r"(r) : "r"(w), "r"(minus_zero), "r"(scale), "r"(MAGIC), "r"(ONE), "r"(0x80008000u));
+    return r;
+}
+
+__device__ __forceinline__ unsigned low_pair(unsigned v) {   // (lo, lo) of a pair
+    unsigned r;
+    asm("prmt.b32 %0, %1, %1, 0x1010;" : "=r"(r) : "r"(v));
+    return r;
+}
+
+__device__ __forceinline__ unsigned high_pair(unsigned v) {  // (hi, hi) of a pair
+    unsigned r;
+    asm("prmt.b32 %0, %1, %1, 0x3232;" : "=r"(r) : "r"(v));
+    return r;
+}
+
+__device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                    unsigned b1) {
+    asm volatile(MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ Words load_streaming(const Words* p) {  // read once: not kept in L1
+    Words v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, const unsigned* __restrict__ sz,
+               const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K, int group_chunks,
+               int has_bias) {
+    __shared__ float partial[WARPS][32][4 * M_TILES];
+    const int tile = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int chunks = K >> 6;
+    const int per_warp = (chunks + WARPS - 1) / WARPS;
+    const int begin = warp * per_warp;
+    const int end = imin(chunks, begin + per_warp);
+    const int row = tile * 16 + g;
+    const int row_words = K >> 3;  // 16-byte words (8 halves) per row of x
+    const Words* x_rows[M_TILES];
+    for (int i = 0; i < M_TILES; ++i) x_rows[i] = x + (long long)imin(g + 8 * i, M - 1) * row_words + 2 * t;
+    const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
+    float acc[M_TILES][4];
+    for (int i = 0; i < M_TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+    for (int c0 = begin; c0 < end; c0 += UNROLL) {
+        Words w[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) w[u] = c0 + u < end ? load_streaming(w_lane + (long long)(c0 + u) * 32) : Words{0, 0, 0, 0};
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int c = c0 + u;
+            if (c >= end) break;
+            const int group = c / group_chunks;
+            const unsigned pair_g = sz[(long long)group * N + row], pair_h = sz[(long long)group * N + row + 8];
+            const unsigned s_g = low_pair(pair_g), z_g = high_pair(pair_g);
+            const unsigned s_h = low_pair(pair_h), z_h = high_pair(pair_h);
+            Words xv[M_TILES][2];
+#pragma unroll
+            for (int i = 0; i < M_TILES; ++i) {
+                xv[i][0] = x_rows[i][8 * c];
+                xv[i][1] = x_rows[i][8 * c + 1];
+            }
+            const unsigned ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const unsigned v = ws[s];
+                const unsigned a0 = pair_value(v, z_g, s_g);
+                const unsigned a1 = pair_value(v >> 4, z_h, s_h);
+                const unsigned a2 = pair_value(v >> 8, z_g, s_g);
+                const unsigned a3 = pair_value(v >> 12, z_h, s_h);
+#pragma unroll
+                for (int i = 0; i < M_TILES; ++i) {
+                    const unsigned* xs = reinterpret_cast<const unsigned*>(&xv[i][0]);  // 8 pairs, k = 16 t + 2 p
+                    mma(acc[i], a0, a1, a2, a3, xs[2 * s], xs[2 * s + 1]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < M_TILES; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) partial[warp][lane][4 * i + j] = acc[i][j];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < M_TILES; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int other = 0; other < WARPS; ++other) sum += partial[other][lane][4 * i + j];
+            // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
+            const int n = row + 8 * (j >> 1), m = 8 * i + 2 * t + (j & 1);
+            if (m >= M) continue;
+            if (has_bias) {
+#ifdef HALF_BF16
+                sum += bits_as_float(((unsigned)bias[n]) << 16);
+#else
+                float b;
+                asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(bias[n]));
+                sum += b;
+#endif
+            }
+#ifdef OUT_F32
+            reinterpret_cast<float*>(out)[(long long)m * N + n] = sum;
+#else
+            unsigned short h;
+            asm(FROM_FLOAT " %0, %1;" : "=h"(h) : "f"(sum));
+            reinterpret_cast<unsigned short*>(out)[(long long)m * N + n] = h;
+#endif
+        }
+    }
+}

@@ -1,0 +1,104 @@
+"""W4A16 decode on tensor cores in CUDA C++ (`int4_mma.cu`), compiled by NVRTC at first use.
+
+    out [M, N] = x [M, K] @ w^T + bias,   w[n, k] = (v[n, k] - z[n, k / G]) * s[n, k / G]  in x's dtype
+    M <= 16, N a multiple of 16, K a multiple of 64, G a multiple of 64 (or K: per channel)
+
+`repack` puts qfuse's int4 convention (values v in [-8, 7] as int8 [K, N], scales and zero points
+[K / G, N]) once into the kernel's layout: words [N / 16, K / 64, 32, 4] int32, a 16-byte load per lane
+holding the A operand of four mma.m16n8k16 (the .cu file's header gives the order), and the pairs
+(s, -(MAGIC + 8 + z)) [K / G, N]. The kernel dequantizes each value once, exactly as eager rounds it,
+into the MMA's registers; a block's warps split K and add their sums in shared memory, so one launch
+writes the output with its bias and cast.
+
+The launch goes through `torch.cuda._compile_kernel` (NVRTC, then the driver's cuLaunchKernel on the
+current stream, so a CUDA graph captures it): Python on every eager call, none in a graph's replay.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("int4_mma.cu")
+ROWS_PER_TILE = 16
+K_PER_CHUNK = 64
+MAX_ROWS = 16
+_MAGIC = {torch.bfloat16: 128, torch.float16: 1024}  # the half float whose ulp is 1
+# the nibble of (row half h, k offset e) in a word: bits 4 j, j = h + 2 (e >> 1) + 4 (e & 1) (the .cu header)
+_NIBBLE_SHIFTS = [[4 * (h + 2 * (e >> 1) + 4 * (e & 1)) for e in range(4)] for h in range(2)]
+PACKING = "int4_mma"
+
+
+def why_not_shape(n: int, k: int, group_size: int) -> str:
+    """Why the kernel cannot take a weight of these sizes, or ''."""
+    if n % ROWS_PER_TILE:
+        return f"N is not a multiple of {ROWS_PER_TILE}"
+    if k % K_PER_CHUNK:
+        return f"K is not a multiple of {K_PER_CHUNK}"
+    if group_size % K_PER_CHUNK:
+        return f"groups of {group_size}: the kernel reads one scale a row for {K_PER_CHUNK} values of K"
+    return ""
+
+
+def repack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(words [N / 16, K / 64, 32, 4] int32, pairs [K / G, N] int32) from qfuse's int4 convention: `values`
+    int8 [K, N] in [-8, 7], `scale` [K / G, N] in the activation's dtype, `zero_point` int8 [K / G, N] or None."""
+    k, n = values.shape
+    nibbles = (values.t().to(torch.int64) + 8).reshape(n // 16, 2, 8, k // 64, 4, 4, 4)  # [T, h, g, C, t, s, e]
+    nibbles = nibbles.permute(0, 3, 2, 4, 5, 1, 6)  # [T, C, g, t, s, h, e]
+    shifts = torch.tensor(_NIBBLE_SHIFTS, dtype=torch.int64, device=values.device)
+    words = (nibbles << shifts).sum(dim=(-2, -1))  # [T, C, g, t, s]: eight disjoint nibbles
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(n // 16, k // 64, 32, 4)
+    zero = torch.zeros_like(scale, dtype=torch.int32) if zero_point is None else zero_point.to(torch.int32)
+    minus_zero = (-(zero + 8 + _MAGIC[scale.dtype])).to(scale.dtype)  # exact: integers below 2 MAGIC
+    pairs = torch.stack([scale, minus_zero], dim=-1).contiguous().view(torch.int32).squeeze(-1)
+    return words.contiguous(), pairs.contiguous()
+
+
+@functools.cache
+def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, out_f32: bool, device_index: int):
+    options = [f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}"]
+    options += ["-DHALF_BF16"] if dtype == torch.bfloat16 else []
+    options += ["-DOUT_F32"] if out_f32 else []
+    with torch.cuda.device(device_index):
+        return torch.cuda._compile_kernel(SOURCE.read_text(), "qfuse_int4_mma", nvcc_options=options)
+
+
+#: Warps a launch aims for, all blocks together: 27-31 a multiprocessor of an H100 were the fastest
+#: (docs/benchmarks.md, "The CUDA W4A16 decode kernel")
+TARGET_WARPS = 4096
+
+
+def launch_shape(m: int, n: int, k: int) -> tuple[int, int]:
+    """(warps a block, chunks a warp loads ahead). A block is 16 rows, so warps split K until the grid holds
+    about TARGET_WARPS (4 to 16 a block); a warp loads 4 chunks ahead, 2 where it has only 4 (its whole share)
+    or where 16 warps of M > 8 rows would hold too many registers. Measured on an H100 at M = 1 and 16,
+    N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336: this rule's pick was the fastest of 6 in 5 of 6 cases."""
+    tiles = n // ROWS_PER_TILE
+    warps = min(16, max(4, 1 << max(0, (TARGET_WARPS // max(tiles, 1)).bit_length() - 1)))
+    chunks_per_warp = k // K_PER_CHUNK // warps
+    unroll = 2 if chunks_per_warp <= 4 or (m > 8 and warps >= 16) else 4
+    return warps, unroll
+
+
+def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: torch.Tensor | None,
+             group_size: int, out_dtype: torch.dtype, warps: int | None = None, unroll: int | None = None) -> torch.Tensor:
+    """x [M, K] (1 <= M <= 16, bf16 / fp16) @ w^T + bias, w from `repack`, as `out_dtype` (x's dtype or float32);
+    `warps` and `unroll` by `launch_shape` unless given."""
+    m, k = x.shape
+    n = pairs.shape[1]
+    picked = launch_shape(m, n, k)
+    warps, unroll = warps or picked[0], unroll or picked[1]
+    out = torch.empty(m, n, device=x.device, dtype=out_dtype)
+    if m == 0:
+        return out
+    x = x.contiguous()
+    if x.data_ptr() % 16:  # the kernel reads x in 16-byte vectors
+        x = x.clone()
+    kernel = _compiled(x.dtype, 1 if m <= 8 else 2, warps, unroll, out_dtype == torch.float32, x.device.index or 0)
+    kernel(grid=(n // ROWS_PER_TILE, 1, 1), block=(32 * warps, 1, 1),
+           args=[words, x, pairs, bias if bias is not None else pairs, out, m, n, k, group_size // K_PER_CHUNK,
+                 int(bias is not None)])
+    return out
