@@ -18,6 +18,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from qfuse.kernels.registry import KernelRequest
+
 #: A linear qfuse took back from Inductor's int8 weight-only pattern (`passes/inductor_woq.py`).
 RECLAIMED = "taken back from Inductor's int8 weight-only pattern (woq_int8 -> _weight_int8pack_mm; passes/inductor_woq.py)"
 
@@ -47,7 +49,7 @@ class LinearRecord:
     lowered: str = ""  # how the fused op entered Inductor's generated code (written by qfuse.lowerings)
     #: the question kernel choice was asked (`KernelRequest`): a lowering asks it again per bucket of a
     #: dynamic M; not part of the report's text or JSON
-    request: object = field(default=None, repr=False, compare=False)
+    request: KernelRequest | None = field(default=None, repr=False, compare=False)
 
     @property
     def where(self) -> str:
