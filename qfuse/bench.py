@@ -11,7 +11,7 @@ One way to time each question:
     kernel_ms       one kernel alone: `triton.testing.do_bench`'s median
 
 Results are rows (plain dicts): `write` puts them in one JSON file with the command line and
-`machine()`; `format_table` prints them; `plot` draws them to a PNG (matplotlib: the `bench`
+`machine()`; `format_table` (`qfuse.tables`) prints them; `plot` draws them to a PNG (matplotlib: the `bench`
 extra); `progress` says on stderr where a long run is. Every script takes `--out FILE.json` (and
 `--plot FILE.png` where a plot helps) through `add_output_arguments` and `out_path`.
 
@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
+
+from qfuse.tables import format_table  # noqa: F401  (the harness's table printer, for the scripts)
 
 RESULTS_DIR = Path("benchmarks/results")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16")
@@ -248,19 +250,6 @@ def write(path: str | Path, rows: list[dict], **extra) -> Path:
 def progress(message: str) -> None:
     """One line on stderr, stamped with the seconds since the harness was imported."""
     print(f"[{time.perf_counter() - _START:7.1f} s] {message}", file=sys.stderr, flush=True)
-
-
-def format_table(rows: Sequence[Sequence[object]], header: Sequence[str], markdown: bool = False) -> str:
-    """Plain text columns (or a markdown table) of `rows` under `header`."""
-    cells = [[str(cell) for cell in row] for row in [header, *rows]]
-    if markdown:
-        lines = ["| " + " | ".join(row) + " |" for row in cells]
-        lines.insert(1, "|" + "---|" * len(header))
-        return "\n".join(lines)
-    widths = [max(len(cell) for cell in column) for column in zip(*cells)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
 
 
 def _pyplot():

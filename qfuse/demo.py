@@ -18,11 +18,12 @@ from collections.abc import Callable
 
 import torch
 
-from qfuse.bench import Timing, format_table, time_in_turns
+from qfuse.bench import Timing, time_in_turns
 from qfuse.config import pass_skipping_caches_off
 from qfuse.demo_model import DTYPES, TinyTransformer, dequantize_linears, quantize_linears
 from qfuse.passes.manager import graphs_compiled, reports_since
 from qfuse.passes.report import LinearRecord
+from qfuse.tables import format_table
 
 
 def compile_and_report(model: torch.nn.Module, x: torch.Tensor, backend: str) -> tuple[Callable, torch.Tensor, list[LinearRecord]]:

@@ -14,6 +14,8 @@ from qfuse.schemes import INT4_OFFSET
 
 VALUES_PER_INT32 = 8
 BITS_PER_VALUE = 4
+#: zero_convention -> (what is added to the zero point's shifted word, whether the sum is masked after)
+ZERO_CONVENTIONS = {"stored": (0, False), "plus_one": (1, False), "plus_one_mod_16": (1, True)}
 
 
 def pack_int4(values: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from qfuse.kernels.base import GemmKey
 from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.registry import KERNELS, choose_kernel, why_not_implemented
 from qfuse.platform import OPTIONAL_LIBRARIES, Platform, current_platform
+from qfuse.tables import format_table
 from qfuse.schemes import FP8_DTYPE, INT4_DTYPE, Granularity, QuantScheme, dtype_name
 
 G = Granularity
@@ -119,8 +120,6 @@ def this_machine(devices: tuple[str, ...]) -> str:
     """Plain text, per device type of this machine: which kernels run here, and the kernel x scheme
     matrix of this machine ('yes' where the kernel runs here and takes the scheme) with the
     registry's pick."""
-    from qfuse.bench import format_table
-
     sections = []
     for device in devices:
         platform = current_platform(device)

@@ -55,6 +55,7 @@ from torch import Tensor
 
 from qfuse.kernels import get_kernel
 from qfuse.kernels.array_ops import TORCH_OPS, ArrayOps
+from qfuse.kernels.int4_words import ZERO_CONVENTIONS
 from qfuse.kernels.prepared import DENSE, PreparedWeight, built_once, dense_int4_weight
 from qfuse.ops.arguments import op_arguments
 from qfuse.ops.scaled_mm import OUT_DTYPES
@@ -62,8 +63,6 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_OFFSET
 
 _OP = "int4_weight_only_mm"
 NIBBLES_PER_WORD = 8
-#: zero_convention -> (what is added to the zero point's shifted word, whether the sum is masked after)
-ZERO_CONVENTIONS = {"stored": (0, False), "plus_one": (1, False), "plus_one_mod_16": (1, True)}
 INT4_RANGE = (-INT4_OFFSET, INT4_OFFSET - 1)
 
 

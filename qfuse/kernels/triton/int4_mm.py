@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
+from qfuse.kernels.int4_words import ZERO_CONVENTIONS
 from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS, takes_planes, triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
 from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, batched_split_k, bucket_of,
@@ -182,8 +183,6 @@ def _int4_mm_kernel(X, W, SHIFTS, S, Z, BIAS, OUT, M, N, K, stride_xm, stride_xk
 def weight_meta(has_shifts: bool, has_zeros: bool, zero_convention: str, packed_along_n: bool,
                 int8_values: bool = False) -> dict:
     """The constexprs that say how the stored weight reads (the op's formula, `qfuse.ops.int4_weight_only`)."""
-    from qfuse.ops.int4_weight_only import ZERO_CONVENTIONS
-
     zero_add, zero_wrap = ZERO_CONVENTIONS[zero_convention]
     return dict(HAS_SHIFTS=has_shifts, HAS_ZEROS=has_zeros, ZERO_ADD=zero_add, ZERO_WRAP=zero_wrap,
                 PACKED_ALONG_N=packed_along_n, INT8_VALUES=int8_values)

@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
+from qfuse.kernels.int4_words import ZERO_CONVENTIONS
 from qfuse.kernels.triton.weight_stream import batched_split_k, bucket_of, packed_zero_points, split_k_tile, sum_splits
 
 PLANE_STEP = 128  # K values a step: 16 words a row, a K = 16 slice of the step's dot a plane
@@ -328,9 +329,7 @@ def triton_int4_planes_mm(x: torch.Tensor, packed: torch.Tensor, shifts: torch.T
                           out_dtype: torch.dtype, multiprocessor_count: int, config=None,
                           splits: int | None = None, zero_convention: str = "stored") -> torch.Tensor:
     """x [M, K] @ w^T + bias for a call `takes_planes` accepts (M, N, K > 0), the zero points by
-    `zero_convention` (`qfuse.ops.int4_weight_only.ZERO_CONVENTIONS`)."""
-    from qfuse.ops.int4_weight_only import ZERO_CONVENTIONS
-
+    `zero_convention` (`qfuse.kernels.int4_words.ZERO_CONVENTIONS`)."""
     m, k = x.shape
     n = scales.shape[0]
     block_m, block_n, block_k, group_m, num_warps, num_stages = config or plane_tile(min(m, PLANE_MAX_ROWS))
