@@ -128,8 +128,9 @@ def groups(args):
             yield ("torchao_int8_dynamic", {"dtype": dtype, "M": tokens, **mlp},
                    lambda dtype=dtype, tokens=tokens: torchao_models.torchao_int8_dynamic_mlp(
                        DTYPES[dtype], tokens=tokens, **mlp), ao)
-    kernels = {"qfuse kernel=torch": variant("qfuse", kernel="torch"),
-               "qfuse kernel=onednn": variant("qfuse", kernel="onednn")}
+    kernels = {"qfuse kernel=torch": variant("qfuse", kernel="torch")}
+    if get_kernel("onednn").is_supported(current_platform("cpu"))[0]:  # AMX or AVX-512 VNNI
+        kernels["qfuse kernel=onednn"] = variant("qfuse", kernel="onednn")
     if get_kernel("zentorch").is_supported(current_platform("cpu"))[0]:  # installed, and a Zen CPU
         kernels["qfuse kernel=zentorch"] = variant("qfuse", kernel="zentorch")
         kernels["qfuse without zentorch"] = variant("qfuse", disabled_kernels=["zentorch"])  # README's demo install

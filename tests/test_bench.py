@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from qfuse import bench
+from qfuse.kernels import get_kernel
+from qfuse.platform import current_platform
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
@@ -113,6 +115,10 @@ def test_every_cpu_script_has_a_smoke_run():
 def test_cpu_script_runs_and_writes_its_results(name, tmp_path):
     if name == "cpu_peers":
         pytest.importorskip("torchao", reason="cpu_peers compares against torchao (the peers extra)")
+    if name == "cpu_w8a16":  # oneDNN's paths, all of them: its bf16 reorder needs AVX-512
+        supported, reason = get_kernel("onednn").is_supported(current_platform("cpu"))
+        if not supported:
+            pytest.skip(f"cpu_w8a16 measures the onednn kernel's paths: {reason}")
     out, png = tmp_path / f"{name}.json", tmp_path / f"{name}.png"
     can_plot = importlib.util.find_spec("matplotlib") is not None
     plot = ["--plot", str(png)] if name in PLOTS and can_plot else []

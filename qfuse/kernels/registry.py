@@ -153,12 +153,16 @@ class KernelRequest:
         return choose_kernel(key, platform, forced=self.forced, preference=self.preference, disabled=self.disabled)
 
     def row_bounds(self, platform: Platform) -> tuple[int, ...]:
-        """The ascending M bounds at which a kernel that can run this request changes its speed verdict."""
+        """The ascending M bounds at which this request's choice changes kernel: the steps the kernels that
+        can run it declare (`Kernel.speed_row_bounds`), less those with the same kernel on both sides (a
+        guard there would only compile the same code twice)."""
         if self.forced is not None:
             return ()
         names = [name for name in self.preference or priority_list(platform) if name not in self.disabled]
-        return tuple(sorted({bound for name in names if not _verdict(kernel := get_kernel(name), self.key, platform)
-                             for bound in kernel.speed_row_bounds(self.key, platform)}))
+        steps = sorted({bound for name in names if not _verdict(kernel := get_kernel(name), self.key, platform)
+                        for bound in kernel.speed_row_bounds(self.key, platform)})
+        kernels = [self.choose(platform, m).kernel for m in (*steps, steps[-1] + 1)] if steps else []
+        return tuple(bound for bound, below, above in zip(steps, kernels, kernels[1:]) if below is not above)
 
     def choose_by_rows(self, platform: Platform, rows_at_most: Callable[[int], bool]) -> tuple[KernelChoice, str]:
         """The choice for an M known only through `rows_at_most(bound)` (a dynamic M, which the caller

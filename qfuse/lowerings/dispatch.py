@@ -2,7 +2,9 @@
 
     kernel   = the pass's choice (the op's `kernel` argument); where M is dynamic, kernel choice is
                asked again for M's bucket (`KernelRequest.choose_by_rows`, each bound guarded by
-               `ir.rows_at_most`): the one choice of `qfuse.kernels.registry`, for a static and a dynamic M alike
+               `ir.rows_at_most`): the one choice of `qfuse.kernels.registry`, for a static and a dynamic M
+               alike, under the same configuration (a forced kernel has no buckets; preferred and disabled
+               kernels apply per bucket), taken where the bucket kernel's lowering takes the call
     lowering = the `KernelLowering` that kernel's module registered for the op (`lowerings/<kernel>.py`)
     out      = lowering.lower(call) where lowering.why_not(call) is '', else the op's extern call with
                that kernel, and why (in the record and the debug log)
@@ -20,7 +22,8 @@ from typing import Any
 import sympy
 from torch._inductor import lowering as inductor_lowering
 
-from qfuse.lowerings.ir import current_record, extern_call, falls_back_to_extern_call, record_lowering, rows_at_most
+from qfuse.lowerings.ir import (current_record, extern_call, falls_back_to_extern_call, record_lowering, rows_and_k,
+                                rows_at_most)
 from qfuse.platform import current_platform
 
 
@@ -29,7 +32,7 @@ class KernelLowering:
     """How one kernel's call of one op enters Inductor's generated code."""
 
     #: '' if `lower` takes the call (the op's named arguments, their tensors Inductor IR), else why the
-    #: op stays an extern call. It may guard a dynamic M (`ir.rows_at_most`) only for a call it takes.
+    #: op stays an extern call. It guards a dynamic M (`ir.rows_at_most`) only where it must to answer.
     why_not: Callable[[Any], str]
     #: the op's result in IR; it writes how into the record (`ir.record_lowering`)
     lower: Callable[[Any], Any]
@@ -48,18 +51,26 @@ def add(kernel: str, lowerings: dict[type, KernelLowering]) -> None:
 def _kernel_of_bucket(call) -> tuple[Any, str]:
     """(the call with the kernel of its M bucket, why that is not the pass's kernel, or ''). The op's first
     argument is its activation, whose leading dims are M. A static M was chosen for by the pass; an op
-    the passes did not emit has no request to ask again."""
+    the passes did not emit has no request to ask again. The bucket's kernel is taken where its lowering
+    takes the call, or where it has none for this op (it runs as the op's extern call by design); where
+    its lowering declines the call, the pass's kernel stays (an extern call of another kernel than the
+    one measured would prepare a second copy of the weight for no measured gain)."""
     record = current_record()
     request = None if record is None else record.request
-    rows = sympy.Mul(*call[0].get_size()[:-1])
+    rows = rows_and_k(call[0])[0]
     if request is None or sympy.sympify(rows).is_number:
         return call, ""
     platform = current_platform(call[0].get_device().type)
     choice, bucket = request.choose_by_rows(platform, lambda bound: rows_at_most(rows, bound))
     if choice.kernel is None or choice.kernel.name == call.kernel:
         return call, ""
-    why = f"{bucket} (a dynamic M, guarded) runs {choice.kernel.name}, not {call.kernel}: {choice.rejected[call.kernel]}"
-    return call._replace(kernel=choice.kernel.name), why
+    bucket_call = call._replace(kernel=choice.kernel.name)
+    lowering = _LOWERINGS.get((type(call), bucket_call.kernel))
+    if lowering is not None and lowering.why_not(bucket_call):
+        return call, ""
+    why = (f"{bucket} (a dynamic M, guarded) runs {choice.kernel.name}, not {call.kernel}: "
+           f"{choice.rejected.get(call.kernel, '')}")
+    return bucket_call, why
 
 
 def _lowering_of(arguments_type: type) -> Callable:

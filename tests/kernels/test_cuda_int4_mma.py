@@ -67,3 +67,19 @@ def test_the_lanes_read_eagers_linear_from_the_repacked_weight(zero_points, grou
 ])
 def test_the_shapes_it_takes(n, k, group_size, reason):
     assert why_not_shape(n, k, group_size).startswith(reason) and bool(why_not_shape(n, k, group_size)) == bool(reason)
+
+
+def test_bad_input_is_named_before_any_launch():
+    from qfuse.kernels import get_kernel
+    from qfuse.kernels.cuda.int4_mma import int4_mma
+
+    values = torch.zeros(128, 32, dtype=torch.int8)
+    scale = torch.ones(1, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="groups of 32"):
+        repack(torch.zeros(128, 32, dtype=torch.int8), torch.ones(4, 32, dtype=torch.bfloat16), None)
+    weight = get_kernel("cuda").prepare_int4_weight(values, scale, None)
+    assert weight.packing == "int4_mma_bf16"
+    with pytest.raises(ValueError, match="prepared for int4_mma_bf16, and x is torch.float16"):
+        get_kernel("cuda").weight_only_apply(torch.zeros(1, 128, dtype=torch.float16), weight, None, torch.float16)
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        int4_mma(torch.zeros(17, 128, dtype=torch.bfloat16), weight.data, weight.scale, None, 128, torch.bfloat16)

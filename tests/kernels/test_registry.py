@@ -230,6 +230,13 @@ def test_a_dynamic_m_is_chosen_for_by_bucket_as_a_static_m_is(scheme, out_dtype,
                                                      f"M above {bounds[-1]}"))
 
 
+def test_a_step_with_the_same_kernel_on_both_sides_is_no_bound():
+    """With cutlass the only candidate (a preference list), its step at 128 rows changes nothing: no guard."""
+    request = KernelRequest(key(FP8_DYNAMIC, "cuda", BF16), preference=("cutlass",))
+    assert request.row_bounds(H100) == ()
+    assert request.choose_by_rows(H100, lambda bound: pytest.fail("no bound is asked"))[0].kernel.name == "cutlass"
+
+
 def test_a_forced_kernel_has_no_buckets():
     request = KernelRequest(key(FP8_DYNAMIC, "cuda", BF16), forced="cutlass")
     assert request.row_bounds(H100) == ()
@@ -333,7 +340,8 @@ def test_a_dynamic_m_under_cuda_graphs_runs_the_cuda_kernel_at_decode_only():
     key = GemmKey(scheme, m=None, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda",
                   weight_scale_dtype=BF16, cuda_graphs=True)
     request = KernelRequest(key)
-    assert request.row_bounds(H100_NVRTC) == (1, 16)  # tinygemm's step at 1 (torch), the cuda kernel's at 16
+    # tinygemm's step at 1 is no change of kernel (the cuda kernel on both sides): no guard there
+    assert request.row_bounds(H100_NVRTC) == (16,)
     assert request.choose_by_rows(H100_NVRTC, lambda bound: 8 <= bound)[0].kernel.name == "cuda"
     assert request.choose_by_rows(H100_NVRTC, lambda bound: 300 <= bound)[0].kernel.name == "triton"
 

@@ -43,6 +43,22 @@ def test_gptq_form_runs_as_the_template(dtype, symmetric, group_size):
 @pytest.mark.parametrize("shape", [(1, 256), (2, 3, 256), (17, 256), (100, 256), (3, 70, 256), (257, 256), (300, 256)],
                          ids=["M1", "3D_decode", "M17", "M100", "3D", "M257", "M300"])
 @pytest.mark.parametrize("group_size", [64, 128], ids=["words", "planes"])
+def record_under_cuda_graphs(model, x):
+    """The record of `model`'s one linear compiled with mode="reduce-overhead", run three times (warm-up,
+    capture, replay), its output checked against eager."""
+    import qfuse
+
+    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
+    marker = qfuse.graphs_compiled()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for _ in range(3):
+            out = compiled(x)
+        assert_close_to_eager(out.clone(), model, x)
+    (record,) = qfuse.reports_since(marker)[-1].fused
+    return record
+
+
 def test_decode_is_the_template_and_prefill_inductors_dequantize_and_mm(shape, group_size):
     """The words template up to 16 rows; the plane template (a step of 128 in one group) up to 256 rows,
     batched decode included; above, Inductor's dequantize + mm."""
@@ -147,18 +163,10 @@ def test_act_order_under_freezing_runs_the_template_on_the_weight_sorted_at_comp
 def test_act_order_under_cuda_graphs_is_the_ops_call_on_a_weight_sorted_once(group_size, rows):
     """Under CUDA graphs at decode (M <= 16) act order is the op's extern call on the `cuda` kernel: its Python
     sorts the weight once and runs at capture only. Above, Inductor's dequantize + mm with the gathers."""
-    import qfuse
 
     model = _act_order_model("act_order_zeros_minus_one", group_size)
     x = torch.randn(rows, 512, device="cuda", dtype=BF16)
-    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
-    marker = qfuse.graphs_compiled()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        for _ in range(3):  # warm-up, capture, replay
-            out = compiled(x)
-        assert_close_to_eager(out.clone(), model, x)
-    (record,) = qfuse.reports_since(marker)[-1].fused
+    record = record_under_cuda_graphs(model, x)
     if rows <= 16:  # the cuda kernel's extern call (its weight sorted once)
         assert record.kernel == "cuda" and record.lowered.startswith("extern call"), record
     else:
@@ -203,17 +211,10 @@ def test_m_1_under_cuda_graphs_runs_atens_tinygemm_where_the_cuda_kernel_cannot(
     """At M = 1 under CUDA graphs, groups of 32 (the cuda kernel takes multiples of 64), kernel choice takes
     ATen's tinygemm (kernels/int4_tinygemm.py) for a symmetric bf16 weight: the op's extern call on the
     weight packed once, captured and replayed."""
-    import qfuse
 
     model = gptq_packed_int4(BF16, group_size=32, act_order=act_order).cuda()
     x = torch.randn(1, 256, device="cuda", dtype=BF16)
-    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
-    marker = qfuse.graphs_compiled()
-    with torch.no_grad():
-        for _ in range(3):  # warm-up, capture, replay
-            out = compiled(x)
-        assert_close_to_eager(out.clone(), model, x)
-    (record,) = qfuse.reports_since(marker)[-1].fused
+    record = record_under_cuda_graphs(model, x)
     assert record.kernel == "torch" and "tinygemm" in record.rejected_kernels["triton"], record
     assert record.lowered.startswith("extern call"), record.lowered
 
@@ -238,25 +239,17 @@ def test_torchao_intx_runs_as_the_template_at_decode(dtype, zero_points, values,
 
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("form", ["g128", "g128_zeros", "per_channel", "act_order", "zeros_minus_one"])
-@pytest.mark.parametrize("lead", [(1,), (5,), (16,), (2, 3), (40,)], ids=["M1", "M5", "M16", "3D", "M40"])
+@pytest.mark.parametrize("lead", [(1,), (5,), (9,), (16,), (2, 3), (40,)], ids=["M1", "M5", "M9", "M16", "3D", "M40"])
 def test_decode_under_cuda_graphs_runs_the_cuda_kernel(dtype, form, lead):
     """Under CUDA graphs, at M <= 16, the `cuda` kernel (qfuse.kernels.cuda: tensor cores, the weight repacked
     once) runs as the op's extern call, captured and replayed, with eager's numerics; above, the templates."""
-    import qfuse
 
     group = None if form == "per_channel" else 128
     model = gptq_packed_int4(dtype, group_size=group, symmetric=form not in ("g128", "per_channel", "act_order"),
                              act_order=form == "act_order", zeros_minus_one=form == "zeros_minus_one",
                              in_features=512, out_features=144).cuda()
     x = torch.randn(*lead, 512, device="cuda", dtype=dtype)
-    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
-    marker = qfuse.graphs_compiled()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        for _ in range(3):  # warm-up, capture, replay
-            out = compiled(x)
-        assert_close_to_eager(out.clone(), model, x)
-    (record,) = qfuse.reports_since(marker)[-1].fused
+    record = record_under_cuda_graphs(model, x)
     decode = x.numel() // 512 <= 16
     assert (record.kernel == "cuda") == decode, record
     if decode:

@@ -20,6 +20,7 @@ import torch
 
 from qfuse.kernels.base import DECODE_ROWS, OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
+from qfuse.kernels.cuda.int4_mma import K_PER_CHUNK, PACKINGS, ROWS_PER_TILE
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
 from qfuse.schemes import INT4_DTYPE, Granularity, dtype_name
@@ -33,7 +34,8 @@ class CudaKernel(Kernel):
     capabilities = (
         Capability("int4 weight-only mma.m16n8k16, dequantized in registers (W4A16)", ("cuda",), _HALVES,
                    (INT4_DTYPE,), weight_scales=(Granularity.PER_GROUP,), weight_zero_point=True,
-                   weight_group_multiple=64, k_multiple=64, n_multiple=16, out_dtypes=(*_HALVES, torch.float32),
+                   weight_group_multiple=K_PER_CHUNK, k_multiple=K_PER_CHUNK, n_multiple=ROWS_PER_TILE,
+                   out_dtypes=(*_HALVES, torch.float32),
                    min_capability=80, rocm=False, requires=("nvrtc",)),
     )
 
@@ -61,16 +63,21 @@ class CudaKernel(Kernel):
         return (DECODE_ROWS,) if key.cuda_graphs else ()
 
     def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
-        from qfuse.kernels.cuda.int4_mma import PACKING, repack
+        """`repack`'s layout: `data` the words, `scale` int32 pairs (s, -(MAGIC + 8 + z)) per group and row
+        (the zero points folded into them), `packing` naming the half dtype they were made for."""
+        from qfuse.kernels.cuda.int4_mma import repack
 
         words, pairs = repack(values, scale, zero_point)
-        return PreparedWeight(words, pairs, None, *values.shape, packing=PACKING)
+        return PreparedWeight(words, pairs, None, *values.shape, packing=PACKINGS[scale.dtype])
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
         """x @ w + bias, 16 rows a launch (any M is correct; kernel choice sends it M <= 16). The sums, plus a
         bias of x's dtype, are rounded once to the output dtype; another bias is added to the float32 sums."""
         from qfuse.kernels.cuda.int4_mma import MAX_ROWS, int4_mma
 
+        if weight.packing != PACKINGS.get(x.dtype):
+            raise ValueError(f"the cuda kernel's weight was prepared for {weight.packing}, and x is {x.dtype}: it "
+                             "rounds (q - z) * s in the activation's dtype, which must be the scales'")
         group_size = weight.k // weight.scale.shape[0]
         inner_bias = bias if bias is not None and bias.dtype == x.dtype else None
         exact = out_dtype in (x.dtype, torch.float32) and (bias is None or inner_bias is not None)

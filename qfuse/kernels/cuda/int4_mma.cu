@@ -3,7 +3,7 @@
 //   w[n, k] = (u[n, k] - 8 - z[n, k / G]) * s[n, k / G]       u the stored nibble (0..15), rounded once
 //                                                             to the activation's dtype, as eager's
 //
-// The weight is repacked once (qfuse/kernels/cuda_int4.py, `repack`) so that each lane of a warp reads
+// The weight is repacked once (qfuse/kernels/cuda/int4_mma.py, `repack`) so that each lane of a warp reads
 // the A operand of four mma.m16n8k16 with one 16-byte load: `words` is [N / 16, K / 64, 32 lanes, 4]
 // int32, word s of lane l = 4 g + t in chunk c holding rows 16 T + g and 16 T + g + 8 at
 // k = 64 c + 16 t + 4 s + {0, 1, 2, 3}. The MMA's k slots 2t, 2t+1, 2t+8, 2t+9 of step s are those

@@ -28,7 +28,7 @@ MAX_ROWS = 16
 _MAGIC = {torch.bfloat16: 128, torch.float16: 1024}  # the half float whose ulp is 1
 # the nibble of (row half h, k offset e) in a word: bits 4 j, j = h + 2 (e >> 1) + 4 (e & 1) (the .cu header)
 _NIBBLE_SHIFTS = [[4 * (h + 2 * (e >> 1) + 4 * (e & 1)) for e in range(4)] for h in range(2)]
-PACKING = "int4_mma"
+PACKINGS = {torch.bfloat16: "int4_mma_bf16", torch.float16: "int4_mma_fp16"}  # by the scales' (and x's) dtype
 
 
 def why_not_shape(n: int, k: int, group_size: int) -> str:
@@ -46,6 +46,8 @@ def repack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor |
     """(words [N / 16, K / 64, 32, 4] int32, pairs [K / G, N] int32) from qfuse's int4 convention: `values`
     int8 [K, N] in [-8, 7], `scale` [K / G, N] in the activation's dtype, `zero_point` int8 [K / G, N] or None."""
     k, n = values.shape
+    if reason := why_not_shape(n, k, k // scale.shape[0]):
+        raise ValueError(f"the cuda kernel's int4 layout cannot hold this weight: {reason}")
     nibbles = (values.t().to(torch.int64) + 8).reshape(n // 16, 2, 8, k // 64, 4, 4, 4)  # [T, h, g, C, t, s, e]
     nibbles = nibbles.permute(0, 3, 2, 4, 5, 1, 6)  # [T, C, g, t, s, h, e]
     shifts = torch.tensor(_NIBBLE_SHIFTS, dtype=torch.int64, device=values.device)
@@ -89,6 +91,8 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     `warps` and `unroll` by `launch_shape` unless given."""
     m, k = x.shape
     n = pairs.shape[1]
+    if m > MAX_ROWS:
+        raise ValueError(f"int4_mma takes at most {MAX_ROWS} rows a launch, got {m}")
     picked = launch_shape(m, n, k)
     warps, unroll = warps or picked[0], unroll or picked[1]
     out = torch.empty(m, n, device=x.device, dtype=out_dtype)
@@ -97,8 +101,10 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     x = x.contiguous()
     if x.data_ptr() % 16:  # the kernel reads x in 16-byte vectors
         x = x.clone()
+    bias = None if bias is None else bias.contiguous()  # read as bias[n]
     kernel = _compiled(x.dtype, 1 if m <= 8 else 2, warps, unroll, out_dtype == torch.float32, x.device.index or 0)
-    kernel(grid=(n // ROWS_PER_TILE, 1, 1), block=(32 * warps, 1, 1),
-           args=[words, x, pairs, bias if bias is not None else pairs, out, m, n, k, group_size // K_PER_CHUNK,
-                 int(bias is not None)])
+    with torch.cuda.device(x.device):  # the module is loaded in x's device's context
+        kernel(grid=(n // ROWS_PER_TILE, 1, 1), block=(32 * warps, 1, 1),
+               args=[words, x, pairs, bias if bias is not None else pairs, out, m, n, k, group_size // K_PER_CHUNK,
+                     int(bias is not None)], stream=torch.cuda.current_stream(x.device))
     return out

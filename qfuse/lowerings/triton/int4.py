@@ -70,7 +70,7 @@ from qfuse.kernels.base import DECODE_ROWS
 from qfuse.kernels.triton import INT4_PACKING, INT4_ZEROS_MINUS_ONE
 from qfuse.lowerings.frozen import constant_weight, prepared_now
 from qfuse.lowerings.ir import (IR_OPS, append_to_lowering, as_matrix, convert, extern_call, lower, record_lowering,
-                                rows_and_k, rows_at_most, rows_bucket)
+                                rows_and_k, rows_at_most, rows_bucket, tensor_constant)
 from qfuse.lowerings.triton.template import max_autotune, split_k_linear
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, apply_zero_convention
 from qfuse.schemes import INT4_OFFSET
@@ -198,7 +198,7 @@ def _act_order_on_constants(call: Int4WeightOnlyMmArgs, x2d, rows, max_rows: int
     weight = prepared_now(call, values)
     if weight is None or weight.packing not in (INT4_PACKING, INT4_ZEROS_MINUS_ONE):
         return None
-    constant = V.graph.add_tensor_constant
+    constant = tensor_constant
     order = constant(weight.input_order, "qfuse_int4_order")
     return call._replace(
         x=lower(aten.index.Tensor, x2d, [None, order]), packed=constant(weight.data, "qfuse_int4_words"), shifts=None,
