@@ -64,10 +64,8 @@ def candidates(weight: Int4Weight, x: torch.Tensor, sms: int) -> dict:
     calls = {f"cuda mma ({warps} warps, unroll {unroll})":
              lambda warps=warps, unroll=unroll: int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16, warps, unroll)
              for warps, unroll in VARIANTS}
-    calls |= {
-        "triton planes": lambda: triton_int4_planes_mm(x, weight.words, None, weight.scales_nk, weight.zeros_packed,
-                                                       None, GROUP, torch.bfloat16, sms),
-    }
+    calls["triton planes"] = lambda: triton_int4_planes_mm(x, weight.words, None, weight.scales_nk, weight.zeros_packed,
+                                                           None, GROUP, torch.bfloat16, sms)
     if weight.tinygemm is not None:
         calls["tinygemm"] = lambda: int4_tinygemm.int4pack_mm(x, weight.tinygemm, None, torch.bfloat16)
     return calls

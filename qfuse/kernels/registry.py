@@ -153,28 +153,36 @@ class KernelRequest:
         return choose_kernel(key, platform, forced=self.forced, preference=self.preference, disabled=self.disabled)
 
     def row_bounds(self, platform: Platform) -> tuple[int, ...]:
-        """The ascending M bounds at which this request's choice changes kernel: the steps the kernels that
-        can run it declare (`Kernel.speed_row_bounds`), less those with the same kernel on both sides (a
-        guard there would only compile the same code twice)."""
+        """The ascending M bounds at which this request's choice changes kernel."""
+        return self._buckets(platform)[0]
+
+    def _buckets(self, platform: Platform) -> tuple[tuple[int, ...], dict[int, KernelChoice]]:
+        """(the bounds of `row_bounds`, the choice at each step and one above the last). The steps are those
+        the kernels that can run this request declare (`Kernel.speed_row_bounds`); a step with the same kernel
+        on both sides is no bound (a guard there would only compile the same code twice)."""
         if self.forced is not None:
-            return ()
+            return (), {}
         names = [name for name in self.preference or priority_list(platform) if name not in self.disabled]
         steps = sorted({bound for name in names if not _verdict(kernel := get_kernel(name), self.key, platform)
                         for bound in kernel.speed_row_bounds(self.key, platform)})
-        kernels = [self.choose(platform, m).kernel for m in (*steps, steps[-1] + 1)] if steps else []
-        return tuple(bound for bound, below, above in zip(steps, kernels, kernels[1:]) if below is not above)
+        if not steps:
+            return (), {}
+        above = (*steps[1:], steps[-1] + 1)
+        choices = {m: self.choose(platform, m) for m in (*steps, above[-1])}
+        return tuple(bound for bound, next_m in zip(steps, above)
+                     if choices[bound].kernel is not choices[next_m].kernel), choices
 
     def choose_by_rows(self, platform: Platform, rows_at_most: Callable[[int], bool]) -> tuple[KernelChoice, str]:
         """The choice for an M known only through `rows_at_most(bound)` (a dynamic M, which the caller
         guards on each bound it is asked: so it is asked only the bounds of `row_bounds`, in turn), and
         M's bucket in words ('' where no bound matters). Each speed rule is a step at one of the bounds,
-        so the bucket's largest M (one above the last bound for the top bucket) stands for all of it."""
-        bounds = self.row_bounds(platform)
+        so the bucket's largest M (one above the last step for the top bucket) stands for all of it."""
+        bounds, choices = self._buckets(platform)
         if not bounds:
             return self.choose(platform), ""
         lower = 0
         for bound in bounds:
             if rows_at_most(bound):
-                return self.choose(platform, bound), f"M above {lower}, at most {bound}" if lower else f"M at most {bound}"
+                return choices[bound], f"M above {lower}, at most {bound}" if lower else f"M at most {bound}"
             lower = bound
-        return self.choose(platform, lower + 1), f"M above {lower}"
+        return choices[max(choices)], f"M above {lower}"
