@@ -11,8 +11,14 @@ layers, without the embedding and the LM head (the same bf16 matmul in every var
                 symmetric g128                                              torch.compile (Inductor)
     gptq        GPTQ / compressed-tensors words unpacked in the forward (`gpu_weight_only.GptqLinear`),
                 symmetric g128                                              Inductor, and backend="qfuse"
+    fp8         fp8 W8A8 as vLLM's torch fallback writes it: dynamic per-token fp8 activation, per-channel
+                fp8 weight, row-wise `_scaled_mm`                           Inductor, and backend="qfuse"
+    int8        int8 W8A8 the same way: per-token int8, `_int_mm` on rows padded to 17 (cuBLAS takes no
+                fewer; vLLM's fallback pads so too), cut back               Inductor, and backend="qfuse"
+    int8wo      int8 weight-only as torchao's linear computes it (`gpu_weight_only.Int8WeightOnlyLinear`)
+    fp8wo       fp8 weight-only, per channel (`gpu_weight_only.Fp8WeightOnlyLinear`)
 
-A step decodes one token for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in
+`--variants` picks variants by name (a comma-separated list of substrings). A step decodes one token for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in
 turns with the others, five rounds; the median step time gives tokens/s = batch / step time. The ratio to
 the bf16 model is from the same run. Under mode="reduce-overhead" a step is one CUDA-graph replay (its time
 is the GPU's); in default mode it includes the host's launch time, which moves between runs.
@@ -27,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_weight_only import GROUP, GptqLinear
+from gpu_weight_only import GROUP, Fp8WeightOnlyLinear, GptqLinear, Int8WeightOnlyLinear
 from qfuse.bench import add_output_arguments, format_table, machine, out_path, progress, write
 from qfuse.kernels import int4_tinygemm
 
@@ -53,10 +59,51 @@ class TinygemmLinear(nn.Module):
         return out.reshape(*lead, -1)
 
 
+FP8 = torch.float8_e4m3fn
+CUBLAS_INT8_ROWS = 17  # cuBLAS's int8 GEMM takes no fewer rows
+
+
+class W8A8Linear(nn.Module):
+    """fp8 or int8 W8A8 as vLLM's torch fallbacks write it: the activation quantized per token in float32
+    (fp8: x / scale, clamped; int8: rounded and clamped), the weight per channel; fp8 by row-wise
+    `_scaled_mm`, int8 by `_int_mm` on rows padded to 17 and the float epilogue, cut back to M rows."""
+
+    def __init__(self, n: int, k: int, generator: torch.Generator, dtype: torch.dtype):
+        super().__init__()
+        if dtype == FP8:
+            weight = (torch.randn(n, k, device="cuda", generator=generator) * 64).clamp(-448, 448).to(FP8)
+        else:
+            weight = torch.randint(-127, 128, (n, k), device="cuda", generator=generator, dtype=torch.int8)
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", torch.rand(n, 1, device="cuda", generator=generator) / (64 * k**0.5))
+        self.dtype = dtype
+
+    def forward(self, x):
+        x2 = x.reshape(-1, x.shape[-1])
+        rows = x2.shape[0]
+        amax = x2.abs().amax(dim=-1, keepdim=True).to(torch.float32)
+        if self.dtype == FP8:
+            scale = (amax / 448.0).clamp(min=1e-12)
+            q = (x2.to(torch.float32) / scale).clamp(-448.0, 448.0).to(FP8)
+            out = torch._scaled_mm(q, self.weight.t(), scale, self.weight_scale.t(), out_dtype=x.dtype)
+        else:
+            scale = (amax / 127.0).clamp(min=1e-12)
+            q = torch.round(x2.to(torch.float32) / scale).clamp(-128, 127).to(torch.int8)
+            if rows < CUBLAS_INT8_ROWS:
+                q = F.pad(q, (0, 0, 0, CUBLAS_INT8_ROWS - rows))
+            out = torch.narrow(torch._int_mm(q, self.weight.t()), 0, 0, rows)
+            out = (out.to(torch.float32) * scale * self.weight_scale.t()).to(x.dtype)
+        return out.reshape(*x.shape[:-1], -1)
+
+
 def linear(form: str, n: int, k: int, generator: torch.Generator) -> nn.Module:
     if form == "bf16":
         return nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
-    return {"tinygemm": TinygemmLinear, "gptq": GptqLinear}[form](n, k, generator)
+    if form in ("fp8", "int8"):
+        return W8A8Linear(n, k, generator, FP8 if form == "fp8" else torch.int8)
+    if form == "fp8wo":
+        return Fp8WeightOnlyLinear(n, k, generator, blocks=False)
+    return {"tinygemm": TinygemmLinear, "gptq": GptqLinear, "int8wo": Int8WeightOnlyLinear}[form](n, k, generator)
 
 
 class RMSNorm(nn.Module):
@@ -129,6 +176,14 @@ VARIANTS = {  # name -> (linear form, backend)
     "tinygemm int4 (Inductor)": ("tinygemm", "inductor"),
     "gptq int4 (Inductor)": ("gptq", "inductor"),
     "gptq int4 (qfuse)": ("gptq", "qfuse"),
+    "fp8 W8A8 (Inductor)": ("fp8", "inductor"),
+    "fp8 W8A8 (qfuse)": ("fp8", "qfuse"),
+    "int8 W8A8 (Inductor)": ("int8", "inductor"),
+    "int8 W8A8 (qfuse)": ("int8", "qfuse"),
+    "int8 weight-only (Inductor)": ("int8wo", "inductor"),
+    "int8 weight-only (qfuse)": ("int8wo", "qfuse"),
+    "fp8 weight-only (Inductor)": ("fp8wo", "inductor"),
+    "fp8 weight-only (qfuse)": ("fp8wo", "qfuse"),
 }
 
 
@@ -143,7 +198,7 @@ def step_ms(step, inputs, steps: int) -> float:
     return start.elapsed_time(end) / steps
 
 
-def run(layers: int, batches, modes, steps: int, rounds: int) -> list[dict]:
+def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) -> list[dict]:
     torch._dynamo.config.recompile_limit = 64  # one Block class compiled at several batch sizes and modes
     rows = []
     for batch in batches:
@@ -152,7 +207,7 @@ def run(layers: int, batches, modes, steps: int, rounds: int) -> list[dict]:
         for mode in modes:
             torch._dynamo.reset()  # once: a reset between variants would make the earlier ones compile again
             compiled = {}
-            for name, (form, backend) in VARIANTS.items():
+            for name, (form, backend) in variants.items():
                 progress(f"batch {batch}, {mode}: compiling {name}")
                 model = Decoder(form, layers, batch).eval()
                 options = {} if mode == "default" else {"mode": mode}
@@ -185,12 +240,16 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--modes", default="default,reduce-overhead")
+    parser.add_argument("--variants", default="", help="substrings of the variants to run (the bf16 model always runs)")
     add_output_arguments(parser, "gpu_llm_decode", quick="2 layers, batch 1, reduce-overhead only")
     args = parser.parse_args()
     layers, batches, modes = args.layers, [int(b) for b in args.batches.split(",")], args.modes.split(",")
     if args.quick:
         layers, batches, modes = 2, [1], ["reduce-overhead"]
-    rows = run(layers, batches, modes, steps=40, rounds=5)
+    wanted = [part for part in args.variants.split(",") if part]
+    variants = {name: value for name, value in VARIANTS.items()
+                if name.startswith("bf16") or not wanted or any(part in name for part in wanted)}
+    rows = run(layers, batches, modes, steps=40, rounds=5, variants=variants)
     header = ["batch", "mode", "variant", "step_ms", "tokens_per_s", "vs_bf16", "spread"]
     print(format_table([[row[column] for column in header] for row in rows], header))
     write(out_path(args, "gpu_llm_decode"), rows, machine=machine())

@@ -230,7 +230,8 @@ class Int8WeightOnlyLinear(nn.Module):
         self.register_buffer("scale", scale.to(torch.bfloat16))
 
     def forward(self, x):
-        return torch.mm(x, self.weight.t().to(x.dtype)) * self.scale
+        out = torch.mm(x.reshape(-1, x.shape[-1]), self.weight.t().to(x.dtype)) * self.scale
+        return out.reshape(*x.shape[:-1], -1)
 
     def kernel_call(self, x, config=None, splits=None):
         from qfuse.kernels.triton.w8a16_mm import triton_w8a16_mm

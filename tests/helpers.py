@@ -86,3 +86,18 @@ def assert_close_to_eager(out, model, x):
     assert out.dtype == eager.dtype and out.shape == eager.shape
     scale = eager.float().abs().max().item()
     assert (out.float() - eager.float()).abs().max().item() <= 2 * ROUNDING[x.dtype] * scale
+
+
+def record_under_cuda_graphs(model, x, eager=None):
+    """The record of `model`'s one linear compiled with mode="reduce-overhead", run three times (warm-up,
+    capture, replay), its output checked against eager (`eager(x)` where given: e.g. `model` run on the CPU,
+    where the GPU's eager cannot run it)."""
+    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
+    marker = qfuse.graphs_compiled()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for _ in range(3):
+            out = compiled(x)
+        assert_close_to_eager(out.clone(), eager or model, x)
+    (record,) = qfuse.reports_since(marker)[-1].fused
+    return record

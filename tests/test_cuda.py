@@ -2,6 +2,9 @@
 reference-form and Q/DQ linears on CUDA tensors, against the same function run eagerly on the CPU
 (eager torch._int_mm on CUDA rejects M <= 16, which the fused op handles)."""
 
+import copy
+import functools
+
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
@@ -155,3 +158,50 @@ def test_reduce_overhead_captures_qfuse_ops_in_cuda_graphs(kernel, monkeypatch):
         out = compiled(x, w, w_scale, bias)
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     torch.testing.assert_close(out.cpu(), int_mm_linear(*on_cpu(x, w, w_scale, bias)), rtol=1e-4, atol=1e-4)
+
+
+def _w8a8_int8():
+    from tests.peers.hf_llama import ReferenceW8A8Linear
+
+    torch.manual_seed(0)
+    return ReferenceW8A8Linear.from_linear(torch.nn.Linear(512, 144))
+
+
+def _decode_forms():
+    """name -> (model on the GPU, whether eager runs on the GPU: `_int_mm` takes no M <= 16 there)."""
+    from tests.peers.vllm_fallbacks import VllmFp8Linear
+    from tests.peers.weight_only_models import fp8_weight_only, hand_written_int8
+
+    forms = {
+        "int8 W8A8 (hand-written, per token)": (_w8a8_int8(), False),
+        "int8 W8A16 (torchao's form)": (hand_written_int8(torch.bfloat16, scale_after_matmul=True, in_features=512,
+                                                           out_features=144), True),
+    }
+    if FP8_CAPABLE:
+        forms["fp8 W8A8 (vLLM row-wise, per token)"] = (VllmFp8Linear(512, 144, "row_wise", dynamic=True), True)
+        forms["fp8 W8A8 (vLLM per tensor, static)"] = (VllmFp8Linear(512, 144, "per_tensor", dynamic=False), True)
+        forms["fp8 W8A16 (per channel)"] = (fp8_weight_only(torch.bfloat16, scales="channel", in_features=512,
+                                                            out_features=144), True)
+    return forms
+
+
+@pytest.mark.parametrize("form", list(_decode_forms()) if torch.cuda.is_available() else [])
+@pytest.mark.parametrize("lead", [(1,), (5,), (16,), (2, 3), (40,)], ids=["M1", "M5", "M16", "3D", "M40"])
+def test_8bit_decode_under_cuda_graphs_runs_the_cuda_kernel(form, lead):
+    """Under CUDA graphs, at M <= 16, the `cuda` kernel's 8-bit GEMM (the weight repacked once, tensor cores)
+    runs as the op's extern call, captured and replayed, with eager's numerics; above, the other kernels."""
+    from tests.helpers import record_under_cuda_graphs
+
+    model, eager_on_gpu = _decode_forms()[form]
+    model = model.cuda().eval()
+    dtype = torch.float32 if "hand-written" in form else torch.bfloat16
+    x = torch.randn(*lead, 512, device="cuda", dtype=dtype)
+    record = record_under_cuda_graphs(model, x, None if eager_on_gpu else functools.partial(_eager_on_cpu, model))
+    decode = x.numel() // 512 <= 16
+    assert (record.kernel == "cuda") == decode, (record.kernel, record.rejected_kernels)
+    if decode:
+        assert record.lowered.startswith("extern call"), record.lowered
+
+
+def _eager_on_cpu(model, x):
+    return copy.deepcopy(model).cpu()(x.cpu()).to(x.device)

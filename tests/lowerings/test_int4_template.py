@@ -12,7 +12,8 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS, PLANE_TILES
-from tests.helpers import assert_close_to_eager, assert_one_compile_per_m_bucket, compile_and_get_code
+from tests.helpers import (assert_close_to_eager, assert_one_compile_per_m_bucket, compile_and_get_code,
+                           record_under_cuda_graphs)
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -43,22 +44,6 @@ def test_gptq_form_runs_as_the_template(dtype, symmetric, group_size):
 @pytest.mark.parametrize("shape", [(1, 256), (2, 3, 256), (17, 256), (100, 256), (3, 70, 256), (257, 256), (300, 256)],
                          ids=["M1", "3D_decode", "M17", "M100", "3D", "M257", "M300"])
 @pytest.mark.parametrize("group_size", [64, 128], ids=["words", "planes"])
-def record_under_cuda_graphs(model, x):
-    """The record of `model`'s one linear compiled with mode="reduce-overhead", run three times (warm-up,
-    capture, replay), its output checked against eager."""
-    import qfuse
-
-    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
-    marker = qfuse.graphs_compiled()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        for _ in range(3):
-            out = compiled(x)
-        assert_close_to_eager(out.clone(), model, x)
-    (record,) = qfuse.reports_since(marker)[-1].fused
-    return record
-
-
 def test_decode_is_the_template_and_prefill_inductors_dequantize_and_mm(shape, group_size):
     """The words template up to 16 rows; the plane template (a step of 128 in one group) up to 256 rows,
     batched decode included; above, Inductor's dequantize + mm."""

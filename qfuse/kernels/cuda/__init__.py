@@ -1,11 +1,14 @@
 """`cuda`: qfuse's own CUDA C++ kernels, compiled at first use by NVRTC (`torch.cuda._compile_kernel`).
 
-One kernel today, W4A16 decode on tensor cores (`int4_mma.cu`, `int4_mma.py`): an int4 weight repacked once
-into the layout of mma.m16n8k16's A operand, a 16-byte load a lane, dequantized in registers exactly as
-eager rounds it. It runs as the op's extern call, whose Python costs more than its GPU time on every
-eager call, so kernel choice takes it under CUDA graphs (mode="reduce-overhead"), whose replays run no
-Python, at decode (M <= 16; a dynamic M per bucket). Elsewhere the Triton templates, which enter
-Inductor's code, stay faster.
+Two decode GEMMs on tensor cores, each streaming a weight repacked once so that a lane's 16-byte load is the
+A operand of its MMAs (the quantized weight on the MMA's 16-row side, the few activation rows on its 8-column
+side):
+- `int4_mma` (W4A16): an int4 weight dequantized in registers exactly as eager rounds it;
+- `w8_mma` (W8A8 int8 / fp8, and W8A16 with an int8 / fp8 weight): 8-bit MMAs on the quantized activation,
+  or the weight converted exactly to the activation's half dtype; scales, bias and cast in its epilogue.
+Both run as the op's extern call, whose Python costs more than their GPU time on every eager call, so kernel
+choice takes them under CUDA graphs (mode="reduce-overhead"), whose replays run no Python, at decode
+(M <= 16; a dynamic M per bucket). Elsewhere the Triton templates, which enter Inductor's code, stay faster.
 
 Measured on an H100 (GPU time per linear in one CUDA graph, `benchmarks/gpu_int4_mma.py`, docs/benchmarks.md
 "A Llama decoder's tokens/s, and the CUDA W4A16 decode kernel"): M = 1, N x K = 4096 x 4096 / 14336 x 4096 /
@@ -20,12 +23,14 @@ import torch
 
 from qfuse.kernels.base import DECODE_ROWS, OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
-from qfuse.kernels.cuda.int4_mma import K_PER_CHUNK, PACKINGS, ROWS_PER_TILE
+from qfuse.kernels.cuda import int4_mma, w8_mma
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
-from qfuse.schemes import INT4_DTYPE, Granularity, dtype_name
+from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, Granularity, dtype_name
 
 _HALVES = (torch.bfloat16, torch.float16)
+_DECODE = {"k_multiple": w8_mma.K_PER_CHUNK, "n_multiple": w8_mma.ROWS_PER_TILE, "out_dtypes": FLOAT_ACTIVATION_DTYPES,
+           "rocm": False, "requires": ("nvrtc",)}  # the 8-bit rows' common columns
 
 
 class CudaKernel(Kernel):
@@ -34,9 +39,15 @@ class CudaKernel(Kernel):
     capabilities = (
         Capability("int4 weight-only mma.m16n8k16, dequantized in registers (W4A16)", ("cuda",), _HALVES,
                    (INT4_DTYPE,), weight_scales=(Granularity.PER_GROUP,), weight_zero_point=True,
-                   weight_group_multiple=K_PER_CHUNK, k_multiple=K_PER_CHUNK, n_multiple=ROWS_PER_TILE,
-                   out_dtypes=(*_HALVES, torch.float32),
+                   weight_group_multiple=int4_mma.K_PER_CHUNK, k_multiple=int4_mma.K_PER_CHUNK,
+                   n_multiple=int4_mma.ROWS_PER_TILE, out_dtypes=(*_HALVES, torch.float32),
                    min_capability=80, rocm=False, requires=("nvrtc",)),
+        Capability("int8 W8A8 mma.m16n8k32", ("cuda",), (torch.int8,), (torch.int8,), min_capability=80, **_DECODE),
+        Capability("fp8 e4m3fn W8A8 mma.m16n8k32", ("cuda",), (FP8_DTYPE,), (FP8_DTYPE,), min_capability=89, **_DECODE),
+        Capability("int8 weight-only mma.m16n8k16, converted in registers (W8A16)", ("cuda",), _HALVES, (torch.int8,),
+                   min_capability=80, **_DECODE),
+        Capability("fp8 e4m3fn weight-only mma.m16n8k16, converted in registers (W8A16)", ("cuda",), _HALVES,
+                   (FP8_DTYPE,), min_capability=89, **_DECODE),
     )
 
     def is_supported(self, platform: Platform) -> Verdict:
@@ -45,7 +56,7 @@ class CudaKernel(Kernel):
         return OK
 
     def can_implement(self, key: GemmKey, platform: Platform) -> Verdict:
-        if key.weight_scale_dtype != key.scheme.activation_dtype:
+        if key.scheme.weight_dtype == INT4_DTYPE and key.weight_scale_dtype != key.scheme.activation_dtype:
             scales = "of no recorded dtype" if key.weight_scale_dtype is None else dtype_name(key.weight_scale_dtype)
             return False, (f"it rounds (q - z) * s in the activation's dtype, and the group scales are {scales}, not "
                            f"{dtype_name(key.scheme.activation_dtype)}")
@@ -65,29 +76,62 @@ class CudaKernel(Kernel):
     def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
         """`repack`'s layout: `data` the words, `scale` int32 pairs (s, -(MAGIC + 8 + z)) per group and row
         (the zero points folded into them), `packing` naming the half dtype they were made for."""
-        from qfuse.kernels.cuda.int4_mma import repack
+        words, pairs = int4_mma.repack(values, scale, zero_point)
+        return PreparedWeight(words, pairs, None, *values.shape, packing=int4_mma.PACKINGS[scale.dtype])
 
-        words, pairs = repack(values, scale, zero_point)
-        return PreparedWeight(words, pairs, None, *values.shape, packing=PACKINGS[scale.dtype])
+    def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
+        """`w8_mma.repack`'s layout of the int8 / fp8 [K, N] weight, its scale as the float32 [N] the epilogue
+        reads (ones for none), `packing` naming the weight's dtype."""
+        if azp_b is not None:
+            raise ValueError("the cuda kernel's 8-bit GEMM takes symmetric weights; use kernel='torch' for a weight "
+                             "zero point")
+        if scale_b is not None and scale_b.dim() == 2 and scale_b.shape[0] != 1:
+            raise ValueError("the cuda kernel's 8-bit GEMM takes one weight scale or one a column, not 128 x 128 "
+                             "block scales")
+        k, n = b.shape
+        return PreparedWeight(w8_mma.repack(b), w8_mma.folded_scale(scale_b, n, b.device), None, k, n,
+                              packing=w8_mma.PACKINGS[b.dtype])
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
-        """x @ w + bias, 16 rows a launch (any M is correct; kernel choice sends it M <= 16). The sums, plus a
-        bias of x's dtype, are rounded once to the output dtype; another bias is added to the float32 sums."""
-        from qfuse.kernels.cuda.int4_mma import MAX_ROWS, int4_mma
-
-        if weight.packing != PACKINGS.get(x.dtype):
+        """x @ w + bias, 16 rows a launch (any M is correct; kernel choice sends it M <= 16). An int4 weight's
+        sums, plus a bias of x's dtype, are rounded once to the output dtype; another bias is added to the
+        float32 sums. An 8-bit weight's epilogue takes any bias and output dtype."""
+        if weight.packing in w8_mma.PACKINGS.values():
+            return self._w8_mma(x, weight, None, bias, out_dtype)
+        if weight.packing != int4_mma.PACKINGS.get(x.dtype):
             raise ValueError(f"the cuda kernel's weight was prepared for {weight.packing}, and x is {x.dtype}: it "
                              "rounds (q - z) * s in the activation's dtype, which must be the scales'")
         group_size = weight.k // weight.scale.shape[0]
         inner_bias = bias if bias is not None and bias.dtype == x.dtype else None
         exact = out_dtype in (x.dtype, torch.float32) and (bias is None or inner_bias is not None)
         kernel_dtype = out_dtype if exact else torch.float32
-        parts = [int4_mma(rows, weight.data, weight.scale, inner_bias, group_size, kernel_dtype)
-                 for rows in x.split(MAX_ROWS)]
+        parts = [int4_mma.int4_mma(rows, weight.data, weight.scale, inner_bias, group_size, kernel_dtype)
+                 for rows in x.split(int4_mma.MAX_ROWS)]
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         if bias is not None and inner_bias is None:
             out = out + bias.to(torch.float32)
         return out.to(out_dtype)
 
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
-        raise NotImplementedError("the cuda kernel has no W8A8 GEMM (its capability table has int4 weight-only rows only)")
+        """((a * scale_a) @ w) * scale_b + bias, 16 rows a launch (any M is correct; kernel choice sends it M <= 16)."""
+        if azp_a is not None:
+            raise ValueError("the cuda kernel's W8A8 GEMM takes symmetric activations; use kernel='torch' for an "
+                             "activation zero point")
+        if scale_a is not None and scale_a.numel() not in (1, a.shape[0]):
+            raise ValueError("the cuda kernel's W8A8 GEMM takes one activation scale or one a row, not a scale per "
+                             "128-group of K")
+        return self._w8_mma(a, weight, scale_a, bias, out_dtype)
+
+    @staticmethod
+    def _w8_mma(x, weight: PreparedWeight, scale_a, bias, out_dtype):
+        weight_dtype = next(dtype for dtype, packing in w8_mma.PACKINGS.items() if packing == weight.packing)
+        if x.dtype not in (weight_dtype, *_HALVES):
+            raise ValueError(f"the cuda kernel's 8-bit GEMM takes an activation of {dtype_name(weight_dtype)} (its "
+                             f"weight's dtype), bf16 or fp16, not {dtype_name(x.dtype)}")
+        if x.shape[0] <= w8_mma.MAX_ROWS:
+            return w8_mma.w8_mma(x, weight.data, weight_dtype, scale_a, weight.scale, bias, out_dtype)
+        per_row = scale_a is not None and scale_a.numel() > 1
+        return torch.cat([
+            w8_mma.w8_mma(rows, weight.data, weight_dtype, scale_a[start: start + len(rows)] if per_row else scale_a,
+                          weight.scale, bias, out_dtype)
+            for start, rows in zip(range(0, x.shape[0], w8_mma.MAX_ROWS), x.split(w8_mma.MAX_ROWS))])

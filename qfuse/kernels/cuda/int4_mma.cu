@@ -45,16 +45,6 @@
 #define UNROLL 4  // chunks loaded before any is used: 2 KiB in flight a warp
 #endif
 
-__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
-
-struct __align__(16) Words { unsigned x, y, z, w; };  // 16 bytes: one vector load
-
-__device__ __forceinline__ float bits_as_float(unsigned bits) {
-    float f;
-    asm("mov.b32 %0, %1;" : "=f"(f) : "r"(bits));
-    return f;
-}
-
 __device__ __forceinline__ unsigned pair_value(unsigned w, unsigned minus_zero, unsigned scale) {
     unsigned r;
     asm("{\n"
@@ -67,30 +57,11 @@ __device__ __forceinline__ unsigned pair_value(unsigned w, unsigned minus_zero, 
     return r;
 }
 
-__device__ __forceinline__ unsigned low_pair(unsigned v) {   // (lo, lo) of a pair
-    unsigned r;
-    asm("prmt.b32 %0, %1, %1, 0x1010;" : "=r"(r) : "r"(v));
-    return r;
-}
-
-__device__ __forceinline__ unsigned high_pair(unsigned v) {  // (hi, hi) of a pair
-    unsigned r;
-    asm("prmt.b32 %0, %1, %1, 0x3232;" : "=r"(r) : "r"(v));
-    return r;
-}
-
 __device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                     unsigned b1) {
     asm volatile(MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ Words load_streaming(const Words* p) {  // read once: not kept in L1
-    Words v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("int4_mma.cu")
+COMMON = Path(__file__).with_name("common.cuh")  # what qfuse's CUDA kernels share, prepended to the source
 ROWS_PER_TILE = 16
 K_PER_CHUNK = 64
 MAX_ROWS = 16
@@ -65,7 +66,7 @@ def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, out_f32
     options += ["-DHALF_BF16"] if dtype == torch.bfloat16 else []
     options += ["-DOUT_F32"] if out_f32 else []
     with torch.cuda.device(device_index):
-        return torch.cuda._compile_kernel(SOURCE.read_text(), "qfuse_int4_mma", nvcc_options=options)
+        return torch.cuda._compile_kernel(COMMON.read_text() + SOURCE.read_text(), "qfuse_int4_mma", nvcc_options=options)
 
 
 #: Warps a launch aims for, all blocks together: 27-31 a multiprocessor of an H100 were the fastest

@@ -1,0 +1,121 @@
+"""8-bit weight decode on tensor cores in CUDA C++ (`w8_mma.cu`), compiled by NVRTC at first use.
+
+    W8A8   out [M, N] = (a [M, K] @ w^T) * scale_a * scale_b + bias    a int8 / fp8 e4m3, w the same dtype
+    W8A16  out [M, N] = (x [M, K] @ w^T) * scale_b + bias              x bf16 / fp16, w int8 / fp8 e4m3
+    M <= 16 a launch, N a multiple of 16, K a multiple of 32; scale_a one value or one a row (float32, bf16
+    or fp16), scale_b one value or one a column, folded into a float32 [N] when the weight is prepared
+
+`repack` puts the [K, N] weight once into the kernel's layout, words [N / 16, K / 32, 32, 4] int32: a lane's
+16-byte load is the A operand of one mma.m16n8k32 (8-bit activations) or of two mma.m16n8k16 (half
+activations, the weight converted exactly in registers); the .cu file's header gives the order. A block's
+warps split K and add their sums in shared memory, so one launch writes the output, epilogue included.
+
+A W8A8 activation arrives quantized: the model's own quantizer runs in Inductor's code, fused into the
+kernel that produces the activation (the RMSNorm, the SiLU-mul), so a decode step is one launch for the
+producer and one for the linear, as in the bf16 model.
+
+The launch goes through `torch.cuda._compile_kernel` (NVRTC, then cuLaunchKernel on the current stream, so a
+CUDA graph captures it): Python on every eager call, none in a graph's replay.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from qfuse.kernels.cuda.int4_mma import COMMON, TARGET_WARPS
+from qfuse.schemes import FP8_DTYPE
+
+SOURCE = Path(__file__).with_name("w8_mma.cu")
+ROWS_PER_TILE = 16
+K_PER_CHUNK = 32
+MAX_ROWS = 16
+WEIGHT_DTYPES = (torch.int8, FP8_DTYPE)
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+#: common.cuh's dtype codes
+DTYPE_CODES = {None: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+PACKINGS = {torch.int8: "w8_mma_int8", FP8_DTYPE: "w8_mma_fp8"}
+
+
+def why_not_shape(n: int, k: int) -> str:
+    """Why the kernel cannot take a [K, N] weight of these sizes, or ''."""
+    if n % ROWS_PER_TILE:
+        return f"N is not a multiple of {ROWS_PER_TILE}"
+    if k % K_PER_CHUNK:
+        return f"K is not a multiple of {K_PER_CHUNK}"
+    return ""
+
+
+def repack(b: torch.Tensor) -> torch.Tensor:
+    """words [N / 16, K / 32, 32, 4] int32 of the int8 / fp8 [K, N] weight `b` (any strides): the bytes of
+    rows 16 T + g (+ 8) at k = 32 c + 8 t + 0..7, lane 4 g + t of chunk c (the .cu file's header)."""
+    k, n = b.shape
+    if reason := why_not_shape(n, k):
+        raise ValueError(f"the cuda kernel's 8-bit layout cannot hold this weight: {reason}")
+    rows = b.t().contiguous().view(torch.uint8)  # [N, K]
+    bytes_ = rows.reshape(n // 16, 2, 8, k // 32, 4, 2, 4)  # [T, h, g, C, t, j, byte]: row 16 T + 8 h + g, k 32 C + 8 t + 4 j
+    words = bytes_.permute(0, 3, 2, 4, 5, 1, 6).contiguous()  # [T, C, g, t, j, h, byte]: word 2 j + h
+    return words.view(torch.int32).reshape(n // 16, k // 32, 32, 4)
+
+
+def folded_scale(scale_b: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor:
+    """scale_b (None, one value, or [1, N] as the ops normalise it) as the float32 [N] the kernel reads."""
+    if scale_b is None:
+        return torch.ones(n, device=device, dtype=torch.float32)
+    return scale_b.to(torch.float32).reshape(-1).expand(n).contiguous()
+
+
+@functools.cache
+def _compiled(options: tuple[str, ...], device_index: int):
+    with torch.cuda.device(device_index):
+        return torch.cuda._compile_kernel(COMMON.read_text() + SOURCE.read_text(), "qfuse_w8_mma",
+                                          nvcc_options=list(options))
+
+
+def launch_shape(n: int, k: int) -> tuple[int, int, int]:
+    """(row tiles a block, warps a block, chunks a warp loads ahead): two 16-row tiles share their loads of x
+    where N allows, and warps split K until the grid holds about TARGET_WARPS (4 to 16 a block), as the int4
+    kernel's rule (`int4_mma.launch_shape`); a warp loads 4 chunks ahead, 2 where its whole share is 4."""
+    row_tiles = 2 if n % (2 * ROWS_PER_TILE) == 0 else 1
+    blocks = n // (ROWS_PER_TILE * row_tiles)
+    warps = min(16, max(4, 1 << max(0, (TARGET_WARPS // max(blocks, 1)).bit_length() - 1)))
+    unroll = 2 if k // K_PER_CHUNK // warps <= 4 else 4
+    return row_tiles, warps, unroll
+
+
+def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scale_a: torch.Tensor | None,
+           scale_b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
+           shape: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """out [M, N] of the module docstring, for M <= 16: `x` int8 / fp8 (W8A8, `scale_a` one value, [M, 1] or
+    None) or bf16 / fp16 (W8A16, `scale_a` None); `words` from `repack` of a weight of `weight_dtype`;
+    `scale_b` float32 [N]; `shape` (row tiles, warps, unroll) by `launch_shape` unless given."""
+    m, k = x.shape
+    n = scale_b.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"w8_mma takes at most {MAX_ROWS} rows a launch, got {m}")
+    out = torch.empty(m, n, device=x.device, dtype=out_dtype)
+    if m == 0:
+        return out
+    x = x.contiguous()
+    if x.data_ptr() % 16:  # the kernel reads x in 8- or 16-byte vectors
+        x = x.clone()
+    weight_only = x.dtype in HALF_DTYPES
+    row_tiles, warps, unroll = shape or launch_shape(n, k)
+    sa_stride = 0 if scale_a is None or scale_a.numel() == 1 else 1
+    options = [f"-DM_TILES={1 if m <= 8 else 2}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}",
+               f"-DSCALE_A={DTYPE_CODES[None if scale_a is None else scale_a.dtype]}",
+               f"-DBIAS={DTYPE_CODES[None if bias is None else bias.dtype]}", f"-DOUT={DTYPE_CODES[out_dtype]}"]
+    options += [] if weight_only else ["-DW8A8"]
+    options += ["-DWEIGHT_FP8"] if weight_dtype == FP8_DTYPE else []
+    options += ["-DHALF_BF16"] if x.dtype == torch.bfloat16 else []
+    kernel = _compiled(tuple(options), x.device.index or 0)
+    scale_a = None if scale_a is None else scale_a.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    with torch.cuda.device(x.device):  # the module is loaded in x's device's context
+        kernel(grid=(n // (ROWS_PER_TILE * row_tiles), 1, 1), block=(32 * warps, 1, 1),
+               args=[words, x, scale_a if scale_a is not None else scale_b, scale_b,
+                     bias if bias is not None else scale_b, out, m, n, k, sa_stride],
+               stream=torch.cuda.current_stream(x.device))
+    return out
