@@ -74,15 +74,24 @@ def _compiled(options: tuple[str, ...], device_index: int):
                                           nvcc_options=list(options))
 
 
-def launch_shape(n: int, k: int) -> tuple[int, int, int]:
-    """(row tiles a block, warps a block, chunks a warp loads ahead): two 16-row tiles share their loads of x
-    where N allows, and warps split K until the grid holds about TARGET_WARPS (4 to 16 a block), as the int4
-    kernel's rule (`int4_mma.launch_shape`); a warp loads 4 chunks ahead, 2 where its whole share is 4."""
-    row_tiles = 2 if n % (2 * ROWS_PER_TILE) == 0 else 1
+#: Row tiles from which a block takes two (N >= 8192): fewer blocks would leave multiprocessors idle
+TWO_TILES_FROM = 512
+
+
+def launch_shape(m: int, n: int) -> tuple[int, int, int]:
+    """(row tiles a block, warps a block, chunks a warp loads ahead). Two 16-row tiles share a block's loads
+    of x where N is large (TWO_TILES_FROM tiles), one elsewhere; warps split K until the grid holds about
+    TARGET_WARPS (4 to 16 a block), as the int4 kernel's rule (`int4_mma.launch_shape`), half as many for
+    M > 8 rows on two tiles (their accumulators and x's loads); 16 warps load 2 chunks ahead, fewer warps 4.
+    Measured on an H100 against 7 other launch shapes at M = 1 and 16, N x K = 4096 x 4096, 14336 x 4096 and
+    4096 x 14336, in each form (docs/benchmarks.md, "The CUDA 8-bit decode kernel"): the fastest of them, or
+    within 4%, in all 24 cases."""
+    row_tiles = 2 if n // ROWS_PER_TILE >= TWO_TILES_FROM else 1
     blocks = n // (ROWS_PER_TILE * row_tiles)
     warps = min(16, max(4, 1 << max(0, (TARGET_WARPS // max(blocks, 1)).bit_length() - 1)))
-    unroll = 2 if k // K_PER_CHUNK // warps <= 4 else 4
-    return row_tiles, warps, unroll
+    if m > 8 and row_tiles == 2:
+        warps = max(4, warps // 2)
+    return row_tiles, warps, 2 if warps == 16 else 4
 
 
 def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scale_a: torch.Tensor | None,
@@ -102,7 +111,7 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
     if x.data_ptr() % 16:  # the kernel reads x in 8- or 16-byte vectors
         x = x.clone()
     weight_only = x.dtype in HALF_DTYPES
-    row_tiles, warps, unroll = shape or launch_shape(n, k)
+    row_tiles, warps, unroll = shape or launch_shape(m, n)
     sa_stride = 0 if scale_a is None or scale_a.numel() == 1 else 1
     options = [f"-DM_TILES={1 if m <= 8 else 2}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}",
                f"-DSCALE_A={DTYPE_CODES[None if scale_a is None else scale_a.dtype]}",
