@@ -158,6 +158,29 @@ def strip_zero_padding(node: Any) -> tuple[Any, list[int]]:
     return node, []
 
 
+def graph_inputs_of(value: Any) -> frozenset[Node]:
+    """The placeholders and graph constants (get_attr) `value` is computed from: a node, a pending call
+    (its arguments), or a number (none)."""
+    pending = [value]
+    seen: set[int] = set()
+    inputs: set[Node] = set()
+    while pending:
+        item = pending.pop()
+        if isinstance(item, PendingCall):
+            pending.extend(item.args)
+            continue
+        if isinstance(item, (list, tuple)):
+            pending.extend(item)
+            continue
+        if not isinstance(item, Node) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if item.op in ("placeholder", "get_attr"):
+            inputs.add(item)
+        pending.extend(item.all_input_nodes)
+    return frozenset(inputs)
+
+
 def module_path(node: Node) -> str:
     """The user's module a node came from ("blocks.0.mlp.up_proj"), or '' when not recorded."""
     stack = node.meta.get("nn_module_stack") or {}

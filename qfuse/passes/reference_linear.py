@@ -52,6 +52,7 @@ from qfuse.passes.graph_utils import (
     aten,
     converted_dtype,
     dtype_of,
+    graph_inputs_of,
     is_subtraction,
     same_size,
     shape_of,
@@ -84,6 +85,7 @@ class Epilogue:
     azp_a: GraphValue | int | None = None  # the activation's zero point (a uint8 activation corrected by column sums)
     closed: bool = False  # after the output cast (or a bias fused by _scaled_mm), nothing more
     stopped_because: str = ""  # why the walk did not absorb the next node, when that is a near miss
+    activation: GraphValue | None = None  # the matmul's activation operand: no weight scale is computed from it
 
 
 def _argument(node: Node, index: int, name: str, default=None):
@@ -218,12 +220,39 @@ def _absorb_scale(epilogue: Epilogue, user: Node, current: Node) -> bool:
         return False  # s / acc, or a floor / trunc division: no dequantize
     (scale,) = [arg for arg in user.args if arg is not current] or [current]
     try:
-        epilogue.factors += factors_of(scale, current, inverted=user.target == aten.div.Tensor)
+        factors = factors_of(scale, current, inverted=user.target == aten.div.Tensor)
+        factors = _columns_not_from_the_activation(factors, current, epilogue.activation)
     except NotAScale as reason:
         if not (reason.ends_linear and epilogue.factors):
             epilogue.stopped_because = str(reason)
         return False
+    epilogue.factors += factors
     return True
+
+
+def _columns_not_from_the_activation(factors: list[Factor], output: Node, activation: GraphValue | None) -> list[Factor]:
+    """`factors`, each per-column one computed from the activation's graph inputs split into its own factors
+    (at M = 1 the per-token scale times the weight's, `s * w_scale.reshape(1, -1)`, is [1, N] as a whole);
+    NotAScale (a boundary) where such a factor is no product: at M = 1 an output-shaped [1, N] tensor
+    (SwiGLU's `silu(gate)` times `up`) broadcasts like a weight scale, but it changes with every input, and a
+    weight scale is prepared once with its weight."""
+    if activation is None:
+        return factors
+    kept = []
+    for factor in factors:
+        value = factor.value
+        if factor.role != Role.COLUMN or not isinstance(value, Node) or not (
+                graph_inputs_of(value) & graph_inputs_of(activation)):
+            kept.append(factor)
+        elif value.target in (aten.mul.Tensor, aten.div.Tensor):
+            left, right = value.args[:2]
+            parts = factors_of(left, output, factor.inverted) + factors_of(
+                right, output, factor.inverted != (value.target == aten.div.Tensor))
+            kept += _columns_not_from_the_activation(parts, output, activation)
+        else:
+            raise NotAScale(f"the factor {value.name} is computed from the activation's inputs: an ordinary "
+                            "consumer of the output, not a weight scale", ends_linear=True)
+    return kept
 
 
 def _is_row_slice(node: Node) -> bool:
@@ -319,6 +348,7 @@ def analyze(anchor: Node) -> FusedLinear | None:
     if parsed is None:
         return None
     a, b, epilogue, pattern = parsed
+    epilogue.activation = a
     a_dtype, b_dtype = dtype_of(a), dtype_of(b)
     if a_dtype in FLOAT_ACTIVATION_DTYPES:
         return _weight_only_linear(anchor, a, b, epilogue, pattern)

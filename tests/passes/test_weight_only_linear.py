@@ -10,6 +10,8 @@ recognised and reported with the reason. Checked against eager on odd shapes (M 
 3D), with dynamic M (one compile per side of the 64-row bound), and with forms that must not be rewritten.
 """
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -199,3 +201,28 @@ def test_on_the_gpu_the_triton_kernel_takes_it(form, rows):
     assert "_weight_int8pack_mm" not in "\n".join(code)
     assert record.lowered.startswith("Triton template" if rows <= 128 else "Inductor's own dequantize + mm"), record.lowered
     torch.testing.assert_close(out.float(), expected.float(), rtol=3e-2, atol=3e-2 * expected.float().abs().max().item())
+
+
+def swiglu_of_scaled_matmuls(x, w1, s1, w3, s3):
+    """torchao's int8 weight-only form in a SwiGLU: at M = 1, `silu(gate)` is [1, N], the shape of a weight scale."""
+    gate = (x @ w1.t().to(x.dtype)) * s1
+    up = (x @ w3.t().to(x.dtype)) * s3
+    return F.silu(gate) * up
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_an_activation_shaped_like_a_weight_scale_is_no_weight_scale(rows):
+    """At M = 1 `silu(gate) * up` multiplies up's output by a [1, N] tensor, which broadcasts like a per-column
+    weight scale: it is computed from the activation, so the linear ends before it (a weight scale is
+    prepared once with its weight; this factor changes with every input)."""
+    from torch._inductor.utils import run_and_get_code
+
+    _, w1, s1, _ = operands((rows, 64), torch.float32, seed=1)
+    x, w3, s3, _ = operands((rows, 64), torch.float32, seed=2)
+    torch._dynamo.reset()
+    compiled = torch.compile(swiglu_of_scaled_matmuls, backend="qfuse", options={"kernel": "reference"})
+    out, (code, *_) = run_and_get_code(compiled, x, w1, s1, w3, s3)
+    calls = re.findall(r"weight_only_scaled_mm\.default\((.*)\)\n", code)
+    scales = [re.sub(r"\([^()]*\)", "", re.sub(r"\([^()]*\)", "", call)).split(", ")[2] for call in calls]
+    assert len(scales) == 2 and all(name.startswith("arg") for name in scales), scales  # the stored scales
+    torch.testing.assert_close(out, swiglu_of_scaled_matmuls(x, w1, s1, w3, s3), rtol=1e-4, atol=1e-4)

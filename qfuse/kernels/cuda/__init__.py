@@ -29,6 +29,8 @@ from qfuse.platform import Platform
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, Granularity, dtype_name
 
 _HALVES = (torch.bfloat16, torch.float16)
+#: Up to this many rows the W8A8 GEMM is taken; above, the Triton W8A8 template is as fast or faster
+W8A8_ROWS = 8
 _DECODE = {"k_multiple": w8_mma.K_PER_CHUNK, "n_multiple": w8_mma.ROWS_PER_TILE, "out_dtypes": FLOAT_ACTIVATION_DTYPES,
            "rocm": False, "requires": ("nvrtc",)}  # the 8-bit rows' common columns
 
@@ -68,10 +70,15 @@ class CudaKernel(Kernel):
                     "time in Inductor's code; it is faster under CUDA graphs (mode='reduce-overhead') only")
         if key.m is not None and key.m > DECODE_ROWS:
             return f"at M = {key.m}: a decode kernel (M <= {DECODE_ROWS}); the Triton templates take batched decode"
+        if key.m is not None and key.m > W8A8_ROWS and not key.scheme.is_weight_only:
+            return (f"at M = {key.m} (> {W8A8_ROWS}) the Triton W8A8 template streams the weight as fast or faster "
+                    "(measured on an H100: docs/benchmarks.md, \"The CUDA 8-bit decode kernel\")")
         return super().why_slower_here(key, platform)
 
     def speed_row_bounds(self, key: GemmKey, platform: Platform) -> tuple[int, ...]:
-        return (DECODE_ROWS,) if key.cuda_graphs else ()
+        if not key.cuda_graphs:
+            return ()
+        return (DECODE_ROWS,) if key.scheme.is_weight_only else (W8A8_ROWS, DECODE_ROWS)
 
     def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
         """`repack`'s layout: `data` the words, `scale` int32 pairs (s, -(MAGIC + 8 + z)) per group and row
