@@ -18,7 +18,9 @@ layers, without the embedding and the LM head (the same bf16 matmul in every var
     int8wo      int8 weight-only as torchao's linear computes it (`gpu_weight_only.Int8WeightOnlyLinear`)
     fp8wo       fp8 weight-only, per channel (`gpu_weight_only.Fp8WeightOnlyLinear`)
 
-`--variants` picks variants by name (a comma-separated list of substrings). A step decodes one token for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in
+`--profile` instead profiles three decode steps of each variant in default mode (torch.profiler, CUDA activity:
+every kernel's GPU time, which CUDA graphs would not split out) and prints the largest kernels and the sum, per
+step. `--variants` picks variants by name (a comma-separated list of substrings). A step decodes one token for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in
 turns with the others, five rounds; the median step time gives tokens/s = batch / step time. The ratio to
 the bf16 model is from the same run. Under mode="reduce-overhead" a step is one CUDA-graph replay (its time
 is the GPU's); in default mode it includes the host's launch time, which moves between runs.
@@ -235,12 +237,43 @@ def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) ->
     return rows
 
 
+def profile_rows(layers: int, batches, variants: dict, top: int = 12) -> list[dict]:
+    """The `top` kernels of a decode step by GPU time (µs a step, launches a step) and their sum, per variant."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.config.recompile_limit = 64
+    torch._inductor.config.use_static_cuda_launcher = False  # name the Triton kernels in the profile
+    rows = []
+    for batch in batches:
+        inputs = [(torch.randn(batch, 1, DIM, device="cuda", dtype=torch.bfloat16) * 0.1,
+                   torch.tensor([START + i], device="cuda")) for i in range(6)]
+        for name, (form, backend) in variants.items():
+            progress(f"batch {batch}: profiling {name}")
+            step = torch.compile(Decoder(form, layers, batch).eval(), backend=backend)
+            with torch.no_grad():
+                for i in range(3):
+                    step(*inputs[i])
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for i in range(3, 6):
+                        step(*inputs[i])
+                    torch.cuda.synchronize()
+            events = sorted(prof.key_averages(), key=lambda event: -event.device_time_total)
+            total = sum(event.device_time_total for event in events) / 3
+            rows.append(dict(batch=batch, variant=name, kernel="(all kernels)", us_per_step=round(total, 1),
+                             launches_per_step=sum(event.count for event in events) // 3))
+            rows += [dict(batch=batch, variant=name, kernel=event.key[:100], us_per_step=round(event.device_time_total / 3, 1),
+                          launches_per_step=event.count // 3) for event in events[:top]]
+            torch._dynamo.reset()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--modes", default="default,reduce-overhead")
     parser.add_argument("--variants", default="", help="substrings of the variants to run (the bf16 model always runs)")
+    parser.add_argument("--profile", action="store_true", help="the largest kernels of a step, per variant")
     add_output_arguments(parser, "gpu_llm_decode", quick="2 layers, batch 1, reduce-overhead only")
     args = parser.parse_args()
     layers, batches, modes = args.layers, [int(b) for b in args.batches.split(",")], args.modes.split(",")
@@ -249,6 +282,12 @@ def main() -> None:
     wanted = [part for part in args.variants.split(",") if part]
     variants = {name: value for name, value in VARIANTS.items()
                 if name.startswith("bf16") or not wanted or any(part in name for part in wanted)}
+    if args.profile:
+        rows = profile_rows(layers, batches, variants)
+        header = ["batch", "variant", "kernel", "us_per_step", "launches_per_step"]
+        print(format_table([[row[column] for column in header] for row in rows], header))
+        write(out_path(args, "gpu_llm_decode_profile"), rows, machine=machine())
+        return
     rows = run(layers, batches, modes, steps=40, rounds=5, variants=variants)
     header = ["batch", "mode", "variant", "step_ms", "tokens_per_s", "vs_bf16", "spread"]
     print(format_table([[row[column] for column in header] for row in rows], header))

@@ -8,6 +8,7 @@ CUDA alignment reasons, unknown names, and `KernelChoice.rejections()`. Each ker
 table is tested beside it (tests/kernels/test_<kernel>.py).
 """
 
+import dataclasses
 import re
 
 import pytest
@@ -344,6 +345,23 @@ def test_a_dynamic_m_under_cuda_graphs_runs_the_cuda_kernel_at_decode_only():
     assert request.row_bounds(H100_NVRTC) == (16,)
     assert request.choose_by_rows(H100_NVRTC, lambda bound: 8 <= bound)[0].kernel.name == "cuda"
     assert request.choose_by_rows(H100_NVRTC, lambda bound: 300 <= bound)[0].kernel.name == "triton"
+
+
+@pytest.mark.parametrize("scheme", [INT8_DYNAMIC, FP8_DYNAMIC, QuantScheme.weight_only(torch.int8, G.PER_CHANNEL, BF16),
+                                    QuantScheme.weight_only(FP8_DTYPE, G.PER_CHANNEL, BF16)], ids=str)
+def test_8bit_decode_under_cuda_graphs_is_the_cuda_kernels(scheme):
+    """Weight-only up to 16 rows, W8A8 up to 8 (the Triton W8A8 template as fast or faster above, measured); a
+    dynamic M is guarded there first (fp8 then at the bounds of cuBLAS and CUTLASS, tested above)."""
+    key = GemmKey(scheme, m=None, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda",
+                  cuda_graphs=True)
+    request = KernelRequest(key)
+    last = 16 if scheme.is_weight_only else 8
+    assert request.row_bounds(H100_NVRTC)[0] == last
+    for m, chosen in ((1, "cuda"), (last, "cuda"), (last + 1, "triton")):
+        assert request.choose_by_rows(H100_NVRTC, lambda bound, m=m: m <= bound)[0].kernel.name == chosen, m
+    choice = choose_kernel(dataclasses.replace(key, m=12), H100_NVRTC)
+    assert choice.kernel.name == ("cuda" if scheme.is_weight_only else "triton"), choice.rejected
+    assert choose_kernel(dataclasses.replace(key, cuda_graphs=False, m=1), H100_NVRTC).kernel.name == "triton"
 
 
 def test_tinygemm_states_why_it_is_not_taken_elsewhere():
