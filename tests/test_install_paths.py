@@ -1,8 +1,8 @@
 """The README's demo install has no triton (and zentorch only where it installs): the fused forms compile and run
 on the CPU there, and nothing imports triton on the way (issue #41).
 
-A subprocess blocks `import triton` (an import hook raises, as on a machine without it; Inductor's own
-`has_triton()` then says no, and an import from qfuse's code is recorded), compiles the demo's forms on the CPU with
+A subprocess blocks `import triton` and `import zentorch` (an import hook raises, as on a machine without them;
+Inductor's own `has_triton()` then says no, and an import of triton from qfuse's code is recorded), compiles the demo's forms on the CPU with
 backend="qfuse" and checks that each fused, matches eager and left no qfuse internal error. `.ci/run` also runs
 the CPU tests of the fused forms in an environment installed the way the demo command installs."""
 
@@ -16,15 +16,18 @@ ROOT = Path(__file__).resolve().parents[1]
 _SCRIPT = textwrap.dedent("""
     import importlib.util, sys, traceback, warnings
 
-    probe = importlib.util.find_spec  # a probe for triton finds nothing, as where it is not installed
-    importlib.util.find_spec = lambda name, package=None: None if name.split(".")[0] == "triton" else probe(name, package)
+    ABSENT = {"triton", "zentorch"}
+    probe = importlib.util.find_spec  # a probe for them finds nothing, as where they are not installed
+    importlib.util.find_spec = lambda name, package=None: None if name.split(".")[0] in ABSENT else probe(name, package)
 
-    class NoTriton:  # `import triton` raises, as where it is not installed; one from qfuse's code is recorded
+    class NoTriton:  # importing them raises, as where they are not installed; triton from qfuse's code is recorded
         from_qfuse = []
 
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] != "triton":
+            if name.split(".")[0] not in ABSENT:
                 return None
+            if name.split(".")[0] != "triton":
+                raise ModuleNotFoundError(f"No module named {name!r}")
             importer = [frame for frame in traceback.extract_stack()[:-1] if "importlib" not in frame.filename][-1]
             if "/qfuse/" in importer.filename:  # the import statement is qfuse's own (not torch's probe)
                 NoTriton.from_qfuse.append(f"{importer.filename}:{importer.lineno}")
@@ -57,6 +60,6 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_the_fused_forms_compile_on_the_cpu_without_triton():
+def test_the_fused_forms_compile_on_the_cpu_without_triton_or_zentorch():
     result = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "ok 3" in result.stdout, result.stderr[-4000:]
