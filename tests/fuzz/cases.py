@@ -58,6 +58,7 @@ class Case:
     special: str = ""  # "" | "inf" | "nan": one activation element
     gemm: str = "int_mm"  # hand_written int8: "int_mm" | "float_mm" (a float matmul of the upcast integers)
     clamp_low: int = -128  # hand_written int8: the quantizer's lower bound (-127: symmetric)
+    kernel: str = ""  # a kernel forced through options={"kernel": ...} ("": qfuse chooses)
     seed: int = 0
 
     @property
@@ -77,6 +78,8 @@ class Case:
             return "a near form: only a weight-only linear of its float activation may fuse"
         if self.second_user == "accumulator":
             return "the accumulator has another user, so the epilogue cannot move into a fused op"
+        if self.kernel not in ("", "reference"):
+            return f"the forced kernel {self.kernel!r} takes what its capability table takes; the rest stays Inductor's"
         float_matmul = self.form in ("pt2e", "fake_quant", "weight_only") or self.gemm == "float_mm"
         rows = math.prod(self.leading)
         # Inductor's CPU decompositions (torch 2.13): decompose_mem_bound_mm takes M == 1 with K, N <= 2048,

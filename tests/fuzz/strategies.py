@@ -2,19 +2,27 @@
 
 Each form draws only the parameters its spelling has: PT2E has no fp8 here, weight-only has no
 activation quantizer, a Python-number scale is per-tensor. Shapes cover M = 0, 1, odd and > 16,
-K and N off multiples of 16 and K == 1, 2D and 3D.
+K and N off multiples of 16 and K == 1, 2D and 3D. Half the cases force a kernel (each one that runs on the
+machine, and `reference`): forcing is a documented option, and it keeps eager's semantics as choosing does.
 """
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from tests.fuzz.cases import FORMS, NEAR_FORMS, Case
+from qfuse.kernels import get_kernel
+from qfuse.platform import current_platform
+from tests.fuzz.cases import DEVICE, FORMS, NEAR_FORMS, Case
 
 ROWS = st.sampled_from([0, 1, 2, 5, 16, 17, 33])
 K_SIZES = st.sampled_from([1, 3, 16, 24, 40, 64])
 N_SIZES = st.sampled_from([1, 5, 16, 24, 48])
 SCALE_SPELLINGS = ["[N]", "[1, N]", "[N, 1].t()", "one_element", "python"]
+#: kernels forced through options={"kernel": ...}: each that runs on this machine, and `reference`; "" (qfuse
+#: chooses) drawn as often as all of them together
+_CANDIDATES = ("cutlass", "cuda", "triton", "torch") if DEVICE == "cuda" else ("zentorch", "onednn", "torch")
+FORCED = [name for name in _CANDIDATES if get_kernel(name).is_supported(current_platform(DEVICE))[0]] + ["reference"]
+KERNELS = st.sampled_from([""] * len(FORCED) + FORCED)
 
 
 @st.composite
@@ -29,7 +37,7 @@ def cases(draw, forms=FORMS + NEAR_FORMS) -> Case:
     common = dict(
         form=form, leading=draw(leading_dims()), k=draw(K_SIZES.filter(lambda k: k > 1 or form != "scale_along_k")), n=draw(N_SIZES), bias=draw(st.booleans()),
         dynamic=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
-        special=draw(st.sampled_from(["", "", "", "", "", "", "", "", "inf", "nan"])),
+        special=draw(st.sampled_from(["", "", "", "", "", "", "", "", "inf", "nan"])), kernel=draw(KERNELS),
     )
     spelling = draw(st.sampled_from(SCALE_SPELLINGS))
     weight = "tensor" if spelling in ("one_element", "python") else draw(st.sampled_from(["channel", "channel", "tensor"]))

@@ -98,6 +98,9 @@ def test_the_weight_scale_is_folded_into_one_float_a_column():
     assert torch.equal(folded_scale(torch.tensor(0.5, dtype=torch.bfloat16), n, torch.device("cpu")), torch.full((n,), 0.5))
     per_column = torch.rand(1, n, dtype=torch.float16)
     assert torch.equal(folded_scale(per_column, n, torch.device("cpu")), per_column.float().reshape(n))
+    stored = torch.rand(1, n)  # already float32: copied all the same, so no prepared weight holds the model's storage
+    folded = folded_scale(stored, n, torch.device("cpu"))
+    assert torch.equal(folded, stored.reshape(n)) and folded.untyped_storage().data_ptr() != stored.untyped_storage().data_ptr()
 
 
 def test_bad_input_is_named_before_any_launch():

@@ -61,10 +61,11 @@ def repack(b: torch.Tensor) -> torch.Tensor:
 
 
 def folded_scale(scale_b: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor:
-    """scale_b (None, one value, or [1, N] as the ops normalise it) as the float32 [N] the kernel reads."""
+    """scale_b (None, one value, or [1, N] as the ops normalise it) as the float32 [N] the kernel reads: a copy,
+    so that a prepared weight holds no storage of the model's."""
     if scale_b is None:
         return torch.ones(n, device=device, dtype=torch.float32)
-    return scale_b.to(torch.float32).reshape(-1).expand(n).contiguous()
+    return scale_b.to(torch.float32, copy=True).reshape(-1).expand(n).contiguous()
 
 
 @functools.cache
