@@ -38,6 +38,13 @@ FOUND_BEFORE = [
     Case("hand_written", activation="static_tensor", clamp_low=-127, saturate=True, leading=(9,)),
     Case("hand_written", dtype="float16", gemm="float_mm", leading=(5,)),
     Case("pt2e", quant="uint8", activation="static_tensor", saturate=True, leading=(2, 7)),
+    # issue #41's forced kernels, as its note describes them (its seeds were not kept): an fp16 upcast whose
+    # float sums overflow in eager, an fp32 linear with K == 3 whose quantized activation has a second user,
+    # an fp16 static-scale linear clamped at -127 with an inf in the input
+    Case("hand_written", dtype="float16", gemm="float_mm", leading=(5,), kernel="torch"),
+    Case("hand_written", k=3, second_user="quantized", kernel="reference"),
+    Case("hand_written", dtype="float16", activation="static_tensor", clamp_low=-127, special="inf", kernel="reference"),
+    Case("hand_written", dtype="float16", activation="static_tensor", clamp_low=-127, special="inf", kernel="torch"),
 ]
 
 
