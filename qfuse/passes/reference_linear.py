@@ -39,7 +39,7 @@ moved row slice, the bias as a vector) is a pending call, inserted when the line
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.fx import Graph, Node
@@ -86,6 +86,7 @@ class Epilogue:
     closed: bool = False  # after the output cast (or a bias fused by _scaled_mm), nothing more
     stopped_because: str = ""  # why the walk did not absorb the next node, when that is a near miss
     activation: GraphValue | None = None  # the matmul's activation operand: no weight scale is computed from it
+    activation_inputs: frozenset | None = None  # its graph inputs (`graph_inputs_of`), once a linear
 
 
 def _argument(node: Node, index: int, name: str, default=None):
@@ -221,7 +222,7 @@ def _absorb_scale(epilogue: Epilogue, user: Node, current: Node) -> bool:
     (scale,) = [arg for arg in user.args if arg is not current] or [current]
     try:
         factors = factors_of(scale, current, inverted=user.target == aten.div.Tensor)
-        factors = _columns_not_from_the_activation(factors, current, epilogue.activation)
+        factors = _weight_side_checked(factors, current, epilogue)
     except NotAScale as reason:
         if not (reason.ends_linear and epilogue.factors):
             epilogue.stopped_because = str(reason)
@@ -230,29 +231,35 @@ def _absorb_scale(epilogue: Epilogue, user: Node, current: Node) -> bool:
     return True
 
 
-def _columns_not_from_the_activation(factors: list[Factor], output: Node, activation: GraphValue | None) -> list[Factor]:
-    """`factors`, each per-column one computed from the activation's graph inputs split into its own factors
-    (at M = 1 the per-token scale times the weight's, `s * w_scale.reshape(1, -1)`, is [1, N] as a whole);
-    NotAScale (a boundary) where such a factor is no product: at M = 1 an output-shaped [1, N] tensor
-    (SwiGLU's `silu(gate)` times `up`) broadcasts like a weight scale, but it changes with every input, and a
-    weight scale is prepared once with its weight."""
-    if activation is None:
+def _weight_side_checked(factors: list[Factor], output: Node, epilogue: Epilogue) -> list[Factor]:
+    """`factors`, those computed from the activation's graph inputs marked (`Factor.from_activation`: never a
+    weight scale, which is prepared once with its weight), a per-column one among them split into its own
+    factors (at M = 1 the per-token scale times the weight's, `s * w_scale.reshape(1, -1)`, is [1, N] as a
+    whole). NotAScale (a boundary) for such a factor that is no product and broadcasts like a weight scale: at
+    M = 1 an output-shaped [1, N] tensor (SwiGLU's `silu(gate)` times `up`), or, on a weight-only linear,
+    which scales no activation, any of them (a router's weight of the one token: `expert(x) * w[:, None]`)."""
+    if epilogue.activation is None:
         return factors
-    kept = []
+    if epilogue.activation_inputs is None:
+        epilogue.activation_inputs = graph_inputs_of(epilogue.activation)
+    weight_only = dtype_of(epilogue.activation) in FLOAT_ACTIVATION_DTYPES
+    checked = []
     for factor in factors:
         value = factor.value
-        if factor.role != Role.COLUMN or not isinstance(value, Node) or not (
-                graph_inputs_of(value) & graph_inputs_of(activation)):
-            kept.append(factor)
-        elif value.target in (aten.mul.Tensor, aten.div.Tensor):
+        inputs = graph_inputs_of(value) if isinstance(value, Node) else frozenset()
+        if not inputs & epilogue.activation_inputs:
+            checked.append(factor)
+        elif factor.role == Role.COLUMN and value.target in (aten.mul.Tensor, aten.div.Tensor):
             left, right = value.args[:2]
             parts = factors_of(left, output, factor.inverted) + factors_of(
                 right, output, factor.inverted != (value.target == aten.div.Tensor))
-            kept += _columns_not_from_the_activation(parts, output, activation)
-        else:
+            checked += _weight_side_checked(parts, output, epilogue)
+        elif factor.role == Role.COLUMN or weight_only:
             raise NotAScale(f"the factor {value.name} is computed from the activation's inputs: an ordinary "
                             "consumer of the output, not a weight scale", ends_linear=True)
-    return kept
+        else:
+            checked.append(replace(factor, from_activation=True))
+    return checked
 
 
 def _is_row_slice(node: Node) -> bool:

@@ -67,6 +67,9 @@ class Factor:
     value: Node | PendingCall | float  # a pending call: a row slice of a node (`ScaleProduct.rows_sliced`)
     role: Role
     inverted: bool = False  # the epilogue divides by it
+    #: computed from the activation's graph inputs: it changes with every call, so it belongs to the activation's
+    #: side (a weight scale is prepared once with its weight)
+    from_activation: bool = False
 
     def describe(self) -> str:
         value = self.value.args[0] if isinstance(self.value, PendingCall) else self.value  # a row slice of it
@@ -190,7 +193,8 @@ def base_of(value):
 
 def split_sides(factors: Sequence[Factor], activation_scale=None) -> tuple[ScaleProduct | None, ScaleProduct | None]:
     """(scale_a, scale_b): rows (and the quantizer's own scale) to the activation, columns to the
-    weight; one-value factors to the weight when it has no column, the rest to the activation.
+    weight; one-value factors to the weight when it has no column (not one computed from the activation),
+    the rest to the activation.
 
     The weight side is kept to stored factors where it can be (a parameter, not a product made per
     call), so a kernel that prepares its weight once can cache it."""
@@ -199,8 +203,8 @@ def split_sides(factors: Sequence[Factor], activation_scale=None) -> tuple[Scale
     tensors = [factor for factor in factors if factor.role == Role.TENSOR]
     weight = columns
     if not columns:
-        others = [factor for factor in tensors
-                  if activation_scale is None or base_of(factor.value) is not base_of(activation_scale)]
+        others = [factor for factor in tensors if not factor.from_activation
+                  and (activation_scale is None or base_of(factor.value) is not base_of(activation_scale))]
         if others and (rows or len(tensors) > 1):
             weight = [others[-1]]
     activation = rows + [factor for factor in tensors if all(factor is not chosen for chosen in weight)]

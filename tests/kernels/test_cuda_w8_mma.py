@@ -92,6 +92,16 @@ def test_the_shapes_it_takes(n, k, reason):
     assert why_not_shape(n, k).startswith(reason) and bool(why_not_shape(n, k)) == bool(reason)
 
 
+@pytest.mark.parametrize("m, n, shape", [(1, 4096, (1, 16, 2)), (16, 4096, (1, 16, 2)), (1, 14336, (2, 8, 4)),
+                                         (16, 14336, (2, 4, 4)), (1, 8208, (1, 4, 4))])
+def test_the_launch_rule(m, n, shape):
+    """Two row tiles a block only for an even number of at least 512 tiles (N = 8208 has 513: one tile a block,
+    or its last 16 rows would have no block)."""
+    from qfuse.kernels.cuda.w8_mma import launch_shape
+
+    assert launch_shape(m, n) == shape
+
+
 def test_the_weight_scale_is_folded_into_one_float_a_column():
     n = 32
     assert torch.equal(folded_scale(None, n, torch.device("cpu")), torch.ones(n))
@@ -114,7 +124,7 @@ def test_bad_input_is_named_before_any_launch():
     with pytest.raises(ValueError, match="block scales"):
         cuda.prepare_weight(torch.zeros(256, 256, dtype=FP8_DTYPE), torch.ones(2, 2), None)
     weight = cuda.prepare_weight(torch.zeros(64, 32, dtype=torch.int8), torch.ones(1, 32), None)
-    with pytest.raises(ValueError, match="activation of int8 .its weight.s dtype., bf16 or fp16, not fp32"):
+    with pytest.raises(ValueError, match="W8A16 GEMM takes a bf16 or fp16 activation, not fp32"):
         cuda.weight_only_apply(torch.zeros(1, 64, dtype=torch.float32), weight, None, torch.bfloat16)
     with pytest.raises(ValueError, match="one activation scale or one a row"):
         cuda.apply(torch.zeros(2, 64, dtype=torch.int8), weight, torch.ones(2, 2), None, None, torch.bfloat16)
@@ -124,8 +134,8 @@ def test_bad_input_is_named_before_any_launch():
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP8_CAPABLE = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
-#: (M, N, K): decode rows, two launches (M > 16), one and two row tiles a block, Llama's shapes
-SIZES = [(1, 16, 32), (5, 48, 96), (9, 64, 4096), (16, 4096, 4096), (17, 1024, 14336), (40, 32, 256)]
+#: (M, N, K): decode rows, two launches (M > 16), one and two row tiles a block (8192: two; 16400, 1025 tiles: one), Llama's shapes
+SIZES = [(1, 16, 32), (5, 48, 96), (9, 64, 4096), (16, 4096, 4096), (17, 1024, 14336), (40, 32, 256), (3, 16400, 64), (2, 8192, 64)]
 ROUNDING = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}
 
 

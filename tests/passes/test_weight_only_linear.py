@@ -125,7 +125,7 @@ def no_scale(x, w, scale, bias):
 
 
 @pytest.mark.parametrize("form, reason", [
-    (scale_per_row_of_the_activation, "a factor scales the rows of the float activation"),
+    (scale_per_row_of_the_activation, "is computed from the activation's inputs: an ordinary consumer of the output"),
     (no_scale, "no dequantize scale is applied to its output"),
 ], ids=lambda value: getattr(value, "__name__", "reason"))
 def test_forms_that_are_not_a_weight_only_linear_are_left_alone(form, reason):
@@ -210,19 +210,33 @@ def swiglu_of_scaled_matmuls(x, w1, s1, w3, s3):
     return F.silu(gate) * up
 
 
-@pytest.mark.parametrize("rows", [1, 4])
-def test_an_activation_shaped_like_a_weight_scale_is_no_weight_scale(rows):
-    """At M = 1 `silu(gate) * up` multiplies up's output by a [1, N] tensor, which broadcasts like a per-column
-    weight scale: it is computed from the activation, so the linear ends before it (a weight scale is
-    prepared once with its weight; this factor changes with every input)."""
+def routed_scaled_matmul(x, w1, s1, w3, s3):
+    """A router's weight of each token times an expert's output (MoE): at M = 1 it is [1, 1], one value."""
+    gate = torch.sigmoid(x.sum(-1, keepdim=True))
+    return (x @ w3.t().to(x.dtype)) * s3 * gate
+
+
+def _weight_scales_of_the_fused_ops(fn, *args):
+    """(output, the scale argument of each qfuse::weight_only_scaled_mm in the generated code)."""
     from torch._inductor.utils import run_and_get_code
 
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="qfuse", options={"kernel": "reference"})
+    out, (code, *_) = run_and_get_code(compiled, *args)
+    calls = re.findall(r"weight_only_scaled_mm\.default\((.*)\)\n", code)
+    return out, [re.sub(r"\([^()]*\)", "", re.sub(r"\([^()]*\)", "", call)).split(", ")[2] for call in calls]
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("form, linears", [(swiglu_of_scaled_matmuls, 2), (routed_scaled_matmul, 1)],
+                         ids=["swiglu", "routed"])
+def test_a_factor_computed_from_the_activation_is_no_weight_scale(form, linears, rows):
+    """At M = 1 `silu(gate) * up` multiplies up's output by a [1, N] tensor, which broadcasts like a per-column
+    weight scale, and a router's weight of the one token is one value, like a per-tensor one: both are computed
+    from the activation, so the linear ends before them (a weight scale is prepared once with its weight; these
+    change with every input)."""
     _, w1, s1, _ = operands((rows, 64), torch.float32, seed=1)
     x, w3, s3, _ = operands((rows, 64), torch.float32, seed=2)
-    torch._dynamo.reset()
-    compiled = torch.compile(swiglu_of_scaled_matmuls, backend="qfuse", options={"kernel": "reference"})
-    out, (code, *_) = run_and_get_code(compiled, x, w1, s1, w3, s3)
-    calls = re.findall(r"weight_only_scaled_mm\.default\((.*)\)\n", code)
-    scales = [re.sub(r"\([^()]*\)", "", re.sub(r"\([^()]*\)", "", call)).split(", ")[2] for call in calls]
-    assert len(scales) == 2 and all(name.startswith("arg") for name in scales), scales  # the stored scales
-    torch.testing.assert_close(out, swiglu_of_scaled_matmuls(x, w1, s1, w3, s3), rtol=1e-4, atol=1e-4)
+    out, scales = _weight_scales_of_the_fused_ops(form, x, w1, s1, w3, s3)
+    assert len(scales) == linears and all(name.startswith("arg") for name in scales), scales  # the stored scales
+    torch.testing.assert_close(out, form(x, w1, s1, w3, s3), rtol=1e-4, atol=1e-4)

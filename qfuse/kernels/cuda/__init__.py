@@ -104,6 +104,8 @@ class CudaKernel(Kernel):
         sums, plus a bias of x's dtype, are rounded once to the output dtype; another bias is added to the
         float32 sums. An 8-bit weight's epilogue takes any bias and output dtype."""
         if weight.packing in w8_mma.PACKINGS.values():
+            if x.dtype not in _HALVES:
+                raise ValueError(f"the cuda kernel's W8A16 GEMM takes a bf16 or fp16 activation, not {dtype_name(x.dtype)}")
             return self._w8_mma(x, weight, None, bias, out_dtype)
         if weight.packing != int4_mma.PACKINGS.get(x.dtype):
             raise ValueError(f"the cuda kernel's weight was prepared for {weight.packing}, and x is {x.dtype}: it "
@@ -131,7 +133,7 @@ class CudaKernel(Kernel):
 
     @staticmethod
     def _w8_mma(x, weight: PreparedWeight, scale_a, bias, out_dtype):
-        weight_dtype = next(dtype for dtype, packing in w8_mma.PACKINGS.items() if packing == weight.packing)
+        weight_dtype = w8_mma.WEIGHT_DTYPE_OF_PACKING[weight.packing]
         if x.dtype not in (weight_dtype, *_HALVES):
             raise ValueError(f"the cuda kernel's 8-bit GEMM takes an activation of {dtype_name(weight_dtype)} (its "
                              f"weight's dtype), bf16 or fp16, not {dtype_name(x.dtype)}")

@@ -32,11 +32,11 @@ SOURCE = Path(__file__).with_name("w8_mma.cu")
 ROWS_PER_TILE = 16
 K_PER_CHUNK = 32
 MAX_ROWS = 16
-WEIGHT_DTYPES = (torch.int8, FP8_DTYPE)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 #: common.cuh's dtype codes
 DTYPE_CODES = {None: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 PACKINGS = {torch.int8: "w8_mma_int8", FP8_DTYPE: "w8_mma_fp8"}
+WEIGHT_DTYPE_OF_PACKING = {packing: dtype for dtype, packing in PACKINGS.items()}
 
 
 def why_not_shape(n: int, k: int) -> str:
@@ -87,7 +87,8 @@ def launch_shape(m: int, n: int) -> tuple[int, int, int]:
     Measured on an H100 against 7 other launch shapes at M = 1 and 16, N x K = 4096 x 4096, 14336 x 4096 and
     4096 x 14336, in each form (docs/benchmarks.md, "The CUDA 8-bit decode kernel"): the fastest of them, or
     within 4%, in all 24 cases."""
-    row_tiles = 2 if n // ROWS_PER_TILE >= TWO_TILES_FROM else 1
+    tiles = n // ROWS_PER_TILE
+    row_tiles = 2 if tiles >= TWO_TILES_FROM and tiles % 2 == 0 else 1
     blocks = n // (ROWS_PER_TILE * row_tiles)
     warps = min(16, max(4, 1 << max(0, (TARGET_WARPS // max(blocks, 1)).bit_length() - 1)))
     if m > 8 and row_tiles == 2:
