@@ -14,9 +14,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 _SCRIPT = textwrap.dedent("""
-    import importlib.util, sys, traceback, warnings
+    import importlib.util, os, sys, traceback, warnings
 
     ABSENT = {"triton", "zentorch"}
+    QFUSE = os.path.join(os.getcwd(), "qfuse") + os.sep  # the package's own files (the test runs from the root)
     probe = importlib.util.find_spec  # a probe for them finds nothing, as where they are not installed
     importlib.util.find_spec = lambda name, package=None: None if name.split(".")[0] in ABSENT else probe(name, package)
 
@@ -29,7 +30,7 @@ _SCRIPT = textwrap.dedent("""
             if name.split(".")[0] != "triton":
                 raise ModuleNotFoundError(f"No module named {name!r}")
             importer = [frame for frame in traceback.extract_stack()[:-1] if "importlib" not in frame.filename][-1]
-            if "/qfuse/" in importer.filename:  # the import statement is qfuse's own (not torch's probe)
+            if importer.filename.startswith(QFUSE):  # the import statement is qfuse's own (not torch's probe)
                 NoTriton.from_qfuse.append(f"{importer.filename}:{importer.lineno}")
             raise ModuleNotFoundError(f"No module named {name!r}")
 

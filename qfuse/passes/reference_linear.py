@@ -66,7 +66,8 @@ from qfuse.passes.quant_forms import (
     match_token_scale,
     uint8_as_int8,
 )
-from qfuse.passes.scale_algebra import Factor, NotAScale, Role, ScaleProduct, base_of, factors_of, split_sides
+from qfuse.passes.scale_algebra import (Factor, NotAScale, Role, ScaleProduct, base_of, factors_of, factors_of_product,
+                                        split_sides)
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, WEIGHT_ONLY_DTYPES, Granularity, QuantScheme, dtype_name
 
 FAMILY = "reference_linear"
@@ -250,10 +251,7 @@ def _weight_side_checked(factors: list[Factor], output: Node, epilogue: Epilogue
         if not inputs & epilogue.activation_inputs:
             checked.append(factor)
         elif factor.role == Role.COLUMN and value.target in (aten.mul.Tensor, aten.div.Tensor):
-            left, right = value.args[:2]
-            parts = factors_of(left, output, factor.inverted) + factors_of(
-                right, output, factor.inverted != (value.target == aten.div.Tensor))
-            checked += _weight_side_checked(parts, output, epilogue)
+            checked += _weight_side_checked(factors_of_product(value, output, factor.inverted), output, epilogue)
         elif factor.role == Role.COLUMN or weight_only:
             raise NotAScale(f"the factor {value.name} is computed from the activation's inputs: an ordinary "
                             "consumer of the output, not a weight scale", ends_linear=True)

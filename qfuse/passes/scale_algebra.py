@@ -128,13 +128,17 @@ def factors_of(value, output: Node, inverted: bool = False) -> list[Factor]:
     except NotAScale as not_a_scale:
         if isinstance(value, Node) and value.target in (aten.mul.Tensor, aten.div.Tensor):
             try:
-                left, right = value.args[:2]
-                return factors_of(left, output, inverted) + factors_of(
-                    right, output, inverted != (value.target == aten.div.Tensor))
+                return factors_of_product(value, output, inverted)
             except NotAScale:
                 pass
         raise not_a_scale
     return [] if is_unit(factor.value) else [factor]
+
+
+def factors_of_product(value: Node, output: Node, inverted: bool = False) -> list[Factor]:
+    """The factors of the two operands of a mul / div node, each by `factors_of`."""
+    left, right = value.args[:2]
+    return factors_of(left, output, inverted) + factors_of(right, output, inverted != (value.target == aten.div.Tensor))
 
 
 @dataclass(frozen=True)
