@@ -71,6 +71,19 @@ def candidates(weight: Int4Weight, x: torch.Tensor, sms: int) -> dict:
     return calls
 
 
+def timed_rows(times: dict, errors: dict, weight_bytes: int, bandwidth: float, **case) -> list[dict]:
+    """A row a kernel of `times` (µs, "bf16 mm" among them): the case's fields, its time, its ratio to the bf16
+    matmul, its error, and (not for bf16) the weight's bytes over its time as a share of `bandwidth`."""
+    rows = []
+    for name, us in times.items():
+        row = dict(**case, kernel=name, gpu_us=round(us, 2), vs_bf16=round(times["bf16 mm"] / us, 2),
+                   rel_error=errors.get(name))
+        if name != "bf16 mm":
+            row["hbm_fraction"] = round(weight_bytes / (us * 1e-6) / bandwidth, 3)
+        rows.append(row)
+    return rows
+
+
 def run(ms, shapes, zero_points_options) -> list[dict]:
     torch.manual_seed(0)
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -91,12 +104,7 @@ def run(ms, shapes, zero_points_options) -> list[dict]:
                 times = {name: graph_ms_per_call([candidates(weight, x, sms)[name] for weight in weights]) * 1e3
                          for name in errors}
                 times["bf16 mm"] = graph_ms_per_call([lambda w=w: x @ w.t() for w in dense]) * 1e3
-                for name, us in times.items():
-                    row = dict(n=n, k=k, m=m, zero_points=zero_points, kernel=name, gpu_us=round(us, 2),
-                               vs_bf16=round(times["bf16 mm"] / us, 2), rel_error=errors.get(name))
-                    if name != "bf16 mm":
-                        row["hbm_fraction"] = round(weights[0].bytes / (us * 1e-6) / bandwidth, 3)
-                    rows.append(row)
+                rows += timed_rows(times, errors, weights[0].bytes, bandwidth, n=n, k=k, m=m, zero_points=zero_points)
                 progress(f"N={n} K={k} M={m} zp={zero_points}: " + ", ".join(f"{name} {us:.1f}" for name, us in times.items()))
             del weights, dense
     return rows

@@ -21,7 +21,7 @@ import argparse
 
 import torch
 
-from gpu_int4_mma import SHAPES, STACK_BYTES, copy_bandwidth
+from gpu_int4_mma import SHAPES, STACK_BYTES, copy_bandwidth, timed_rows
 from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
 from qfuse.kernels import get_kernel, reference_math
 from qfuse.kernels.cuda import w8_mma
@@ -102,12 +102,7 @@ def run(ms, shapes, forms, variants) -> list[dict]:
                          * 1e3 for name in candidates(form, weights[0], x, scale_a, variants)}
                 xb = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 times["bf16 mm"] = graph_ms_per_call([lambda w=w: xb @ w.t() for w in dense]) * 1e3
-                for name, us in times.items():
-                    row = dict(form=form, n=n, k=k, m=m, kernel=name, gpu_us=round(us, 2),
-                               vs_bf16=round(times["bf16 mm"] / us, 2), rel_error=errors.get(name))
-                    if name != "bf16 mm":
-                        row["hbm_fraction"] = round(weights[0].bytes / (us * 1e-6) / bandwidth, 3)
-                    rows.append(row)
+                rows += timed_rows(times, errors, weights[0].bytes, bandwidth, form=form, n=n, k=k, m=m)
                 progress(f"{form} N={n} K={k} M={m}: " + ", ".join(f"{name} {us:.1f}" for name, us in times.items()))
             del weights
         del dense

@@ -19,14 +19,17 @@ def _values(words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return words.contiguous().view(torch.uint8).view(dtype).double().reshape(*words.shape, 4)
 
 
+def _emulation(x: torch.Tensor, words: torch.Tensor, dtype: torch.dtype):
+    """(the stored values [T, C, 32, 4, 4], x's rows as the MMA's 8 B columns [K, 8], the float64 sums [N, 8])."""
+    columns = torch.zeros(x.shape[1], 8, dtype=torch.float64)
+    columns[:, :x.shape[0]] = x.double().t()
+    return _values(words, dtype), columns, torch.zeros(words.shape[0] * 16, 8, dtype=torch.float64)
+
+
 def emulated_k32(x: torch.Tensor, words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x [M <= 8, K] @ w^T, reading `words` as the lanes of mma.m16n8k32 do."""
-    m, k = x.shape
-    values = _values(words, dtype)
+    values, columns, out = _emulation(x, words, dtype)
     tiles, chunks = words.shape[:2]
-    columns = torch.zeros(k, 8, dtype=torch.float64)
-    columns[:, :m] = x.double().t()
-    out = torch.zeros(tiles * 16, 8, dtype=torch.float64)
     for tile in range(tiles):
         for chunk in range(chunks):
             a, b = torch.zeros(16, 32, dtype=torch.float64), torch.zeros(32, 8, dtype=torch.float64)
@@ -39,18 +42,14 @@ def emulated_k32(x: torch.Tensor, words: torch.Tensor, dtype: torch.dtype) -> to
                     b[4 * t + e, g] = columns[32 * chunk + 8 * t + e, g]
                     b[16 + 4 * t + e, g] = columns[32 * chunk + 8 * t + 4 + e, g]
             out[16 * tile: 16 * tile + 16] += a @ b
-    return out[:, :m].t()
+    return out[:, :x.shape[0]].t()
 
 
 def emulated_k16(x: torch.Tensor, words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x [M <= 8, K] @ w^T, reading `words` as the lanes of two mma.m16n8k16 a chunk do (step s: a0 | a2 the
     low | high bytes of word 2s, a1 | a3 of word 2s + 1; b0 | b1 x at k 8t + 4s + 0, 1 | 2, 3)."""
-    m, k = x.shape
-    values = _values(words, dtype)
+    values, columns, out = _emulation(x, words, dtype)
     tiles, chunks = words.shape[:2]
-    columns = torch.zeros(k, 8, dtype=torch.float64)
-    columns[:, :m] = x.double().t()
-    out = torch.zeros(tiles * 16, 8, dtype=torch.float64)
     for tile in range(tiles):
         for chunk in range(chunks):
             for step in range(2):
@@ -66,7 +65,7 @@ def emulated_k16(x: torch.Tensor, words: torch.Tensor, dtype: torch.dtype) -> to
                     b[2 * t, g], b[2 * t + 1, g] = columns[k0, g], columns[k0 + 1, g]
                     b[2 * t + 8, g], b[2 * t + 9, g] = columns[k0 + 2, g], columns[k0 + 3, g]
                 out[16 * tile: 16 * tile + 16] += a @ b
-    return out[:, :m].t()
+    return out[:, :x.shape[0]].t()
 
 
 @pytest.mark.parametrize("emulated", [emulated_k32, emulated_k16])
