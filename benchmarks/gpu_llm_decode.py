@@ -145,15 +145,18 @@ class Block(nn.Module):
         k = self.wk(h).view(batch, 1, KV_HEADS, HEAD_DIM).transpose(1, 2)
         v = self.wv(h).view(batch, 1, KV_HEADS, HEAD_DIM).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        self.k_cache.index_copy_(2, input_pos, k)
-        self.v_cache.index_copy_(2, input_pos, v)
-        attention = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=True)
+        k_cache, v_cache = self.k_cache[:batch], self.v_cache[:batch]  # the first `batch` sequences' slots
+        k_cache.index_copy_(2, input_pos, k)
+        v_cache.index_copy_(2, input_pos, v)
+        attention = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
         x = x + self.wo(attention.transpose(1, 2).reshape(batch, 1, DIM))
         h = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
 
 class Decoder(nn.Module):
+    """`layers` blocks with KV caches for up to `batch` sequences (a step may run fewer)."""
+
     def __init__(self, form: str, layers: int, batch: int):
         super().__init__()
         generator = torch.Generator(device="cuda").manual_seed(0)

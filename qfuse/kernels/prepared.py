@@ -6,13 +6,18 @@ so the work runs on the first call only: in eager, under torch.compile, with or 
 (the compiled graph hands the op the same parameter storage on every call).
 
 Cache key, per input tensor (weight, its scale, its zero point): a weak reference to the storage
-(`StorageWeakRef`: when the weight is freed its entries expire, and the address cannot be reused
-while the reference lives), the view's offset, shape, strides and dtype, and the version counter,
-so an in-place update of the weight (`load_state_dict`, `copy_`) prepares it again. Inference
-tensors have no version counter: they are prepared on every call rather than risk a stale entry.
+(`StorageWeakRef`: the address cannot be reused while the reference lives), the view's offset,
+shape, strides and dtype. Each entry records the inputs' version counters: an in-place update of
+the weight (`load_state_dict`, `copy_`) prepares it again at the next call, into the same memory
+where the layout is the same (no second copy per reload; a captured CUDA graph, which runs no
+Python, reads it after `refresh_weights(model)`). Inference tensors have no version counter: they
+are prepared on every call rather than risk a stale entry.
 The cache never holds the weight's own storage (that would keep a deleted model's weight alive):
 when the prepared weight is the input weight itself (the kernel had nothing to do), the entry only
 records that, and later calls rebuild the (trivial) prepared form from the inputs they are given.
+A freed weight's entries go at the next preparation or the next full garbage collection
+(`gc.collect()`), whichever comes first. One lock guards the misses: two threads calling a
+compiled model for the first time prepare each weight once.
 
 On CUDA a weight is prepared in a helper thread (`outside_cuda_graph_pools`), so that under CUDA
 graphs it is no tensor of a graph's memory pool.
@@ -23,9 +28,13 @@ products are zero): `padded_weight` once, `padded_activation` per call.
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -72,49 +81,147 @@ def dense_int4_weight(values: torch.Tensor, scale: torch.Tensor, zero_point: tor
     return PreparedWeight(weight, None, None, *weight.shape, packing=DENSE)
 
 
-def _tensor_key(tensor: torch.Tensor | None):
-    if tensor is None:
-        return None
-    return (StorageWeakRef(tensor.untyped_storage()), tensor.storage_offset(), tuple(tensor.shape),
-            tensor.stride(), tensor.dtype, tensor.device, tensor._version)
+class _SourceKey(NamedTuple):
+    """How a cache key names one source tensor: a weak reference to its storage and the view."""
+
+    storage: StorageWeakRef
+    offset: int
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor | None) -> _SourceKey | None:
+        if tensor is None:
+            return None
+        return cls(_storage(tensor), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype,
+                   tensor.device)
+
+    def view_of(self, owner: torch.Tensor) -> torch.Tensor:
+        """This view of `owner`'s storage (whose version counter is `owner`'s, not this view's)."""
+        with torch.no_grad():
+            return torch.empty(0, dtype=self.dtype, device=self.device).set_(owner.untyped_storage(), self.offset,
+                                                                             self.shape, self.stride)
+
+
+def _versions(tensors) -> tuple:
+    return tuple(None if tensor is None else tensor._version for tensor in tensors)
 
 
 def _cacheable(*tensors: torch.Tensor | None) -> bool:
     return not any(t is not None and t.is_inference() for t in tensors)
 
 
-_CACHE: dict[tuple, PreparedWeight | object] = {}
-_AS_GIVEN = object()  # cache entry: the kernel uses this weight as given (nothing to prepare)
+@dataclass
+class _Entry:
+    """One prepared weight: made by `build(*sources)` from the sources at `versions`."""
+
+    build: Callable[..., PreparedWeight]  # holds no source tensor (a kernel's method, a closure over settings)
+    versions: tuple
+    prepared: PreparedWeight | None  # None: the kernel uses the weight as given (rebuilt from the call's inputs)
+
+
+_CACHE: dict[tuple, _Entry] = {}  # key: (label, *source keys)
+_LOCK = threading.Lock()  # held while an entry is made or removed: one preparation a weight, whatever the threads
 
 
 def prepare_once(kernel, b: torch.Tensor, scale: torch.Tensor | None, zero_point: torch.Tensor | None) -> PreparedWeight:
     """`kernel.prepare_weight(b, scale, zero_point)`, computed once per weight (see module docstring)."""
-    if not kernel.prepares_weight or not _cacheable(b, scale, zero_point):
+    if not kernel.prepares_weight:
         return kernel.prepare_weight(b, scale, zero_point)
-    key = (kernel.name, _tensor_key(b), _tensor_key(scale), _tensor_key(zero_point))
-    prepared = _CACHE.get(key)
-    if prepared is _AS_GIVEN:
-        return kernel.prepare_weight(b, scale, zero_point)
-    if prepared is None:
-        prepared = outside_cuda_graph_pools(lambda: kernel.prepare_weight(b, scale, zero_point), b)
-        opaque = prepared.data.layout != torch.strided  # e.g. a packed MKLDNN tensor: never the input
-        as_given = not opaque and StorageWeakRef(prepared.data.untyped_storage()) == key[1][0]
-        _remember(key, _AS_GIVEN if as_given else prepared)
+    return built_once((kernel.name,), (b, scale, zero_point), kernel.prepare_weight)
+
+
+def built_once(label: tuple, sources: tuple[torch.Tensor | None, ...], build) -> PreparedWeight:
+    """`build(*sources)`, computed once per `label` and `sources` (keyed as the module docstring
+    says) and again after an in-place update of a source. `build` must hold no tensor of its own
+    (the entry keeps it, to prepare the weight again)."""
+    if not _cacheable(*sources):
+        return build(*sources)
+    key = (label, *(_SourceKey.of(source) for source in sources))
+    versions = _versions(sources)
+    entry = _CACHE.get(key)
+    if entry is None or entry.versions != versions:
+        with _LOCK:  # another thread may have made it meanwhile: look again
+            entry = _CACHE.get(key)
+            if entry is None or entry.versions != versions:
+                return _prepared_entry(key, sources, build, entry)
+    return build(*sources) if entry.prepared is None else entry.prepared
+
+
+def _prepared_entry(key: tuple, sources: tuple, build, stale: _Entry | None) -> PreparedWeight:
+    """The weight prepared from `sources` (under the lock) and remembered under `key`, into the memory
+    of the `stale` entry's weight where the layout is the same."""
+    prepared = _rebuilt(stale and stale.prepared, build, sources)
+    opaque = prepared.data.layout != torch.strided  # e.g. a packed MKLDNN tensor: never an input
+    as_given = not opaque and _storage(prepared.data) in _storages(sources)
+    entry = _Entry(build, _versions(sources), None if as_given else prepared)
+    _evict_expired()
+    _CACHE[key] = entry
     return prepared
 
 
-def built_once(label: tuple, tensors: tuple[torch.Tensor | None, ...], build) -> PreparedWeight:
-    """`build()`, computed once per `label` and `tensors` (keyed as the module docstring says), for a
-    prepared weight made from several stored tensors (a packed int4 weight, its shifts, scales and
-    zero points). Its result must not be one of `tensors` itself."""
-    if not _cacheable(*tensors):
-        return build()
-    key = (label, *(_tensor_key(tensor) for tensor in tensors))
-    prepared = _CACHE.get(key)
-    if prepared is None:
-        prepared = outside_cuda_graph_pools(build, next(tensor for tensor in tensors if tensor is not None))
-        _remember(key, prepared)
-    return prepared
+def _rebuilt(old: PreparedWeight | None, build, sources: tuple) -> PreparedWeight:
+    """`build(*sources)`, written into `old`'s tensors when their layouts are the same (a weight
+    loaded again in place: the memory a captured CUDA graph reads stays the same), else new."""
+    anchor = next(source for source in sources if source is not None)
+    return outside_cuda_graph_pools(lambda: _refilled(old, build(*sources), _storages(sources)), anchor)
+
+
+def _refilled(old: PreparedWeight | None, new: PreparedWeight, inputs: set) -> PreparedWeight:
+    names = [field.name for field in dataclasses.fields(PreparedWeight)]
+    pairs = [(getattr(old, name), getattr(new, name)) for name in names] if old is not None else []
+    if old is None or not all(_refillable(old_value, new_value, inputs) for old_value, new_value in pairs):
+        return new
+    for old_value, new_value in pairs:
+        if isinstance(old_value, torch.Tensor) and _storage(old_value) != _storage(new_value):
+            old_value.copy_(new_value)
+    return old
+
+
+def _refillable(old, new, inputs: set) -> bool:
+    """Whether `new` can be written into `old`: equal settings, or tensors of one layout in memory of
+    the cache's own (an input the kernel kept as it is, such as a scale, is the same tensor again)."""
+    if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor):
+        return not isinstance(old, torch.Tensor) and not isinstance(new, torch.Tensor) and old == new
+    if old.layout != torch.strided or new.layout != torch.strided:
+        return False
+    if _storage(old) == _storage(new):
+        return old.storage_offset() == new.storage_offset() and old.shape == new.shape and old.stride() == new.stride()
+    return (_storage(old) not in inputs and old.shape == new.shape and old.stride() == new.stride()
+            and old.dtype == new.dtype and old.device == new.device)
+
+
+def _storage(tensor: torch.Tensor) -> StorageWeakRef:
+    return StorageWeakRef(tensor.untyped_storage())
+
+
+def _storages(tensors) -> set:
+    return {_storage(tensor) for tensor in tensors if tensor is not None}
+
+
+def refresh_weights(model: torch.nn.Module) -> int:
+    """Prepare again, in place, every prepared weight made from `model`'s parameters and buffers that
+    changed since (a checkpoint loaded in place, weights synced from a trainer); returns how many.
+
+    A call in default mode notices a changed weight by itself. A CUDA graph replay (mode=
+    "reduce-overhead") runs no Python: call this after changing the weights, and the graphs read
+    the new prepared weights from the same memory on their next replay."""
+    owners = {_storage(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}
+    refreshed = 0
+    with _LOCK:
+        for key, entry in list(_CACHE.items()):
+            parts = key[1:]
+            if entry.prepared is None or any(part is not None and part.storage not in owners for part in parts):
+                continue
+            versions = tuple(None if part is None else owners[part.storage]._version for part in parts)
+            if versions != entry.versions:
+                sources = tuple(None if part is None else part.view_of(owners[part.storage]) for part in parts)
+                entry.prepared = _rebuilt(entry.prepared, entry.build, sources)
+                entry.versions = versions
+                refreshed += 1
+    return refreshed
 
 
 def outside_cuda_graph_pools(build, weight: torch.Tensor):
@@ -151,20 +258,35 @@ def outside_cuda_graph_pools(build, weight: torch.Tensor):
     return result["value"]
 
 
-def _remember(key: tuple, entry) -> None:
-    _evict_expired()
-    _CACHE[key] = entry
-
-
 def _evict_expired() -> None:
-    for key in [key for key in _CACHE if any(part and part[0].expired() for part in key[1:])]:  # key[0]: the label
+    """Drop the entries of freed weights (under the lock)."""
+    for key in [key for key in _CACHE if any(part and part.storage.expired() for part in key[1:])]:  # key[0]: the label
         del _CACHE[key]
 
 
+def _evict_after_full_collection(phase: str, info: dict) -> None:
+    """A gc callback: a dropped model's prepared weights go at the next full collection (`gc.collect()`),
+    not only at the next preparation. Skipped while an entry is being made (by this thread or another)."""
+    if phase == "stop" and info["generation"] == 2 and _LOCK.acquire(blocking=False):
+        try:
+            _evict_expired()
+        finally:
+            _LOCK.release()
+
+
+gc.callbacks.append(_evict_after_full_collection)
+
+
+def prepared_weights() -> list[PreparedWeight]:
+    """The prepared weights alive now (for tests and debug output)."""
+    with _LOCK:
+        _evict_expired()
+        return [entry.prepared for entry in _CACHE.values() if entry.prepared is not None]
+
+
 def cached_weight_count() -> int:
-    """How many prepared weights are alive (for tests and debug output)."""
-    _evict_expired()
-    return sum(entry is not _AS_GIVEN for entry in _CACHE.values())
+    """How many prepared weights are alive."""
+    return len(prepared_weights())
 
 
 def round_up(value: int, multiple: int) -> int:

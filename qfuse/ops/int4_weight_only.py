@@ -195,7 +195,7 @@ def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, grou
     """(the kernel named `kernel`, its prepared form of this int4 weight), unpacked and prepared once."""
     implementation = get_kernel(kernel)
 
-    def build() -> PreparedWeight:
+    def build(packed, shifts, scales, packed_zeros, g_idx) -> PreparedWeight:  # of the sources: the entry keeps it
         order = None if g_idx is None else group_order(g_idx, group_size, scales.shape[1])
         if g_idx is not None and order is None:
             return _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,

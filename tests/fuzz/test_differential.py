@@ -4,8 +4,9 @@ run eagerly, under plain Inductor and under backend="qfuse" (rules: tests/fuzz/d
 Hypothesis draws the cases (tests/fuzz/strategies.py), derandomized: every run checks the same
 cases, and a failure prints the shrunk, minimal `Case` and the command that replays it
 (`python -m tests.fuzz.repro "Case(...)"`). `QFUSE_FUZZ_EXAMPLES` sets how many cases are drawn
-(CI: 300; the release profile in docs/testing.md: thousands). The explicit examples are cases an
-earlier run found wrong (`FOUND_BEFORE`), kept so they are checked on every run.
+(CI: 300; the release profile in docs/testing.md: thousands). `QFUSE_FUZZ_SEED` draws other cases,
+from that seed (shards of a long run in parallel processes, each its own seed). The explicit examples
+are cases an earlier run found wrong (`FOUND_BEFORE`), kept so they are checked on every run.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, given, seed, settings
 
 from tests.fuzz.cases import NEAR_FORMS, Case
 from tests.fuzz.differential import run_case
 from tests.fuzz.strategies import cases
 
 EXAMPLES = int(os.environ.get("QFUSE_FUZZ_EXAMPLES", "300"))
+SEED = os.environ.get("QFUSE_FUZZ_SEED")  # None: derandomized, the same cases every run
 
 FOUND_BEFORE = [
     # uint8 PT2E activation saturated, K == 1: the quantize chain inlined into the int32 outer product
@@ -66,7 +68,7 @@ def test_cases_found_before(case: Case):
 
 def differential_test(forms: tuple[str, ...], share: float):
     """A test drawing `share` of QFUSE_FUZZ_EXAMPLES cases of `forms`."""
-    @settings(max_examples=max(1, round(EXAMPLES * share)), derandomize=True, deadline=None, database=None,
+    @settings(max_examples=max(1, round(EXAMPLES * share)), derandomize=SEED is None, deadline=None, database=None,
               print_blob=False, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(case=cases(forms=forms))
     def test(case: Case):
@@ -75,7 +77,7 @@ def differential_test(forms: tuple[str, ...], share: float):
         if not outcome.inductor_agrees:
             event("plain Inductor differs from eager (numerics not judged)")
         assert not outcome.problems, outcome.failure()
-    return test
+    return test if SEED is None else seed(int(SEED))(test)
 
 
 for _group, (_forms, _share) in GROUPS.items():

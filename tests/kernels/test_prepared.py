@@ -1,8 +1,12 @@
 """Tests for `qfuse.kernels.prepared`: a kernel's prepared weight is made once per weight, made
-again after an in-place update, dropped with the weight, and never keeps the weight alive; and the
-padding helpers."""
+again after an in-place update (into the same memory, also by `refresh_weights`), dropped with the
+weight at the next full collection, made once when two threads ask at once, and never keeps the
+weight alive; and the padding helpers."""
 
 import gc
+import threading
+import time
+import weakref
 
 import pytest
 import torch
@@ -15,6 +19,8 @@ from qfuse.kernels.prepared import (
     padded_activation,
     padded_weight,
     prepare_once,
+    prepared_weights,
+    refresh_weights,
 )
 
 
@@ -41,26 +47,79 @@ class CountingKernel(Kernel):
         raise NotImplementedError
 
 
-def test_prepared_once_per_weight_and_again_after_an_update():
+def test_prepared_once_per_weight_and_again_after_an_update_into_the_same_memory():
     kernel, weight, scale = CountingKernel(), torch.ones(8, 4), torch.ones(1, 4)
     first = prepare_once(kernel, weight.t(), scale, None)
     assert prepare_once(kernel, weight.t(), scale, None) is first and kernel.calls == 1
-    weight.add_(1)  # an in-place update bumps the version counter
-    assert torch.equal(prepare_once(kernel, weight.t(), scale, None).data, weight.t() * 2)
-    assert kernel.calls == 2
+    count = cached_weight_count()
+    for step in range(3):
+        weight.add_(1)  # an in-place update (a checkpoint loaded again) bumps the version counter
+        again = prepare_once(kernel, weight.t(), scale, None)
+        assert torch.equal(again.data, weight.t() * 2) and kernel.calls == 2 + step
+        assert again.data.data_ptr() == first.data.data_ptr() and cached_weight_count() == count  # no copy per reload
     prepare_once(kernel, weight, scale, None)  # another view of the same storage: another entry
-    assert kernel.calls == 3
+    assert kernel.calls == 5
 
 
-def test_entries_die_with_their_weight():
+def test_a_new_layout_after_an_update_replaces_the_entry():
+    kernel, weight = CountingKernel(), torch.ones(8, 4)
+    first = prepare_once(kernel, weight, None, None)
+    kernel.prepare_weight = lambda b, s, z: PreparedWeight(b.double(), s, z, *b.shape)
+    weight.add_(1)
+    again = prepare_once(kernel, weight, None, None)
+    assert again.data.dtype == torch.float64 and torch.equal(again.data, weight.double())
+    assert first.data.dtype == torch.float32 and torch.equal(first.data, torch.full((8, 4), 2.0))  # left as it was
+
+
+def test_entries_die_with_their_weight_at_the_next_full_collection():
     kernel = CountingKernel()
     before = cached_weight_count()
     weight = torch.ones(8, 4)
-    prepare_once(kernel, weight, None, None)
+    prepared = weakref.ref(prepare_once(kernel, weight, None, None).data)
     assert cached_weight_count() == before + 1
     del weight
-    gc.collect()
+    gc.collect()  # nothing else asks the cache: the gc callback drops the entry
+    assert prepared() is None
     assert cached_weight_count() == before
+
+
+def test_two_threads_asking_at_once_prepare_a_weight_once():
+    kernel, weight = CountingKernel(), torch.ones(8, 4)
+    slow_build = kernel.prepare_weight
+
+    def slow(b, s, z):
+        time.sleep(0.2)  # long enough for the other thread to ask meanwhile
+        return slow_build(b, s, z)
+
+    kernel.prepare_weight = slow
+    start, results = threading.Barrier(2), []
+
+    def ask():
+        start.wait()
+        results.append(prepare_once(kernel, weight, None, None))
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert kernel.calls == 1 and results[0] is results[1]
+
+
+def test_refresh_weights_prepares_a_models_changed_weights_in_place():
+    kernel, model = CountingKernel(), torch.nn.Linear(4, 8, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1)
+    first = prepare_once(kernel, model.weight.t(), None, None)
+    unrelated = torch.ones(3, 3)
+    prepare_once(kernel, unrelated, None, None)
+    assert refresh_weights(model) == 0  # nothing changed
+    with torch.no_grad():
+        model.weight.fill_(3)
+    assert refresh_weights(model) == 1 and kernel.calls == 3  # the model's weight only
+    assert torch.equal(first.data, torch.full((4, 8), 6.0))  # the memory a captured graph reads
+    assert prepare_once(kernel, model.weight.t(), None, None) is first and kernel.calls == 3  # up to date
+    assert any(weight.data is first.data for weight in prepared_weights())
 
 
 def test_a_weight_the_kernel_returns_as_it_is_is_not_held_and_not_looked_for_again(monkeypatch):

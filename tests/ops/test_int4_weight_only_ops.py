@@ -72,9 +72,12 @@ def test_the_weight_is_unpacked_and_packed_once():
     assert cached_weight_count() == before + 1
     torch.testing.assert_close(call(model, x), first, rtol=0, atol=0)
     assert cached_weight_count() == before + 1
-    model.qweight.add_(0)  # an in-place update: prepared again
-    call(model, x)
-    assert cached_weight_count() == before + 2
+    prepared = prepared_int4_weight("torch", model.qweight, model.shifts, model.scales, model.qzeros, 32)[1]
+    model.qweight.copy_(gptq_packed_int4(BF16, group_size=32, seed=1).qweight)  # a checkpoint loaded in place
+    torch.testing.assert_close(call(model, x), model(x), rtol=2**-7, atol=2**-7 * model(x).abs().max().item())
+    assert cached_weight_count() == before + 1  # prepared again, into the same memory
+    again = prepared_int4_weight("torch", model.qweight, model.shifts, model.scales, model.qzeros, 32)[1]
+    assert again.data.data_ptr() == prepared.data.data_ptr()
 
 
 def test_opcheck():
