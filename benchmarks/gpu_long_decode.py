@@ -68,6 +68,8 @@ def long_run(name: str, layers: int, steps: int, batches: tuple[int, ...], sampl
                 out = out.float().clone()
                 expected = model(x, position).float()
                 error = max(error, ((out - expected).norm() / expected.norm()).item())
+                del expected
+            del out  # the step's output: a serving loop has consumed it before the next step
         torch.cuda.synchronize()
     end = torch.cuda.memory_allocated()
     row = dict(variant=name, layers=layers, steps=steps, batches=",".join(map(str, batches)),

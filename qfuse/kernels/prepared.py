@@ -7,11 +7,13 @@ so the work runs on the first call only: in eager, under torch.compile, with or 
 
 Cache key, per input tensor (weight, its scale, its zero point): a weak reference to the storage
 (`StorageWeakRef`: the address cannot be reused while the reference lives), the view's offset,
-shape, strides and dtype. Each entry records the inputs' version counters: an in-place update of
-the weight (`load_state_dict`, `copy_`) prepares it again at the next call, into the same memory
-where the layout is the same (no second copy per reload; a captured CUDA graph, which runs no
-Python, reads it after `refresh_weights(model)`). Inference tensors have no version counter: they
-are prepared on every call rather than risk a stale entry.
+shape, strides and dtype. Each entry records the inputs' version counters: where the op sees the
+weight's own counter, an in-place update (`load_state_dict`, `copy_`) prepares it again at the next
+call, into the same memory where the layout is the same (no second copy per reload). Where it
+cannot (a view Inductor makes for an extern call has a counter of its own; a CUDA graph replay
+runs no Python), `refresh_weights(model)` prepares a model's weights again, in place.
+Inference tensors have no version counter: they are prepared on every call rather than risk a
+stale entry.
 The cache never holds the weight's own storage (that would keep a deleted model's weight alive):
 when the prepared weight is the input weight itself (the kernel had nothing to do), the entry only
 records that, and later calls rebuild the (trivial) prepared form from the inputs they are given.
@@ -170,9 +172,10 @@ def _rebuilt(old: PreparedWeight | None, build, sources: tuple) -> PreparedWeigh
 
 
 def _refilled(old: PreparedWeight | None, new: PreparedWeight, inputs: set) -> PreparedWeight:
-    names = [field.name for field in dataclasses.fields(PreparedWeight)]
-    pairs = [(getattr(old, name), getattr(new, name)) for name in names] if old is not None else []
-    if old is None or not all(_refillable(old_value, new_value, inputs) for old_value, new_value in pairs):
+    if old is None or type(old) is not type(new):  # a kernel's subclass may add fields (oneDNN's packed weight)
+        return new
+    pairs = [(getattr(old, field.name), getattr(new, field.name)) for field in dataclasses.fields(old)]
+    if not all(_refillable(old_value, new_value, inputs) for old_value, new_value in pairs):
         return new
     for old_value, new_value in pairs:
         if isinstance(old_value, torch.Tensor) and _storage(old_value) != _storage(new_value):
@@ -202,12 +205,15 @@ def _storages(tensors) -> set:
 
 
 def refresh_weights(model: torch.nn.Module) -> int:
-    """Prepare again, in place, every prepared weight made from `model`'s parameters and buffers that
-    changed since (a checkpoint loaded in place, weights synced from a trainer); returns how many.
+    """Prepare again, in place, every prepared weight made from `model`'s parameters and buffers;
+    returns how many. Call it after changing the weights in place (a checkpoint loaded with
+    `load_state_dict`, weights synced from a trainer): the next call, or CUDA graph replay, computes
+    with the new weights from the same memory.
 
-    A call in default mode notices a changed weight by itself. A CUDA graph replay (mode=
-    "reduce-overhead") runs no Python: call this after changing the weights, and the graphs read
-    the new prepared weights from the same memory on their next replay."""
+    Why it is needed: a call notices a changed weight by its version counter only where the op is
+    handed the weight as the model holds it (or as a view torch tracks). Inductor hands a transposed
+    or reshaped weight to an extern op as its own view, whose counter starts again at 0 on every
+    call, and a CUDA graph replay runs no Python at all."""
     owners = {_storage(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}
     refreshed = 0
     with _LOCK:
@@ -215,12 +221,9 @@ def refresh_weights(model: torch.nn.Module) -> int:
             parts = key[1:]
             if entry.prepared is None or any(part is not None and part.storage not in owners for part in parts):
                 continue
-            versions = tuple(None if part is None else owners[part.storage]._version for part in parts)
-            if versions != entry.versions:
-                sources = tuple(None if part is None else part.view_of(owners[part.storage]) for part in parts)
-                entry.prepared = _rebuilt(entry.prepared, entry.build, sources)
-                entry.versions = versions
-                refreshed += 1
+            sources = tuple(None if part is None else part.view_of(owners[part.storage]) for part in parts)
+            entry.prepared = _rebuilt(entry.prepared, entry.build, sources)
+            refreshed += 1
     return refreshed
 
 

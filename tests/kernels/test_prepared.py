@@ -1,5 +1,5 @@
 """Tests for `qfuse.kernels.prepared`: a kernel's prepared weight is made once per weight, made
-again after an in-place update (into the same memory, also by `refresh_weights`), dropped with the
+again after an in-place update (into the same memory; `refresh_weights` where the update is not seen), dropped with the
 weight at the next full collection, made once when two threads ask at once, and never keeps the
 weight alive; and the padding helpers."""
 
@@ -106,20 +106,22 @@ def test_two_threads_asking_at_once_prepare_a_weight_once():
     assert kernel.calls == 1 and results[0] is results[1]
 
 
-def test_refresh_weights_prepares_a_models_changed_weights_in_place():
+def test_refresh_weights_prepares_a_models_weights_again_in_place():
     kernel, model = CountingKernel(), torch.nn.Linear(4, 8, bias=False)
     with torch.no_grad():
         model.weight.fill_(1)
-    first = prepare_once(kernel, model.weight.t(), None, None)
+    from torch._C._dynamo.guards import _reinterpret_tensor  # how Inductor hands an extern op a view
+
+    first = prepare_once(kernel, _reinterpret_tensor(model.weight, (4, 8), (1, 4), 0), None, None)
     unrelated = torch.ones(3, 3)
     prepare_once(kernel, unrelated, None, None)
-    assert refresh_weights(model) == 0  # nothing changed
     with torch.no_grad():
-        model.weight.fill_(3)
+        model.weight.fill_(3)  # the view's own counter does not see it: the cache cannot either
+    assert prepare_once(kernel, _reinterpret_tensor(model.weight, (4, 8), (1, 4), 0), None, None) is first
     assert refresh_weights(model) == 1 and kernel.calls == 3  # the model's weight only
-    assert torch.equal(first.data, torch.full((4, 8), 6.0))  # the memory a captured graph reads
-    assert prepare_once(kernel, model.weight.t(), None, None) is first and kernel.calls == 3  # up to date
-    assert any(weight.data is first.data for weight in prepared_weights())
+    assert torch.equal(first.data, torch.full((4, 8), 6.0))  # in the memory a captured graph reads
+    assert prepare_once(kernel, _reinterpret_tensor(model.weight, (4, 8), (1, 4), 0), None, None) is first
+    assert kernel.calls == 3 and any(weight.data is first.data for weight in prepared_weights())
 
 
 def test_a_weight_the_kernel_returns_as_it_is_is_not_held_and_not_looked_for_again(monkeypatch):
@@ -164,3 +166,19 @@ def test_aligned_column_major_weight_and_activation_are_not_copied():
     a = torch.ones(3, 64)
     assert padded_activation(a, 64) is a
     assert padded_activation(torch.ones(3, 60), 64)[:, 60:].abs().sum() == 0
+
+
+def test_a_field_of_a_kernels_own_weight_type_that_cannot_be_refilled_replaces_the_entry():
+    """oneDNN's prepared weight adds an opaque packed tensor: refilling the plain fields alone would keep it stale."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Packed(PreparedWeight):
+        packed: object = None
+
+    kernel, weight = CountingKernel(), torch.ones(8, 4)
+    kernel.prepare_weight = lambda b, s, z: Packed(b * 2, s, z, *b.shape, packed=("opaque", b.sum().item()))
+    first = prepare_once(kernel, weight, None, None)
+    weight.add_(1)
+    again = prepare_once(kernel, weight, None, None)
+    assert again.packed == ("opaque", 64.0) and first.packed == ("opaque", 32.0)
