@@ -65,7 +65,12 @@ class Explanation(RecordSelection):
     def __str__(self) -> str:
         if not self.reports:
             return "qfuse: no graph was compiled (was the model already compiled with these options?)"
-        return "\n\n".join(report.table() for report in self.reports)
+        text = "\n\n".join(report.table() for report in self.reports)
+        return text if text == self.details() else text + "\n\n(one block per linear: print(explanation.details()))"
+
+    def details(self) -> str:
+        """The report with one block per linear (`str(explanation)` puts linears with the same outcome together)."""
+        return "\n\n".join(report.table(details=True) for report in self.reports)
 
 
 def explain(model, *example_inputs, options: dict[str, Any] | None = None, **compile_kwargs) -> Explanation:

@@ -68,7 +68,7 @@ def write_patterns(config: QfuseConfig, graph_name: str, descriptions: dict[str,
 
 def write_report(config: QfuseConfig, report: PassReport) -> None:
     path = graph_dir(config, report.graph_name)
-    (path / "report.txt").write_text(report.table() + "\n")
+    (path / "report.txt").write_text(report.table(details=True) + "\n")
     (path / "report.json").write_text(report.to_json() + "\n")
     log.info("qfuse: debug files for %s in %s", report.graph_name, path)
 

@@ -74,6 +74,16 @@ def test_explain_reports_fused_linears_with_scheme_and_kernel():
     assert "kernel     reference" in str(explanation)
 
 
+def test_linears_with_the_same_outcome_are_one_block_and_details_give_each_its_own():
+    def two_linears(x, w, w_scale, bias):
+        return int_mm_linear(x, w, w_scale, bias) + int_mm_linear(x * 2, w, w_scale, bias)
+
+    explanation = qfuse.explain(two_linears, *operands((5, 64)), options={"kernel": "reference"})
+    text, details = str(explanation), explanation.details()
+    assert "2 linears: " in text and text.count("  fused ") == 1 and "explanation.details()" in text
+    assert details.count("  fused ") == 2 and "linears: " not in details
+
+
 def test_headline_is_logged_once_per_graph_at_info(caplog):
     with caplog.at_level(logging.INFO, logger="qfuse"):
         qfuse.explain(int_mm_linear, *operands((5, 64)), options={"kernel": "torch"})

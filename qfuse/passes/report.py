@@ -153,26 +153,20 @@ class PassReport(RecordSelection):
     def summary(self) -> str:
         return "\n".join([self.headline(), *("  " + record.summary() for record in self.records)])
 
-    def table(self) -> str:
-        """The readable report: one block per linear, then the float matmuls and match counts."""
+    def table(self, details: bool = False) -> str:
+        """The readable report: the headline; the linears, those with the same outcome (pattern, scheme,
+        kernel, the other kernels' reasons, ...) in one block under their names (`details`: one block per
+        linear); then the float matmuls and match counts."""
         lines = [self.headline(), ""]
+        groups: dict[str | tuple[str, ...], list[LinearRecord]] = {}
         for record in self.records:
-            lines.append(record.where)
-            if record.fused:
-                lines.append(f"  fused      {record.pattern}  [{record.family}]")
-                lines.append(f"  scheme     {record.scheme}")
-                lines.append(f"  kernel     {record.kernel}")
-                if record.lowered:
-                    lines.append(f"  code       {record.lowered}")
-                lines += [f"  {'not ' + name:<10} {reason}" for name, reason in record.rejected_kernels.items()]
-                if record.note:
-                    lines.append(f"  note       {record.note}")
-                if record.max_error is not None:
-                    lines.append(f"  verified   max abs error {record.max_error:.3e}")
+            groups.setdefault(record.where if details else tuple(_block(record)), []).append(record)
+        for records in groups.values():
+            if len(records) == 1:
+                lines.append(records[0].where)
             else:
-                lines.append(f"  NOT FUSED  [{record.family}] {record.reason}")
-                if record.note:
-                    lines.append(f"  also       {record.note}")
+                lines.append(f"{len(records)} linears: {_listed([record.module or record.node for record in records])}")
+            lines += _block(records[0])
         if self.float_matmuls:
             lines += ["", "float matmuls (not quantized, left alone): " + ", ".join(self.float_matmuls)]
         if self.reclaimed_from_inductor:
@@ -204,6 +198,29 @@ class PassReport(RecordSelection):
             "ops_before": dict(self.ops_before),
             "ops_after": dict(self.ops_after),
         }, indent=2)
+
+
+def _block(record: LinearRecord) -> list[str]:
+    """The lines under a linear's name in `PassReport.table`."""
+    if not record.fused:
+        return [f"  NOT FUSED  [{record.family}] {record.reason}", *([f"  also       {record.note}"] if record.note else [])]
+    lines = [f"  fused      {record.pattern}  [{record.family}]", f"  scheme     {record.scheme}",
+             f"  kernel     {record.kernel}"]
+    if record.lowered:
+        lines.append(f"  code       {record.lowered}")
+    lines += [f"  {'not ' + name:<10} {reason}" for name, reason in record.rejected_kernels.items()]
+    if record.note:
+        lines.append(f"  note       {record.note}")
+    if record.max_error is not None:
+        lines.append(f"  verified   max abs error {record.max_error:.3e}")
+    return lines
+
+
+def _listed(names: list[str], shown: int = 6) -> str:
+    """'a, b, c' or, past `shown` names, the first ones and how many more."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return ", ".join(names[:shown]) + f" and {len(names) - shown} more"
 
 
 def count_ops(graph) -> Counter:
