@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
+from qfuse.kernels.triton.tile import Tile
 from qfuse.kernels.int4_words import ZERO_CONVENTIONS
 from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS, takes_planes, triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
@@ -63,14 +64,14 @@ from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, bat
                                                 empty_result, fit_block_k, packed_zero_points, split_k, split_k_tile,
                                                 step_meta, sum_splits)
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
-PREFILL_TILE = (128, 256, 128, 8, 8, 3)
+PREFILL_TILE = Tile(128, 256, 128, 8, 8, 3)
 # M <= 16: one tile, K split until there are DECODE_PROGRAMS_PER_SM programs a multiprocessor. The
 # best of 24 (tile, split) pairs at each of the three shapes on an H100 (benchmarks/gpu_weight_only.py
 # --tune): 18.6 / 39.8 / 46.9 µs a linear at N x K = 4096 x 4096 / 14336 x 4096 / 4096 x 14336.
-DECODE_TILE = (DECODE_ROWS, 64, 256, 1, 4, 3)
+DECODE_TILE = Tile(DECODE_ROWS, 64, 256, 1, 4, 3)
 # Extra decode tiles Inductor benchmarks under max-autotune.
-AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 128, 1, 4, 3), (16, 128, 128, 1, 8, 3), (16, 64, 512, 1, 8, 3))
+AUTOTUNE_TILES = (Tile(16, 32, 256, 1, 4, 3), Tile(16, 64, 128, 1, 4, 3), Tile(16, 128, 128, 1, 8, 3),
+                  Tile(16, 64, 512, 1, 8, 3))
 # Batched decode (16 < M <= 128) on words packed along N (AWQ) and on int8 storage (torchao's intx), by M
 # bucket; K split while the programs stay within BATCHED_PROGRAMS_PER_SM a multiprocessor
 # (`weight_stream.batched_split_k`). Each the fastest of 24 (tile, split) pairs at the three Llama shapes
@@ -79,7 +80,7 @@ AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 128, 1, 4, 3), (16, 128, 128,
 # same tune on intx found them the fastest at 64 and 128 rows and 13-18% behind at 32. Words packed along
 # K that do not take the plane template (groups of 32 or 64) were not measured there: they keep the
 # template at decode only.
-BATCHED_TILES = {32: (32, 64, 256, 1, 4, 3), 64: (64, 64, 128, 1, 4, 3), 128: (128, 64, 128, 1, 4, 3)}
+BATCHED_TILES = {32: Tile(32, 64, 256, 1, 4, 3), 64: Tile(64, 64, 128, 1, 4, 3), 128: Tile(128, 64, 128, 1, 4, 3)}
 BATCHED_PROGRAMS_PER_SM = 2
 
 
@@ -188,7 +189,7 @@ def weight_meta(has_shifts: bool, has_zeros: bool, zero_convention: str, packed_
                 PACKED_ALONG_N=packed_along_n, INT8_VALUES=int8_values)
 
 
-def pick_int4_config(m: int) -> tuple[int, int, int, int, int, int]:
+def pick_int4_config(m: int) -> Tile:
     """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for M rows."""
     return DECODE_TILE if m <= DECODE_ROWS else PREFILL_TILE
 

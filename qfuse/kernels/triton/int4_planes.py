@@ -53,12 +53,13 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
+from qfuse.kernels.triton.tile import Tile
 from qfuse.kernels.int4_words import ZERO_CONVENTIONS
 from qfuse.kernels.triton.weight_stream import batched_split_k, bucket_of, packed_zero_points, split_k_tile, sum_splits
 
 PLANE_STEP = 128  # K values a step: 16 words a row, a K = 16 slice of the step's dot a plane
 _STEP = tl.constexpr(PLANE_STEP)
-# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) by M bucket: the tile for M up to the key.
+# Tiles by M bucket: the tile for M up to the key.
 # Decode (M <= 16): the best 64-wide tile of 48 on an H100 (session 17); with one dot a step, a sweep of
 # 8 tiles in the eager launch found none faster by more than 4% at the split `plane_splits` picks.
 # Batched decode (16 < M <= 128): one row block covers M, so each weight tile is read and dequantized
@@ -67,11 +68,11 @@ _STEP = tl.constexpr(PLANE_STEP)
 # --part tiles`). Up to PLANE_MAX_ROWS the template beat Inductor's dequantize + mm on the GPU clock
 # (1.44-1.69x at M = 256; 1.00-1.08x at 512, where it stops: `--part splits`).
 PLANE_TILES = {
-    DECODE_ROWS: (DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3),
-    32: (32, 64, PLANE_STEP, 1, 4, 3),
-    64: (64, 128, PLANE_STEP, 1, 8, 3),
-    128: (128, 128, PLANE_STEP, 1, 8, 3),
-    256: (128, 128, PLANE_STEP, 1, 8, 3),
+    DECODE_ROWS: Tile(DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3),
+    32: Tile(32, 64, PLANE_STEP, 1, 4, 3),
+    64: Tile(64, 128, PLANE_STEP, 1, 8, 3),
+    128: Tile(128, 128, PLANE_STEP, 1, 8, 3),
+    256: Tile(128, 128, PLANE_STEP, 1, 8, 3),
 }
 PLANE_MAX_ROWS = max(PLANE_TILES)
 PLANE_TILE = PLANE_TILES[DECODE_ROWS]
@@ -127,14 +128,14 @@ def paired(x_dtype: torch.dtype, scale_dtype: torch.dtype, device: torch.device)
             and torch.cuda.get_device_capability(device) >= (8, 0))
 
 
-def plane_tile(rows: int) -> tuple[int, int, int, int, int, int]:
+def plane_tile(rows: int) -> Tile:
     """The tile for M = `rows` (at most PLANE_MAX_ROWS): its bucket's."""
     return PLANE_TILES[bucket_of(rows, sorted(PLANE_TILES))]
 
 
-def autotune_plane_tiles(tile) -> list[tuple[int, int, int, int, int, int]]:
+def autotune_plane_tiles(tile: Tile) -> list[Tile]:
     """max-autotune's other choices beside `tile`: its BLOCK_M (the bucket's rows) with other widths and warps."""
-    others = [(tile[0], width, PLANE_STEP, 1, warps, 3) for width in (32, 64, 128) for warps in (4, 8)]
+    others = [Tile(tile.block_m, width, PLANE_STEP, 1, warps, 3) for width in (32, 64, 128) for warps in (4, 8)]
     return [other for other in others if other != tile]
 
 

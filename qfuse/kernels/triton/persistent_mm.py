@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from qfuse.kernels.triton.tile import Tile
 from qfuse.kernels.triton.scaled_mm import (
     BLOCK_SCALE, _scale_bias_store, _scale_kind, _strides, multiprocessors, output_and_float32_scales, promote_every,
     tile_in_group_order,
@@ -37,7 +38,7 @@ from qfuse.kernels.triton.scaled_mm import (
 #: faster. int8: `benchmarks/gpu_persistent_int8.py` on an H100 (docs/benchmarks.md): at 4096 rows
 #: 5-7% faster than `scaled_mm.py`'s tiled kernel (120 / 401 / 371 against 126 / 431 / 397 µs at
 #: 4096 x 4096, 14336 x 4096, 4096 x 14336), at 2048 rows -4% to +1%, at 1024 up to 5% slower.
-CONFIGS = {"fp8": (128, 256, 128, 8, 8, 3), "int8": (128, 256, 128, 8, 8, 4)}
+CONFIGS = {"fp8": Tile(128, 256, 128, 8, 8, 3), "int8": Tile(128, 256, 128, 8, 8, 4)}
 MIN_M = {"fp8": 129, "int8": 2048}
 
 

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
+from qfuse.kernels.triton.tile import Tile
 
 # How a scale applies (host side), and the same values as globals the kernel may read.
 NO_SCALE, TENSOR_SCALE, VECTOR_SCALE, BLOCK_SCALE = 0, 1, 2, 3
@@ -31,14 +32,14 @@ SCALE_GROUP = 128
 _TENSOR, _VECTOR, _BLOCK = tl.constexpr(TENSOR_SCALE), tl.constexpr(VECTOR_SCALE), tl.constexpr(BLOCK_SCALE)
 _GROUP = tl.constexpr(SCALE_GROUP)
 
-# (max M of the bucket) -> (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), chosen by
+# (max M of the bucket) -> Tile, chosen by
 # `python benchmarks/gpu_triton.py --tune-only` on an NVIDIA H200 (torch 2.11, triton 3.6): per dtype,
 # the best geomean over (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)} at M = 128 and 4096.
 # fp8 tiles of 64+ rows use Hopper's wgmma, which accumulates fp8 products in reduced precision
 # (about 2**-13 relative per K block, as cuBLAS does without fast accumulation).
-CONFIGS: dict[str, dict[int, tuple[int, int, int, int, int, int]]] = {
-    "int8": {128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 3)},
-    "fp8": {128: (64, 128, 128, 8, 8, 4), 2**62: (128, 128, 128, 8, 8, 4)},
+CONFIGS: dict[str, dict[int, Tile]] = {
+    "int8": {128: Tile(64, 128, 128, 8, 8, 4), 2**62: Tile(128, 128, 128, 8, 8, 3)},
+    "fp8": {128: Tile(64, 128, 128, 8, 8, 4), 2**62: Tile(128, 128, 128, 8, 8, 4)},
 }
 
 # 16 < M <= 128 (the table's first bucket): where the table's tile gives fewer than GRID_FILL of the
@@ -48,13 +49,14 @@ CONFIGS: dict[str, dict[int, tuple[int, int, int, int, int, int]]] = {
 # CUDA graph), M = 17-128 at N = 4096: int8 8.4-9.6 against 13.3-13.7 µs (K = 4096) and 33.9-35.7
 # against 43.6-45.4 µs (K = 14336); fp8 7.4-8.4 against 11.2-12.7 and 32.2-33.5 against 41.0-43.0.
 # At N = 14336 (112 blocks) the table's tile stays: within 6% of the best tile tried.
-SKINNY_TILE = (64, 64, 256, 8, 4, 3)
+SKINNY_TILE = Tile(64, 64, 256, 8, 4, 3)
 
 # Extra tiles Inductor benchmarks under max-autotune (qfuse.lowerings.triton.template), beside the
 # table's tile for M: wider and taller tiles for large M, narrower ones for small N.
-AUTOTUNE_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
-    (128, 128, 128, 8, 8, 3), (64, 128, 128, 8, 8, 4), (128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3),
-    (128, 128, 64, 8, 4, 4), (64, 64, 128, 8, 4, 4), (32, 64, 256, 8, 4, 4), (16, 64, 256, 8, 4, 4), SKINNY_TILE,
+AUTOTUNE_TILES: tuple[Tile, ...] = (
+    Tile(128, 128, 128, 8, 8, 3), Tile(64, 128, 128, 8, 8, 4), Tile(128, 256, 128, 8, 8, 3), Tile(256, 128, 128, 8, 8, 3),
+    Tile(128, 128, 64, 8, 4, 4), Tile(64, 64, 128, 8, 4, 4), Tile(32, 64, 256, 8, 4, 4), Tile(16, 64, 256, 8, 4, 4),
+    SKINNY_TILE,
 )
 
 # M <= 16 (decode) reads the weight once and does little else: the time is how fast the column
@@ -202,20 +204,20 @@ def tile_buckets(is_fp8: bool) -> list[int]:
     return [DECODE_M, *sorted(CONFIGS["fp8" if is_fp8 else "int8"])[:-1]]
 
 
-def pick_config(m: int, n: int, is_fp8: bool, blocked: bool, multiprocessor_count: int) -> tuple[int, int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for an [M, K] x [K, N] call."""
+def pick_config(m: int, n: int, is_fp8: bool, blocked: bool, multiprocessor_count: int) -> Tile:
+    """The tile of an [M, K] x [K, N] call."""
     label = "fp8" if is_fp8 else "int8"
     if m <= DECODE_M:
         widths = sorted(DECODE_TILES, reverse=True)
         block_n = next((w for w in widths if triton.cdiv(n, w) >= GRID_FILL * multiprocessor_count), widths[-1])
         block_k, num_warps, num_stages = DECODE_TILES[block_n][label]
-        config = (DECODE_M, block_n, block_k, 8, num_warps, num_stages)
+        config = Tile(DECODE_M, block_n, block_k, 8, num_warps, num_stages)
     else:
         bound, config = next((bound, config) for bound, config in sorted(CONFIGS[label].items()) if m <= bound)
-        if bound == min(CONFIGS[label]) and triton.cdiv(n, config[1]) < GRID_FILL * multiprocessor_count:
+        if bound == min(CONFIGS[label]) and triton.cdiv(n, config.block_n) < GRID_FILL * multiprocessor_count:
             config = SKINNY_TILE
-    if blocked and SCALE_GROUP % config[2]:
-        config = (*config[:2], SCALE_GROUP, *config[3:])
+    if blocked and SCALE_GROUP % config.block_k:
+        config = config._replace(block_k=SCALE_GROUP)
     return config
 
 

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
+from qfuse.kernels.triton.tile import Tile
 from qfuse.kernels.triton.scaled_mm import (BLOCK_SCALE, NO_SCALE, SCALE_GROUP, TENSOR_SCALE, VECTOR_SCALE,
                                             multiprocessors, scale_and_bias)
 from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, batched_split_k, bucket_of,
@@ -37,13 +38,13 @@ from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, bat
 
 _BLOCK, _GROUP = tl.constexpr(BLOCK_SCALE), tl.constexpr(SCALE_GROUP)
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages). Decode: the best of 54 (tile, split)
+# Tiles. Decode: the best of 54 (tile, split)
 # pairs at M = 1 on an H100 (`python benchmarks/gpu_weight_only.py --tune --form fp8-block --ms 1`),
 # or within 2% of it, at each of the three shapes: 11.6 / 30.4 / 31.5 µs a linear at N x K = 4096 x 4096 /
 # 14336 x 4096 / 4096 x 14336, with K not split. Splitting K (two programs a multiprocessor, as the
 # int4 kernel does) cost 10-40% there: K is split only when the column blocks leave more than half
 # of the multiprocessors idle (`DECODE_PROGRAMS_PER_SM`, a small N).
-DECODE_TILE = (DECODE_ROWS, 32, 512, 1, 4, 3)
+DECODE_TILE = Tile(DECODE_ROWS, 32, 512, 1, 4, 3)
 DECODE_PROGRAMS_PER_SM = 0.5
 # Batched decode (16 < M <= TEMPLATE_MAX_ROWS), by M bucket: (tile, programs a multiprocessor that K is
 # split up to: `weight_stream.batched_split_k`). BLOCK_M covers M (the MMA's N), so each weight tile is
@@ -53,14 +54,15 @@ DECODE_PROGRAMS_PER_SM = 0.5
 # scales, the template took 1.40-3.05x less GPU time than Inductor's dequantize + mm at 64 and 128 rows,
 # and 0.83-1.15x at 256 (two row blocks), so it stops at 128.
 BATCHED_TILES = {
-    32: ((32, 32, 512, 1, 4, 3), 0.5),
-    64: ((64, 64, 128, 1, 4, 3), 2),
-    128: ((128, 64, 128, 1, 4, 3), 2),
+    32: (Tile(32, 32, 512, 1, 4, 3), 0.5),
+    64: (Tile(64, 64, 128, 1, 4, 3), 2),
+    128: (Tile(128, 64, 128, 1, 4, 3), 2),
 }
 TEMPLATE_MAX_ROWS = max(BATCHED_TILES)
-PREFILL_TILE = (128, 128, 64, 8, 8, 3)
+PREFILL_TILE = Tile(128, 128, 64, 8, 8, 3)
 # Extra decode tiles Inductor benchmarks under max-autotune (the next best of the search).
-AUTOTUNE_TILES = ((16, 32, 256, 1, 4, 3), (16, 64, 256, 1, 4, 3), (16, 128, 128, 1, 4, 3), (16, 128, 256, 1, 8, 3))
+AUTOTUNE_TILES = (Tile(16, 32, 256, 1, 4, 3), Tile(16, 64, 256, 1, 4, 3), Tile(16, 128, 128, 1, 4, 3),
+                  Tile(16, 128, 256, 1, 8, 3))
 
 
 @triton.jit
@@ -126,7 +128,7 @@ def scale_kind(scale_b: torch.Tensor | None, k: int, n: int) -> int:
     return VECTOR_SCALE if tuple(scale_b.shape) == (1, n) else BLOCK_SCALE
 
 
-def pick_w8a16_config(m: int) -> tuple[int, int, int, int, int, int]:
+def pick_w8a16_config(m: int) -> Tile:
     """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for M rows."""
     if m <= DECODE_ROWS:
         return DECODE_TILE

@@ -228,18 +228,18 @@ def _words_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta:
 
     tile = DECODE_TILE if bucket == DECODE_ROWS else BATCHED_TILES[bucket]
     # max-autotune: the decode search's next best shapes too, at this bucket's BLOCK_M
-    tiles = [tile] + ([(tile[0], *rest) for _, *rest in AUTOTUNE_TILES] if max_autotune() else [])
-    tiles = list(dict.fromkeys((bm, bn, fit_block_k(bk, call.group_size, k), *rest) for bm, bn, bk, *rest in tiles))
+    tiles = [tile] + ([other._replace(block_m=tile.block_m) for other in AUTOTUNE_TILES] if max_autotune() else [])
+    tiles = list(dict.fromkeys(tile._replace(block_k=fit_block_k(tile.block_k, call.group_size, k)) for tile in tiles))
     sms = multiprocessors(x2d.get_device())
     if bucket == DECODE_ROWS:
-        splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], sms)
+        splits = split_k(DECODE_ROWS, n, k, tiles[0].block_n, tiles[0].block_k, sms)
     else:
         splits = batched_split_k(bucket, n, k, tiles[0], BATCHED_PROGRAMS_PER_SM, sms)
     named = {"X": x2d, "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
              "BIAS": call.bias if splits == 1 else None}
     meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits) | meta
     out, how = split_k_linear(_SOURCE, "qfuse_int4_linear", named, rows, n, splits, call.bias, tiles,
-                              lambda tile: meta | step_meta(tile[2], call.group_size, k))
+                              lambda tile: meta | step_meta(tile.block_k, call.group_size, k))
     record_lowering(how + "; the int4 words dequantized in registers")
     return out
 
@@ -253,7 +253,7 @@ def _planes_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta
     tile = PLANE_TILES[bucket]
     tiles = [tile] + (autotune_plane_tiles(tile) if max_autotune() else [])
     device = x2d.get_device()
-    splits = plane_splits(bucket, n, k, tile[0], tile[1], multiprocessors(device))
+    splits = plane_splits(bucket, n, k, tile.block_m, tile.block_n, multiprocessors(device))
     named = {"X": _permuted_by_plane(call.x, x2d, rows, k), "W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros,
              "BIAS": call.bias if splits == 1 else None}
     is_paired = paired(x2d.get_dtype(), call.scales.get_dtype(), device)

@@ -47,6 +47,7 @@ from torch._inductor.select_algorithm import SymbolicGridFn, TritonTemplate, aut
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.triton import K_ALIGNMENT
+from qfuse.kernels.triton.tile import Tile
 from qfuse.lowerings.ir import convert, lower, rows_at_most, rows_bucket
 
 aten = torch.ops.aten
@@ -258,13 +259,13 @@ def _bucket(rows, is_fp8: bool) -> int:
     return rows_bucket(rows, tile_buckets(is_fp8)) or hint
 
 
-def _tiles(rows, n: int, is_fp8: bool, blocked: bool, device) -> list[tuple[int, int, int, int, int, int]]:
+def _tiles(rows, n: int, is_fp8: bool, blocked: bool, device) -> list[Tile]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) choices for this call."""
     from qfuse.kernels.triton.scaled_mm import AUTOTUNE_TILES, SCALE_GROUP, multiprocessors, pick_config
 
     tiles = [pick_config(_bucket(rows, is_fp8), n, is_fp8, blocked, multiprocessors(device))]
     if max_autotune():
-        tiles += [tile for tile in AUTOTUNE_TILES if tile not in tiles and not (blocked and SCALE_GROUP % tile[2])]
+        tiles += [tile for tile in AUTOTUNE_TILES if tile not in tiles and not (blocked and SCALE_GROUP % tile.block_k)]
     return tiles
 
 
@@ -307,7 +308,7 @@ def scaled_linear(a2d, b, scale_a, kind_a: int, scale_b, kind_b: int, bias, out_
     tiles = _tiles(m, int(n), not is_int8, blocked, a2d.get_device())
 
     def meta_for(tile):
-        return meta | {"PROMOTE_EVERY": 1 if blocked else promote_every(a2d.get_dtype(), out_dtype, tile[2])}
+        return meta | {"PROMOTE_EVERY": 1 if blocked else promote_every(a2d.get_dtype(), out_dtype, tile.block_k)}
 
     candidates, note = [(template, tile, meta_for(tile)) for tile in tiles], ""
     if is_int8 and not blocked:  # the persistent kernel's calls (fp8 at its M runs cuBLAS)
@@ -337,7 +338,7 @@ def split_k_product(a2d, b, splits: int, out_dtype: torch.dtype):
     tiles = _tiles(rows, int(n), not is_int8, False, a2d.get_device())
 
     def meta_for(tile):
-        return dict(SPLIT_K=splits, IS_INT8=is_int8, PROMOTE_EVERY=promote_every(a2d.get_dtype(), out_dtype, tile[2]))
+        return dict(SPLIT_K=splits, IS_INT8=is_int8, PROMOTE_EVERY=promote_every(a2d.get_dtype(), out_dtype, tile.block_k))
 
     return split_k_linear(_SPLIT_K_SOURCE, "qfuse_scaled_product_split_k", {"A": a2d, "B": b}, rows, n, splits, None,
                           tiles, meta_for, dtype=torch.int32 if is_int8 else torch.float32)
@@ -354,16 +355,16 @@ def select_choices(name: str, candidates: list, inputs: tuple, layout):
     triples; one is taken as it is, several are benchmarked by Inductor (max-autotune)."""
     choices = []
     for template, tile, meta in candidates:
-        block_m, block_n, block_k, group_m, num_warps, num_stages = tile
         template.maybe_append_choice(
-            choices, input_nodes=inputs, layout=layout, num_stages=num_stages, num_warps=num_warps,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+            choices, input_nodes=inputs, layout=layout, num_stages=tile.num_stages, num_warps=tile.num_warps,
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
             EPILOGUE_SPLIT_MIN_N=EPILOGUE_SPLIT_MIN_N, **meta,
         )
     if len(choices) == 1 and len(candidates) == 1:
-        _, (block_m, block_n, block_k, _, num_warps, num_stages), meta = candidates[0]
+        _, tile, meta = candidates[0]
         kind = "persistent TMA template" if "NUM_SMS" in meta else "template"
-        how = f"Triton {kind}, tile {block_m}x{block_n}x{block_k}, {num_warps} warps, {num_stages} stages"
+        how = (f"Triton {kind}, tile {tile.block_m}x{tile.block_n}x{tile.block_k}, {tile.num_warps} warps, "
+               f"{tile.num_stages} stages")
     else:
         how = f"Triton template, autotuned by Inductor among {len(choices)} choices"
     # return_multi_template=False: Inductor picks the fastest tile now; a multi-template buffer (epilogue

@@ -136,19 +136,19 @@ def _template(call: WeightOnlyScaledMmArgs, x2d, scale, kind: int, rows, k: int,
 
     tile = DECODE_TILE if bucket == DECODE_ROWS else BATCHED_TILES[bucket][0]
     # max-autotune: the decode search's next best shapes too, at this bucket's BLOCK_M
-    tiles = [tile] + ([(tile[0], *rest) for _, *rest in AUTOTUNE_TILES] if max_autotune() else [])
+    tiles = [tile] + ([other._replace(block_m=tile.block_m) for other in AUTOTUNE_TILES] if max_autotune() else [])
     if kind == BLOCK_SCALE:
-        tiles = [(bm, bn, fit_block_k(bk, SCALE_GROUP, k), *rest) for bm, bn, bk, *rest in tiles]
+        tiles = [tile._replace(block_k=fit_block_k(tile.block_k, SCALE_GROUP, k)) for tile in tiles]
     tiles = list(dict.fromkeys(tiles))
     sms = multiprocessors(x2d.get_device())
     if bucket == DECODE_ROWS:
-        splits = split_k(DECODE_ROWS, n, k, tiles[0][1], tiles[0][2], sms, DECODE_PROGRAMS_PER_SM)
+        splits = split_k(DECODE_ROWS, n, k, tiles[0].block_n, tiles[0].block_k, sms, DECODE_PROGRAMS_PER_SM)
     else:
-        splits = batched_splits(bucket, n, k, tiles[0][2], sms)
+        splits = batched_splits(bucket, n, k, tiles[0].block_k, sms)
     named = {"X": x2d, "B": call.b, "SB": scale, "BIAS": call.bias if splits == 1 else None}
     meta = dict(HAS_BIAS=splits == 1 and call.bias is not None, SPLIT_K=splits)
     out, how = split_k_linear(_SOURCE, "qfuse_w8a16_linear", named, rows, n, splits, call.bias, tiles,
-                              lambda tile: meta | kernel_meta(kind, tile[2], k))
+                              lambda tile: meta | kernel_meta(kind, tile.block_k, k))
     record_lowering(how + f"; the {'int8' if call.b.get_dtype() == torch.int8 else 'fp8'} weight converted in registers")
     return out
 
