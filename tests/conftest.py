@@ -1,6 +1,8 @@
 """Shared test fixtures: fresh Dynamo state and no compile caches (a warm FX graph cache would
 skip the post-grad passes, so match counts and reports need a real compile); Triton's interpreter
-where there is no GPU."""
+where there is no GPU; and the two tiers: tests marked `slow` (multi-process tensor parallelism,
+whole HF models, the benchmark scripts, Triton's interpreter, the long fuzz profile) run with
+`--slow` or `-m slow`, as CI's second step does (docs/testing.md); a plain `pytest` leaves them out."""
 
 import os
 
@@ -30,3 +32,21 @@ def no_depyf_dump_left_running():
     import qfuse.debug
 
     qfuse.debug.stop_depyf()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (CI runs them)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    slow = [item for item in items if "slow" in item.keywords]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if "slow" not in item.keywords]
+
+
+def pytest_report_header(config):
+    if not (config.getoption("--slow") or "slow" in (config.getoption("markexpr") or "")):
+        return "the fast tier: tests marked slow are left out (run them with --slow, or only them with -m slow)"

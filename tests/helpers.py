@@ -1,8 +1,13 @@
 """Helpers shared by the pass tests."""
 
+import pytest
 import torch
 
 import qfuse
+
+
+#: Triton kernels on the CPU run in its interpreter (tests/conftest.py): their larger grids go to the slow tier
+slow_when_interpreted = pytest.mark.slow if not torch.cuda.is_available() else (lambda test: test)
 
 
 def compile_and_run(fn, *args, dynamic=None, **options):

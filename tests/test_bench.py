@@ -111,6 +111,7 @@ def test_every_cpu_script_has_a_smoke_run():
     assert {script.stem for script in SCRIPTS if script.stem.startswith("cpu_")} == set(CPU_RUNS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CPU_RUNS))
 def test_cpu_script_runs_and_writes_its_results(name, tmp_path):
     if name == "cpu_peers":

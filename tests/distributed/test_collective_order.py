@@ -16,7 +16,8 @@ import torch.distributed as dist
 import qfuse
 from tests.distributed.collectives import ReducedThenSide, compile_with_order
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+pytestmark = [pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"),
+              pytest.mark.slow]  # processes on gloo: minutes
 
 
 @pytest.fixture

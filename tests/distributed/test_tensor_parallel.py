@@ -18,7 +18,8 @@ from tests.distributed import tp_models
 from tests.distributed.tp_worker import run_rank
 from tests.peers import compressed_tensors_models, hf_llama
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+pytestmark = [pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"),
+              pytest.mark.slow]  # processes on gloo: minutes
 WORLD = 2
 
 

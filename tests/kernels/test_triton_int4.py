@@ -21,6 +21,7 @@ from qfuse.kernels.triton.int4_mm import (BATCHED_PROGRAMS_PER_SM, BATCHED_TILES
 from qfuse.kernels.triton.int4_planes import (PLANE_TILE, paired, permute_planes, plane_splits, plane_tile,  # noqa: E402
                                               takes_planes, triton_int4_planes_mm)
 from qfuse.kernels.triton.weight_stream import batched_split_k, fit_block_k, split_k, step_meta  # noqa: E402
+from tests.helpers import slow_when_interpreted  # noqa: E402
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,6 +67,7 @@ def test_matches_the_model_and_float64(dtype, symmetric, group_size):
     assert_matches(kernel_call(model, x), model, x)
 
 
+@slow_when_interpreted
 @pytest.mark.parametrize("config", [(16, 32, 64, 1, 4, 2), (32, 64, 128, 8, 4, 2), (16, 16, 16, 1, 2, 1)],
                          ids=["two_groups_a_step", "four_groups_a_step", "step_in_group"])
 @pytest.mark.parametrize("splits", [1, 3])
@@ -217,6 +219,7 @@ def test_int8_storage_takes_the_batched_tiles(zero_points):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@slow_when_interpreted
 @pytest.mark.parametrize("symmetric, zeros_minus_one", [(True, False), (False, False), (False, True)],
                          ids=["symmetric", "zero_points", "zero_points_minus_one"])
 @pytest.mark.parametrize("group_size", [128, 256, None], ids=["g128", "g256", "per_channel"])

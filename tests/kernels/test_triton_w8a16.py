@@ -16,6 +16,7 @@ import qfuse.ops  # noqa: F401, E402  (registers torch.ops.qfuse)
 from qfuse.kernels.triton.scaled_mm import BLOCK_SCALE, NO_SCALE, TENSOR_SCALE, VECTOR_SCALE  # noqa: E402
 from qfuse.kernels.triton.w8a16_mm import (DECODE_TILE, PREFILL_TILE, batched_splits, pick_w8a16_config,  # noqa: E402
                                            scale_kind, triton_w8a16_mm)
+from tests.helpers import slow_when_interpreted  # noqa: E402
 from tests.peers.weight_only_models import fp8_weight_only  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -70,6 +71,7 @@ def test_matches_float64(weight_dtype, kind, dtype):
     assert_close(out, float64_reference(x, b, scale, bias), dtype)
 
 
+@slow_when_interpreted
 @pytest.mark.parametrize("config", [(16, 32, 256, 1, 4, 2), (16, 64, 64, 1, 4, 2), (32, 16, 16, 8, 2, 1)],
                          ids=["two_blocks_a_step", "step_in_a_block", "small"])
 @pytest.mark.parametrize("splits", [1, 3])

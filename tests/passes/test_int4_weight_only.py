@@ -77,7 +77,8 @@ ZERO_POINT_FORMS = {"gptq-zeros-g64", "gptq-zeros-channel", "ct-zeros-g64", "gpt
                     "awq-order-in-shifts-g128"}
 
 
-@pytest.mark.parametrize("shape", [(1, 256), (5, 256), (2, 3, 256)], ids=["M1", "M5", "3D"])
+@pytest.mark.parametrize("shape", [pytest.param((1, 256), id="M1", marks=pytest.mark.slow), pytest.param((5, 256), id="M5"),
+                                   pytest.param((2, 3, 256), id="3D", marks=pytest.mark.slow)])  # M5 in the fast tier
 @pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
 @pytest.mark.parametrize("form", list(FORMS))
 def test_int4_forms_fuse_on_the_stored_words_and_match_eager(form, dtype, shape):

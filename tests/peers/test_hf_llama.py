@@ -7,7 +7,7 @@ import qfuse
 from tests.peers import hf_llama
 
 AVAILABLE, WHY = hf_llama.available()
-pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY)
+pytestmark = [pytest.mark.skipif(not AVAILABLE, reason=WHY), pytest.mark.slow]  # whole models: 15-35 s each
 
 
 @pytest.mark.parametrize("build, scheme", [
