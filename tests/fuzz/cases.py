@@ -84,7 +84,8 @@ class Case:
         rows = math.prod(self.leading)
         # Inductor's CPU decompositions (torch 2.13): decompose_mem_bound_mm takes M == 1 with K, N <= 2048,
         # the mm decomposition K == 1 with M + N <= 32
-        if float_matmul and (rows == 1 or (self.k == 1 and rows > 1 and self.n > 1 and rows + self.n <= 32)):
+        shapes = [(self.k, self.n)] + ([(self.n, self.k)] if self.form == "mlp" else [])  # each linear's (K, N)
+        if float_matmul and (rows == 1 or any(k == 1 and rows > 1 and n > 1 and rows + n <= 32 for k, n in shapes)):
             return "Inductor turns this small float matmul into pointwise code and a sum before qfuse runs"
         if self.gemm == "float_mm" and self.dtype != "float32":
             return "a bf16 / fp16 matmul rounds (fp16: overflows) the integer sums an int8 GEMM keeps exact"

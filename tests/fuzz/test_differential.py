@@ -47,6 +47,16 @@ FOUND_BEFORE = [
     Case("hand_written", k=3, second_user="quantized", kernel="reference"),
     Case("hand_written", dtype="float16", activation="static_tensor", clamp_low=-127, special="inf", kernel="reference"),
     Case("hand_written", dtype="float16", activation="static_tensor", clamp_low=-127, special="inf", kernel="torch"),
+    # session 26's 3,000-case run: an MLP whose hidden width is 1, so its second linear has K == 1 and Inductor
+    # decomposes it before qfuse runs (the judge's rule looked at the first linear's K only)
+    Case(form="mlp", activation="dynamic_token", bias=False, leading=(1, 5), k=3, n=1, gemm="float_mm"),
+    # and an inf in a PT2E per-token asymmetric activation with K == 1: the row's scale is inf and its zero
+    # point nan, cast to int64's minimum; eager dequantizes q - zero_point in float32 (+-inf out), the fused op
+    # takes the zero point as int32 (0), so q - zero_point is 0 and 0 x inf is nan. Not fixed: a zero point
+    # outside int32 is garbage in both; kept so a change of either side shows.
+    pytest.param(Case("pt2e", activation="dynamic_token", weight="tensor", scale_spelling="one_element", bias=False,
+                      leading=(1,), k=1, n=5, special="inf"),
+                 marks=pytest.mark.xfail(strict=True, reason="a nan zero point: eager's float32 dequantize vs int32")),
 ]
 
 
