@@ -26,7 +26,7 @@ PATTERN = "int8-stored int4 (torchao intx) + dequantize + float linear"
 
 
 @pytest.mark.parametrize("shape", [(1, 256), (5, 256), (2, 3, 256), (0, 256)], ids=["M1", "M5", "3D", "M0"])
-@pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
+@pytest.mark.parametrize("dtype", [BF16, pytest.param(FP16, marks=pytest.mark.slow), pytest.param(FP32, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("zero_points, values, group_size", [
     ("zero", "int4", 32), ("none", "int4", 64), ("int4", "int4", 128), ("wide", "int4", 32), ("zero", "int8", 32),
 ], ids=["symmetric-g32", "no-zero-point-g64", "asymmetric-g128", "wide-zero-points", "int8-values"])

@@ -10,7 +10,7 @@ from qfuse.platform import current_platform
 from tests.peers import torchao_models
 
 AVAILABLE, WHY = torchao_models.available()
-pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY)
+pytestmark = [pytest.mark.skipif(not AVAILABLE, reason=WHY), pytest.mark.slow]  # torchao's recipes: CI's slow tier
 
 
 def onednn_runs_here() -> bool:

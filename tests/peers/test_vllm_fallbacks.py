@@ -9,6 +9,8 @@ from tests.peers.vllm_fallbacks import VllmFp8Linear
 K, N = 64, 48
 FORMS = [("per_tensor", False), ("row_wise", True), ("channelwise", True), ("channelwise", False)]
 
+pytestmark = pytest.mark.slow  # a grid of forms x shapes x dtypes: CI's slow tier
+
 
 @pytest.mark.parametrize("pad_tokens", [False, True], ids=["unpadded", "padded17"])
 @pytest.mark.parametrize("shape", [(1, K), (5, K), (2, 3, K)], ids=["M1", "M5", "3D"])
