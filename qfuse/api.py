@@ -66,7 +66,8 @@ class Explanation(RecordSelection):
         if not self.reports:
             return "qfuse: no graph was compiled (was the model already compiled with these options?)"
         text = "\n\n".join(report.table() for report in self.reports)
-        return text if text == self.details() else text + "\n\n(one block per linear: print(explanation.details()))"
+        grouped = any(len(report.linear_groups()) < len(report.records) for report in self.reports)
+        return text + "\n\n(one block per linear: print(explanation.details()))" if grouped else text
 
     def details(self) -> str:
         """The report with one block per linear (`str(explanation)` puts linears with the same outcome together)."""

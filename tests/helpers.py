@@ -1,5 +1,7 @@
 """Helpers shared by the pass tests."""
 
+import copy
+
 import pytest
 import torch
 
@@ -91,6 +93,12 @@ def assert_close_to_eager(out, model, x):
     assert out.dtype == eager.dtype and out.shape == eager.shape
     scale = eager.float().abs().max().item()
     assert (out.float() - eager.float()).abs().max().item() <= 2 * ROUNDING[x.dtype] * scale
+
+
+def eager_on_cpu(model, x):
+    """`model(x)` run on a CPU copy of the model, moved back to x's device: where eager cannot run the form
+    on the GPU (CUDA's `_int_mm` refuses M <= 16)."""
+    return copy.deepcopy(model).cpu()(x.cpu()).to(x.device)
 
 
 def record_under_cuda_graphs(model, x, eager=None):

@@ -2,7 +2,6 @@
 reference-form and Q/DQ linears on CUDA tensors, against the same function run eagerly on the CPU
 (eager torch._int_mm on CUDA rejects M <= 16, which the fused op handles)."""
 
-import copy
 import functools
 
 import pytest
@@ -11,7 +10,7 @@ from torch._inductor.utils import run_and_get_code
 
 import qfuse
 from qfuse.schemes import FP8_DTYPE
-from tests.helpers import compile_and_run
+from tests.helpers import compile_and_run, eager_on_cpu
 from tests.passes.test_pt2e_linear import QDQLinear
 from tests.passes.test_reference_linear import dynamic_fp8, fp8_scaled_mm, fp8_weight, int_mm_linear, operands
 
@@ -198,12 +197,8 @@ def test_8bit_decode_under_cuda_graphs_runs_the_cuda_kernel(form, lead):
     model = model.cuda().eval()
     dtype = torch.float32 if "hand-written" in form else torch.bfloat16
     x = torch.randn(*lead, 512, device="cuda", dtype=dtype)
-    record = record_under_cuda_graphs(model, x, None if eager_on_gpu else functools.partial(_eager_on_cpu, model))
+    record = record_under_cuda_graphs(model, x, None if eager_on_gpu else functools.partial(eager_on_cpu, model))
     decode = x.numel() // 512 <= (16 if "W8A16" in form else W8A8_ROWS)
     assert (record.kernel == "cuda") == decode, (record.kernel, record.rejected_kernels)
     if decode:
         assert record.lowered.startswith("extern call"), record.lowered
-
-
-def _eager_on_cpu(model, x):
-    return copy.deepcopy(model).cpu()(x.cpu()).to(x.device)

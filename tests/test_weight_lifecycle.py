@@ -6,7 +6,6 @@ that prepares a weight and runs on this machine, forced through `options={"kerne
 - two threads on one compiled model get eager's results, each weight prepared once.
 On the CPU in CI; the CUDA cases run on the GPU machine (docs/testing.md)."""
 
-import copy
 import gc
 import os
 import threading
@@ -22,7 +21,7 @@ from qfuse.kernels import prepared
 from qfuse.kernels.prepared import prepared_weights
 from qfuse.kernels.registry import KERNELS, priority_list
 from qfuse.platform import current_platform
-from tests.helpers import assert_close_to_eager
+from tests.helpers import assert_close_to_eager, eager_on_cpu
 from tests.peers.hf_llama import ReferenceW8A8Linear
 from tests.peers.vllm_fallbacks import VllmFp8Linear
 from tests.peers.weight_only_models import gptq_packed_int4, hand_written_int8
@@ -75,9 +74,7 @@ def build(form, seed, device):
 def eager(model):
     """The model run eagerly: on the CPU for int8 W8A8 on CUDA, where eager `_int_mm` refuses M <= 16."""
     def run(x):
-        if x.is_cuda and isinstance(model, ReferenceW8A8Linear):
-            return copy.deepcopy(model).cpu()(x.cpu()).to(x.device)
-        return model(x)
+        return eager_on_cpu(model, x) if x.is_cuda and isinstance(model, ReferenceW8A8Linear) else model(x)
     return run
 
 

@@ -148,17 +148,17 @@ def built_once(label: tuple, sources: tuple[torch.Tensor | None, ...], build) ->
         with _LOCK:  # another thread may have made it meanwhile: look again
             entry = _CACHE.get(key)
             if entry is None or entry.versions != versions:
-                return _prepared_entry(key, sources, build, entry)
+                return _prepared_entry(key, sources, versions, build, entry)
     return build(*sources) if entry.prepared is None else entry.prepared
 
 
-def _prepared_entry(key: tuple, sources: tuple, build, stale: _Entry | None) -> PreparedWeight:
+def _prepared_entry(key: tuple, sources: tuple, versions: tuple, build, stale: _Entry | None) -> PreparedWeight:
     """The weight prepared from `sources` (under the lock) and remembered under `key`, into the memory
     of the `stale` entry's weight where the layout is the same."""
     prepared = _rebuilt(stale and stale.prepared, build, sources)
     opaque = prepared.data.layout != torch.strided  # e.g. a packed MKLDNN tensor: never an input
     as_given = not opaque and _storage(prepared.data) in _storages(sources)
-    entry = _Entry(build, _versions(sources), None if as_given else prepared)
+    entry = _Entry(build, versions, None if as_given else prepared)
     _evict_expired()
     _CACHE[key] = entry
     return prepared

@@ -158,10 +158,7 @@ class PassReport(RecordSelection):
         kernel, the other kernels' reasons, ...) in one block under their names (`details`: one block per
         linear); then the float matmuls and match counts."""
         lines = [self.headline(), ""]
-        groups: dict[str | tuple[str, ...], list[LinearRecord]] = {}
-        for record in self.records:
-            groups.setdefault(record.where if details else tuple(_block(record)), []).append(record)
-        for records in groups.values():
+        for records in self.linear_groups(details):
             if len(records) == 1:
                 lines.append(records[0].where)
             else:
@@ -183,6 +180,13 @@ class PassReport(RecordSelection):
         if self.matches:
             lines += ["", "matches per pattern:"] + [f"  {name}: {count}" for name, count in sorted(self.matches.items())]
         return "\n".join(lines)
+
+    def linear_groups(self, details: bool = False) -> list[list[LinearRecord]]:
+        """The records, those with the same report block together (`details`: each alone)."""
+        groups: dict[str | tuple[str, ...], list[LinearRecord]] = {}
+        for record in self.records:
+            groups.setdefault(record.where if details else tuple(_block(record)), []).append(record)
+        return list(groups.values())
 
     def to_json(self) -> str:
         return json.dumps({
