@@ -84,6 +84,11 @@ class Kernel(abc.ABC):
     #: `torch` kernel, lowered into the generated code) wins: the registry passes it over unless it
     #: is forced. A measured number, per kernel (docs/benchmarks.md, "Kernel choice on CPU").
     min_weight_elements: ClassVar[int] = 0
+    #: The fused ops (by name: "scaled_mm", "weight_only_scaled_mm", "int4_weight_only_mm") whose sibling calls
+    #: (linears reading one activation: q / k / v, gate / up) this kernel runs as one call on their weights
+    #: concatenated along N (`qfuse.ops.siblings`): ops it runs as their extern call on a weight copy of its
+    #: own, so one launch replaces several and the concatenation costs no memory the members did not.
+    runs_siblings_of: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def is_supported(self, platform: Platform) -> Verdict: ...

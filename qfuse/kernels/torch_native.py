@@ -70,6 +70,9 @@ def _tinygemm_can_implement(key: GemmKey) -> Verdict:
 class TorchKernel(Kernel):
     name = "torch"
     output_fuses_into_consumers = True  # its lowering: an ATen GEMM, then the scales in Inductor's pointwise code
+    #: an int4 weight is packed once into ATen's int4pack layout (a copy) and runs as the op's extern call
+    #: (its lowering takes only frozen weights, where the sibling pass does not run)
+    runs_siblings_of = ("int4_weight_only_mm",)
     capabilities = (
         Capability("int8 torch._int_mm", ("cpu",), **_INT8_ROW),
         Capability("int8 torch._int_mm (cuBLASLt)", ("cuda",), **_INT8_ROW, k_multiple=8, n_multiple=8),

@@ -24,6 +24,7 @@ from torch._inductor import lowering as inductor_lowering
 
 from qfuse.lowerings.ir import (current_record, extern_call, falls_back_to_extern_call, record_lowering, rows_and_k,
                                 rows_at_most)
+from qfuse.ops import SIBLING_ARGUMENTS
 from qfuse.platform import current_platform
 
 
@@ -88,6 +89,8 @@ def _lowering_of(arguments_type: type) -> Callable:
 
 
 def register() -> None:
-    """Give Inductor one lowering for each op that a kernel lowers."""
-    for arguments_type in dict.fromkeys(arguments_type for arguments_type, _ in _LOWERINGS):
+    """Give Inductor one lowering for each op that a kernel lowers, and for the sibling ops (whose kernels run
+    them as extern calls: the lowering chooses the kernel of a dynamic M's bucket)."""
+    lowered = [arguments_type for arguments_type, _ in _LOWERINGS]
+    for arguments_type in dict.fromkeys([*lowered, *SIBLING_ARGUMENTS.values()]):
         inductor_lowering.register_lowering(arguments_type.op, type_promotion_kind=None)(_lowering_of(arguments_type))

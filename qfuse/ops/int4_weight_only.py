@@ -66,7 +66,7 @@ NIBBLES_PER_WORD = 8
 INT4_RANGE = (-INT4_OFFSET, INT4_OFFSET - 1)
 
 
-def _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
+def check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
                     zero_convention, packed_along_n) -> tuple:
     """The output shape, after checking dtypes and shapes (ValueError naming the problem)."""
     def fail(message):
@@ -170,8 +170,8 @@ def in_int4_range(*tensors: Tensor | None) -> bool:
                for tensor in tensors)
 
 
-def _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
-                  packed_along_n) -> PreparedWeight:
+def dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
+                 packed_along_n) -> PreparedWeight:
     """The float [K, N] weight of the module docstring's formula (in the scales' dtype, one rounding)."""
     values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention,
                                          packed_along_n)
@@ -190,24 +190,36 @@ def folded_zero_points(values: Tensor, zeros: Tensor | None, group_size: int) ->
     return (folded.to(torch.int8), None) if in_int4_range(folded) else (values, zeros)
 
 
+def int4_values(packed, shifts, scales, packed_zeros, group_size: int, g_idx=None, zero_convention: str = "stored",
+                packed_along_n: bool = False) -> tuple | None:
+    """(values, scales, zeros, order): the weight in qfuse's int4 convention as the kernels take it (`unpack`),
+    its rows sorted by group where `g_idx` orders them (`order`, else None) and its zero points folded where
+    they fit; None where it has no exact int4 form (a `g_idx` of no groups, int8 storage outside int4's
+    range): it is multiplied dense (`dense_weight`)."""
+    order = None if g_idx is None else group_order(g_idx, group_size, scales.shape[1])
+    if g_idx is not None and order is None:
+        return None
+    values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention,
+                                         packed_along_n)
+    if order is not None:
+        values = values[order]
+    values, zeros = folded_zero_points(values, zeros, group_size)
+    if packed.dtype == torch.int8 and not in_int4_range(values, zeros):  # (words hold int4 values by construction)
+        return None
+    return values, group_scales, zeros, order
+
+
 def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, group_size: int, g_idx=None,
                          zero_convention: str = "stored", packed_along_n: bool = False) -> tuple:
     """(the kernel named `kernel`, its prepared form of this int4 weight), unpacked and prepared once."""
     implementation = get_kernel(kernel)
 
     def build(packed, shifts, scales, packed_zeros, g_idx) -> PreparedWeight:  # of the sources: the entry keeps it
-        order = None if g_idx is None else group_order(g_idx, group_size, scales.shape[1])
-        if g_idx is not None and order is None:
-            return _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
-                                 packed_along_n)
-        values, group_scales, zeros = unpack(packed, shifts, scales, packed_zeros, group_size, zero_convention,
-                                             packed_along_n)
-        if order is not None:
-            values = values[order]
-        values, zeros = folded_zero_points(values, zeros, group_size)
-        if packed.dtype == torch.int8 and not in_int4_range(values, zeros):  # (words hold int4 values by construction)
-            return _dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
-                                 packed_along_n)
+        parts = int4_values(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention, packed_along_n)
+        if parts is None:
+            return dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
+                                packed_along_n)
+        values, group_scales, zeros, order = parts
         prepared = implementation.prepare_int4_weight(values.contiguous(), group_scales.contiguous(),
                                                       None if zeros is None else zeros.contiguous())
         return prepared if order is None else dataclasses.replace(prepared, input_order=order)
@@ -216,28 +228,32 @@ def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, grou
     return implementation, built_once(label, (packed, shifts, scales, packed_zeros, g_idx), build)
 
 
+def int4_product(implementation, x2d: Tensor, weight: PreparedWeight, bias: Tensor | None, out_dtype) -> Tensor:
+    """x2d @ w + bias as `out_dtype`, w the prepared int4 weight (a DENSE one by a plain matmul)."""
+    if weight.input_order is not None:  # the weight's rows were sorted by group (a DENSE one too)
+        x2d = x2d[:, weight.input_order]
+    if weight.packing == DENSE:
+        out = x2d @ weight.data.to(x2d.dtype)
+        return (out if bias is None else out + bias.to(out.dtype)).to(out_dtype)
+    return implementation.weight_only_apply(x2d, weight, bias, out_dtype)
+
+
 @torch.library.custom_op("qfuse::int4_weight_only_mm", mutates_args=())
 def int4_weight_only_mm(x: Tensor, packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: Tensor | None,
                         bias: Tensor | None, group_size: int, out_dtype: torch.dtype, kernel: str,
                         g_idx: Tensor | None = None, zero_convention: str = "stored",
                         packed_along_n: bool = False) -> Tensor:
-    out_shape = _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
+    out_shape = check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
                                 zero_convention, packed_along_n)
     implementation, weight = prepared_int4_weight(kernel, packed, shifts, scales, packed_zeros, group_size, g_idx,
                                                   zero_convention, packed_along_n)
-    x2d = x.reshape(-1, x.shape[-1])
-    if weight.input_order is not None:  # the weight's rows were sorted by group (a DENSE one too)
-        x2d = x2d[:, weight.input_order]
-    if weight.packing == DENSE:
-        out = x2d @ weight.data.to(x.dtype)
-        return (out if bias is None else out + bias.to(out.dtype)).to(out_dtype).reshape(out_shape)
-    return implementation.weight_only_apply(x2d, weight, bias, out_dtype).reshape(out_shape)
+    return int4_product(implementation, x.reshape(-1, x.shape[-1]), weight, bias, out_dtype).reshape(out_shape)
 
 
 @int4_weight_only_mm.register_fake
 def _(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, kernel, g_idx=None,
       zero_convention="stored", packed_along_n=False):
-    out_shape = _check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
+    out_shape = check_operands(x, packed, shifts, scales, packed_zeros, bias, group_size, out_dtype, g_idx,
                                 zero_convention, packed_along_n)
     return x.new_empty(out_shape, dtype=out_dtype)
 

@@ -27,7 +27,7 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, WEIGHT_ONLY_DTYPES
 _OP = "weight_only_scaled_mm"
 
 
-def _check_operands(x, b, bias, azp_b, out_dtype) -> tuple:
+def check_operands(x, b, bias, azp_b, out_dtype) -> tuple:
     """The output shape, after checking dtypes and shapes (ValueError naming the problem)."""
     if x.dtype not in FLOAT_ACTIVATION_DTYPES:
         raise ValueError(f"qfuse::{_OP}: activation must be one of {FLOAT_ACTIVATION_DTYPES}, got {x.dtype}")
@@ -46,7 +46,7 @@ def _check_operands(x, b, bias, azp_b, out_dtype) -> tuple:
 @torch.library.custom_op("qfuse::weight_only_scaled_mm", mutates_args=())
 def weight_only_scaled_mm(x: Tensor, b: Tensor, scale_b: Tensor | None, bias: Tensor | None, azp_b: Tensor | None,
                           out_dtype: torch.dtype, kernel: str) -> Tensor:
-    out_shape = _check_operands(x, b, bias, azp_b, out_dtype)
+    out_shape = check_operands(x, b, bias, azp_b, out_dtype)
     k, n = b.shape
     zero_point = _normalize_zero_point(azp_b, n, "azp_b", _OP, (1, n))
     implementation, weight = prepared_kernel(kernel, b, _normalize_scale_b(scale_b, k, n), zero_point)
@@ -55,7 +55,7 @@ def weight_only_scaled_mm(x: Tensor, b: Tensor, scale_b: Tensor | None, bias: Te
 
 @weight_only_scaled_mm.register_fake
 def _(x, b, scale_b, bias, azp_b, out_dtype, kernel):
-    out_shape = _check_operands(x, b, bias, azp_b, out_dtype)
+    out_shape = check_operands(x, b, bias, azp_b, out_dtype)
     _normalize_scale_b(scale_b, *b.shape)
     _normalize_zero_point(azp_b, b.shape[1], "azp_b", _OP, (1, b.shape[1]))
     return x.new_empty(out_shape, dtype=out_dtype)

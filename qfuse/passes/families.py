@@ -7,6 +7,8 @@
     fake_quant_linear  the same in plain torch ops: a float linear of fake-quantized operands
     activation_quant   hand-written activation quantization folded into the fused linear, for
                        kernels that quantize the activation themselves
+    sibling_linears    fused linears that read one activation (q / k / v, gate / up) joined into
+                       one call, for kernels that run them as one launch
 
 Each family is the module `qfuse.passes.<name>`, with `run(graph, context)` and a docstring that
 says what it matches. The pass manager imports the modules by these names (`family_module`);
@@ -16,6 +18,7 @@ neither Inductor).
 
 PATTERN_FAMILIES: tuple[str, ...] = (
     "reference_linear", "int4_weight_only", "intx_weight_only", "pt2e_linear", "fake_quant_linear", "activation_quant",
+    "sibling_linears",
 )
 
 

@@ -38,6 +38,7 @@ _DECODE = {"k_multiple": w8_mma.K_PER_CHUNK, "n_multiple": w8_mma.ROWS_PER_TILE,
 class CudaKernel(Kernel):
     name = "cuda"
     prepares_weight = True
+    runs_siblings_of = ("scaled_mm", "weight_only_scaled_mm", "int4_weight_only_mm")
     capabilities = (
         Capability("int4 weight-only mma.m16n8k16, dequantized in registers (W4A16)", ("cuda",), _HALVES,
                    (INT4_DTYPE,), weight_scales=(Granularity.PER_GROUP,), weight_zero_point=True,

@@ -1,0 +1,161 @@
+"""sibling_linears: fused linears that read one activation become one call (q / k / v, gate / up).
+
+After the families have fused the linears, the calls of one fused op (`qfuse::scaled_mm`,
+`qfuse::weight_only_scaled_mm`, `qfuse::int4_weight_only_mm`) that share their activation side (the
+activation node, its scale and zero point, the settings) are siblings. They become one
+`qfuse::<op>_siblings` call whose output the members read as column slices, where
+
+- kernel choice for the concatenated shape (N the members' sum; a per-tensor weight scale read as
+  per channel) picks, at every M the graph can see, a kernel that runs siblings as one call
+  (`Kernel.runs_siblings_of`: it runs the op as an extern call on a weight copy of its own, so the
+  concatenation, made once, costs no memory and no lowering is lost);
+- the members can be concatenated (`qfuse.ops.siblings`' `why_not_one_call`: no block scales, no
+  act order, one dtype);
+- no member's weight is computed from another member's output.
+
+One launch then reads the activation once and streams every weight: at decode k and v of a GQA
+model (N = 1024 each) leave most of an H100's multiprocessors idle in launches of their own
+(docs/benchmarks.md, "Sibling linears"). A group that stays apart says why in its records' notes.
+Not under freezing: there the lowerings take constant weights one by one (the CPU int4pack), which
+a sibling call would give up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from torch._inductor import config as inductor_config
+from torch.fx import Graph, Node
+
+from qfuse.kernels import KernelRequest
+from qfuse.ops import RECORD_KEY, SIBLING_ARGUMENTS, SIBLING_FORMS
+from qfuse.ops.siblings import SiblingForm
+from qfuse.passes.fused_linear import PassContext
+from qfuse.passes.graph_utils import aten, fake_value, insert_call
+from qfuse.passes.report import LinearRecord
+from qfuse.platform import current_platform
+from qfuse.schemes import Granularity
+
+FAMILY = "sibling_linears"
+
+
+def run(graph: Graph, context: PassContext) -> None:
+    if inductor_config.freezing:
+        return
+    for form in SIBLING_FORMS.values():
+        for nodes in _sibling_sets(graph, form):
+            _join(graph, form, nodes, context)
+
+
+def _sibling_sets(graph: Graph, form: SiblingForm) -> list[list[Node]]:
+    """The calls of `form`'s op, by their shared (activation) side, two or more to a set, in graph order."""
+    shared = [name for name in form.member._fields if name not in form.per_member and name != "kernel"]
+    sets = defaultdict(list)
+    for node in graph.find_nodes(op="call_function", target=form.member.op):
+        call = form.member.of(node)
+        if isinstance(node.meta.get(RECORD_KEY), LinearRecord):
+            sets[tuple(getattr(call, name) for name in shared)].append(node)
+    return [nodes for nodes in sets.values() if len(nodes) > 1]
+
+
+def _merged_request(form: SiblingForm, records: list[LinearRecord], widths: list[int]) -> KernelRequest | str:
+    """The kernel question of the concatenated weight, or why the members ask different ones."""
+    def as_merged(request: KernelRequest) -> KernelRequest:
+        scheme = request.key.scheme
+        if scheme.weight_granularity == Granularity.PER_TENSOR:  # its column of a per-column scale
+            scheme = dataclasses.replace(scheme, weight_granularity=Granularity.PER_CHANNEL)
+        return dataclasses.replace(request, key=dataclasses.replace(request.key, n=sum(widths), scheme=scheme))
+
+    merged = {as_merged(record.request) for record in records}
+    return merged.pop() if len(merged) == 1 else "their kernel questions differ beyond N (scheme, dtypes or sizes)"
+
+
+def _why_apart(form: SiblingForm, nodes: list[Node], call) -> tuple[str, KernelRequest | None]:
+    """(why these siblings stay apart or '', the merged request)."""
+    records = [node.meta[RECORD_KEY] for node in nodes]
+    if any(record.request is None for record in records):
+        return "a member has no kernel request", None
+    fakes = {name: [fake_value(value) for value in getattr(call, name)] for name in form.per_member}
+    if reason := form.why_not_one_call(call._replace(**fakes)):
+        return reason, None
+    widths = [fake_value(node).shape[-1] for node in nodes]
+    request = _merged_request(form, records, widths)
+    if isinstance(request, str):
+        return request, None
+    platform = current_platform(fake_value(nodes[0]).device.type)
+    for choice in request.possible_choices(platform):
+        if choice.kernel is None:
+            return f"no kernel runs the concatenated weight ({choice.rejections()})", None
+        if form.name not in choice.kernel.runs_siblings_of:
+            return f"kernel {choice.kernel.name} runs no sibling calls of {form.name}", None
+    if _reads_a_member(nodes, call, form):
+        return "a member's weight is computed from another member's output", None
+    return "", request
+
+
+def _reads_a_member(nodes: list[Node], call, form: SiblingForm) -> bool:
+    """Whether a weight-side input placed after the first member is computed from a member's output."""
+    order = {node: index for index, node in enumerate(nodes[0].graph.nodes)}
+    first, members = order[nodes[0]], set(nodes)
+    stack = [value for name in form.per_member for value in getattr(call, name)
+             if isinstance(value, Node) and order[value] > first]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node in members:
+            return True
+        if node in seen or order[node] <= first:
+            continue
+        seen.add(node)
+        stack.extend(input_node for input_node in node.all_input_nodes)
+    return False
+
+
+def _hoist_before(graph: Graph, first: Node, call, form: SiblingForm) -> None:
+    """Move the weight-side inputs placed after `first` (and what they read from after it) before it."""
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    late = set()
+    stack = [value for name in form.per_member for value in getattr(call, name)
+             if isinstance(value, Node) and order[value] > order[first]]
+    while stack:
+        node = stack.pop()
+        if node not in late and order[node] > order[first]:
+            late.add(node)
+            stack.extend(node.all_input_nodes)
+    for node in sorted(late, key=order.__getitem__):
+        first.prepend(node)
+
+
+def _join(graph: Graph, form: SiblingForm, nodes: list[Node], context: PassContext) -> None:
+    calls = [form.member.of(node) for node in nodes]
+    fields = calls[0]._asdict()
+    fields.update({name: [getattr(call, name) for call in calls] for name in form.per_member})
+    records = [node.meta[RECORD_KEY] for node in nodes]
+    names = ", ".join(record.node for record in records)
+    reason, request = _why_apart(form, nodes, SIBLING_ARGUMENTS[form.name](**fields))
+    if reason:
+        for record in records:
+            record.add_note(f"not one call with its siblings ({names}): {reason}")
+        return
+    choice = request.choose(current_platform(fake_value(nodes[0]).device.type))
+    sibling = SIBLING_ARGUMENTS[form.name](**{**fields, "kernel": choice.kernel.name})
+    _hoist_before(graph, nodes[0], sibling, form)
+    widths = [fake_value(node).shape[-1] for node in nodes]
+    with graph.inserting_before(nodes[0]):
+        joined = insert_call(graph, sibling.op, sibling.as_args())
+        joined.meta[RECORD_KEY] = records[0]  # the lowering writes how the call entered the code into the first
+        start = 0
+        for node, width in zip(nodes, widths):
+            node.replace_all_uses_with(insert_call(graph, aten.slice.Tensor, (joined, -1, start, start + width)))
+            start += width
+    for node in nodes:
+        graph.erase_node(node)
+    widths_text = " + ".join(map(str, widths))
+    for record in records:
+        record.kernel, record.request, record.rejected_kernels = choice.kernel.name, request, choice.rejected
+        record.add_note(f"one call with its siblings {names} (qfuse::{form.name}_siblings, N = {widths_text}): "
+                        "the activation read once, one launch")
+    for record in records[1:]:
+        record.lowered = f"in the sibling call of {records[0].node}"
+    context.report.matches[f"{form.name} siblings joined"] += 1
