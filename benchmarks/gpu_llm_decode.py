@@ -38,6 +38,7 @@ from torch import nn
 from gpu_weight_only import GROUP, Fp8WeightOnlyLinear, GptqLinear, Int8WeightOnlyLinear
 from qfuse.bench import add_output_arguments, format_table, machine, out_path, progress, write
 from qfuse.kernels import int4_tinygemm
+from qfuse.passes.families import PATTERN_FAMILIES
 
 DIM, HEADS, KV_HEADS, HEAD_DIM, HIDDEN = 4096, 32, 8, 128, 14336
 MAX_SEQ = 512
@@ -176,20 +177,34 @@ class Decoder(nn.Module):
         return self.norm(x)
 
 
-VARIANTS = {  # name -> (linear form, backend)
+#: qfuse's families without `sibling_linears`: q / k / v and gate / up each a launch of their own
+SIBLINGS_APART = {"patterns": [family for family in PATTERN_FAMILIES if family != "sibling_linears"]}
+
+VARIANTS = {  # name -> (linear form, backend[, qfuse options])
     "bf16 (Inductor)": ("bf16", "inductor"),
     "tinygemm int4 (Inductor)": ("tinygemm", "inductor"),
     "gptq int4 (Inductor)": ("gptq", "inductor"),
     "gptq int4 (qfuse)": ("gptq", "qfuse"),
+    "gptq int4 (qfuse, siblings apart)": ("gptq", "qfuse", SIBLINGS_APART),
     "fp8 W8A8 (Inductor)": ("fp8", "inductor"),
     "fp8 W8A8 (qfuse)": ("fp8", "qfuse"),
+    "fp8 W8A8 (qfuse, siblings apart)": ("fp8", "qfuse", SIBLINGS_APART),
     "int8 W8A8 (Inductor)": ("int8", "inductor"),
     "int8 W8A8 (qfuse)": ("int8", "qfuse"),
     "int8 weight-only (Inductor)": ("int8wo", "inductor"),
     "int8 weight-only (qfuse)": ("int8wo", "qfuse"),
+    "int8 weight-only (qfuse, siblings apart)": ("int8wo", "qfuse", SIBLINGS_APART),
     "fp8 weight-only (Inductor)": ("fp8wo", "inductor"),
     "fp8 weight-only (qfuse)": ("fp8wo", "qfuse"),
 }
+
+
+def compile_options(mode: str, qfuse_options: dict | None = None) -> dict:
+    """torch.compile's keywords for `mode` (and qfuse's options: torch.compile takes a mode or options, so the
+    mode goes in as its Inductor settings)."""
+    if qfuse_options is None:
+        return {} if mode == "default" else {"mode": mode}
+    return {"options": {**qfuse_options, **({} if mode == "default" else torch._inductor.list_mode_options(mode))}}
 
 
 def step_ms(step, inputs, steps: int) -> float:
@@ -212,11 +227,10 @@ def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) ->
         for mode in modes:
             torch._dynamo.reset()  # once: a reset between variants would make the earlier ones compile again
             compiled = {}
-            for name, (form, backend) in variants.items():
+            for name, (form, backend, *qfuse_options) in variants.items():
                 progress(f"batch {batch}, {mode}: compiling {name}")
                 model = Decoder(form, layers, batch).eval()
-                options = {} if mode == "default" else {"mode": mode}
-                step = torch.compile(model, backend=backend, **options)
+                step = torch.compile(model, backend=backend, **compile_options(mode, *qfuse_options))
                 with torch.no_grad():
                     for i in range(3):
                         step(*inputs[i])
@@ -250,9 +264,10 @@ def profile_rows(layers: int, batches, variants: dict, top: int = 12) -> list[di
     for batch in batches:
         inputs = [(torch.randn(batch, 1, DIM, device="cuda", dtype=torch.bfloat16) * 0.1,
                    torch.tensor([START + i], device="cuda")) for i in range(6)]
-        for name, (form, backend) in variants.items():
+        for name, (form, backend, *qfuse_options) in variants.items():
             progress(f"batch {batch}: profiling {name}")
-            step = torch.compile(Decoder(form, layers, batch).eval(), backend=backend)
+            step = torch.compile(Decoder(form, layers, batch).eval(), backend=backend,
+                                 **compile_options("default", *qfuse_options))
             with torch.no_grad():
                 for i in range(3):
                     step(*inputs[i])

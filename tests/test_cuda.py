@@ -159,28 +159,29 @@ def test_reduce_overhead_captures_qfuse_ops_in_cuda_graphs(kernel, monkeypatch):
     torch.testing.assert_close(out.cpu(), int_mm_linear(*on_cpu(x, w, w_scale, bias)), rtol=1e-4, atol=1e-4)
 
 
-def _w8a8_int8():
+def _w8a8_int8(n: int = 144):
     from tests.peers.hf_llama import ReferenceW8A8Linear
 
-    torch.manual_seed(0)
-    return ReferenceW8A8Linear.from_linear(torch.nn.Linear(512, 144))
+    torch.manual_seed(n)
+    return ReferenceW8A8Linear.from_linear(torch.nn.Linear(512, n))
 
 
-def _decode_forms():
-    """name -> (model on the GPU, whether eager runs on the GPU: `_int_mm` takes no M <= 16 there)."""
+def _decode_forms(n: int = 144):
+    """name -> (a model of that form, 512 -> `n`, whether eager runs on the GPU: `_int_mm` takes no M <= 16
+    there)."""
     from tests.peers.vllm_fallbacks import VllmFp8Linear
     from tests.peers.weight_only_models import fp8_weight_only, hand_written_int8
 
     forms = {
-        "int8 W8A8 (hand-written, per token)": (_w8a8_int8(), False),
+        "int8 W8A8 (hand-written, per token)": (_w8a8_int8(n), False),
         "int8 W8A16 (torchao's form)": (hand_written_int8(torch.bfloat16, scale_after_matmul=True, in_features=512,
-                                                           out_features=144), True),
+                                                           out_features=n), True),
     }
     if FP8_CAPABLE:
-        forms["fp8 W8A8 (vLLM row-wise, per token)"] = (VllmFp8Linear(512, 144, "row_wise", dynamic=True), True)
-        forms["fp8 W8A8 (vLLM per tensor, static)"] = (VllmFp8Linear(512, 144, "per_tensor", dynamic=False), True)
+        forms["fp8 W8A8 (vLLM row-wise, per token)"] = (VllmFp8Linear(512, n, "row_wise", dynamic=True), True)
+        forms["fp8 W8A8 (vLLM per tensor, static)"] = (VllmFp8Linear(512, n, "per_tensor", dynamic=False), True)
         forms["fp8 W8A16 (per channel)"] = (fp8_weight_only(torch.bfloat16, scales="channel", in_features=512,
-                                                            out_features=144), True)
+                                                            out_features=n), True)
     return forms
 
 
@@ -202,3 +203,50 @@ def test_8bit_decode_under_cuda_graphs_runs_the_cuda_kernel(form, lead):
     assert (record.kernel == "cuda") == decode, (record.kernel, record.rejected_kernels)
     if decode:
         assert record.lowered.startswith("extern call"), record.lowered
+
+
+class Siblings(torch.nn.Module):
+    """Linears that read one activation, as q / k / v do."""
+
+    def __init__(self, linears):
+        super().__init__()
+        self.linears = torch.nn.ModuleList(linears)
+
+    def forward(self, x):
+        return torch.cat([linear(x) * 2 for linear in self.linears], dim=-1)
+
+
+def _sibling_forms():
+    from tests.peers.weight_only_models import gptq_packed_int4
+
+    widths = (144, 48, 48)
+    forms = {name: [_decode_forms(n)[name] for n in widths] for name in _decode_forms()}
+    forms["int4 W4A16 (GPTQ g128, bias)"] = [(gptq_packed_int4(torch.bfloat16, group_size=128, in_features=512,
+                                                               out_features=n, seed=n), True) for n in widths]
+    forms["int4 W4A16 (GPTQ g128, members with and without zero points)"] = [
+        (gptq_packed_int4(torch.bfloat16, group_size=128, in_features=512, out_features=n, seed=n,
+                          symmetric=n != 48 or seed == 0, bias=False), True) for seed, n in enumerate(widths)]
+    return {name: (Siblings([model for model, _ in members]), members[0][1]) for name, members in forms.items()}
+
+
+@pytest.mark.parametrize("form", list(_sibling_forms()) if torch.cuda.is_available() else [])
+@pytest.mark.parametrize("lead", [(1,), (5,), (2, 3)], ids=["M1", "M5", "3D"])
+def test_siblings_under_cuda_graphs_run_as_one_cuda_call(form, lead):
+    """Linears that read one activation run as one call of the `cuda` kernel on their weights concatenated along
+    N (`qfuse::<op>_siblings`), captured and replayed, with eager's numerics."""
+    from tests.helpers import assert_close_to_eager
+
+    model, eager_on_gpu = _sibling_forms()[form]
+    model = model.cuda().eval()
+    x = torch.randn(*lead, 512, device="cuda", dtype=torch.float32 if "hand-written" in form else torch.bfloat16)
+    marker = qfuse.graphs_compiled()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):
+            out = compiled(x)
+        assert_close_to_eager(out.clone(), model if eager_on_gpu else functools.partial(eager_on_cpu, model), x)
+    records = qfuse.reports_since(marker)[-1].fused
+    assert [record.kernel for record in records] == ["cuda"] * 3, [(r.kernel, r.note) for r in records]
+    assert all("one call with its siblings" in record.note for record in records), records[0].note
+    assert records[0].lowered.startswith("extern call of qfuse::") and "_siblings" in records[0].lowered

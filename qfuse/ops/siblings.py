@@ -68,12 +68,12 @@ def _biases_why_not(biases: list[Tensor | None]) -> str:
 
 def _concatenated_bias(biases: list[Tensor | None], widths: list[int]) -> Tensor | None:
     """The members' biases as one [sum N] vector, made once (a missing one is zeros), or None."""
-    present = [bias for bias in biases if bias is not None]
-    if not present:
+    if all(bias is None for bias in biases):
         return None
 
-    def build(*biases) -> PreparedWeight:
-        parts = [torch.zeros(n, dtype=present[0].dtype, device=present[0].device) if bias is None else bias
+    def build(*biases) -> PreparedWeight:  # (holds no tensor: the cache keeps it)
+        like = next(bias for bias in biases if bias is not None)
+        parts = [torch.zeros(n, dtype=like.dtype, device=like.device) if bias is None else bias
                  for bias, n in zip(biases, widths)]
         return PreparedWeight(torch.cat(parts), None, None, 1, sum(widths))
 
@@ -96,7 +96,7 @@ def _8bit_weight(implementation, call) -> tuple[PreparedWeight, Tensor | None]:
     widths = [b.shape[1] for b in call.b]
     count = len(call.b)
 
-    def build(*sources) -> PreparedWeight:
+    def build(*sources) -> PreparedWeight:  # (holds no tensor: the cache keeps it)
         weights, scales, zero_points = sources[:count], sources[count: 2 * count], sources[2 * count:]
         return implementation.prepare_weight(torch.cat(weights, dim=1), _per_column(list(scales), widths, k, 1.0),
                                              _per_column(list(zero_points), widths, k, 0))
@@ -129,17 +129,17 @@ def _int4_why_not(call) -> str:
 def _int4_one_call(implementation, call) -> Tensor:
     members = list(zip(call.packed, call.shifts, call.scales, call.packed_zeros))
     count = len(members)
+    settings = (call.group_size, None, call.zero_convention, call.packed_along_n)  # (no g_idx: _int4_why_not)
 
-    def build(*sources) -> PreparedWeight:
+    def build(*sources) -> PreparedWeight:  # (holds no tensor: the cache keeps it)
         tensors = [sources[4 * i: 4 * i + 4] for i in range(count)]  # per member: packed, shifts, scales, zeros
-        settings = (call.group_size, None, call.zero_convention, call.packed_along_n)  # (no g_idx: _int4_why_not)
         parts = [int4_values(packed, shifts, scales, zeros, *settings) for packed, shifts, scales, zeros in tensors]
         if any(part is None for part in parts):  # int8 storage outside int4's range: all of it dense
             dense = [dense_weight(packed, shifts, scales, zeros, *settings) for packed, shifts, scales, zeros in tensors]
             return PreparedWeight(torch.cat([weight.data for weight in dense], dim=1), None, None, dense[0].k,
                                   sum(weight.n for weight in dense), packing=DENSE)
         values, scales, zeros = (torch.cat(column, dim=1) for column in zip(*[
-            (v, s, torch.zeros_like(v[:: call.group_size]) if z is None else z) for v, s, z, _ in parts]))
+            (v, s, torch.zeros_like(v[:: settings[0]]) if z is None else z) for v, s, z, _ in parts]))
         folded = all(z is None for _, _, z, _ in parts)
         return implementation.prepare_int4_weight(values.contiguous(), scales.contiguous(),
                                                   None if folded else zeros.contiguous())

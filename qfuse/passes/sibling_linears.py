@@ -32,7 +32,7 @@ from qfuse.kernels import KernelRequest
 from qfuse.ops import RECORD_KEY, SIBLING_ARGUMENTS, SIBLING_FORMS
 from qfuse.ops.siblings import SiblingForm
 from qfuse.passes.fused_linear import PassContext
-from qfuse.passes.graph_utils import aten, fake_value, insert_call
+from qfuse.passes.graph_utils import aten, fake_value, insert_call, shape_of, strip_views
 from qfuse.passes.report import LinearRecord
 from qfuse.platform import current_platform
 from qfuse.schemes import Granularity
@@ -48,6 +48,15 @@ def run(graph: Graph, context: PassContext) -> None:
             _join(graph, form, nodes, context)
 
 
+def _identity(value):
+    """What makes two arguments the same value: a view of a node is the node and the view's shape (each linear of
+    a 3D activation flattens it with a view of its own)."""
+    if not isinstance(value, Node):
+        return value
+    base, _ = strip_views(value)
+    return base, str(tuple(shape_of(value) or ()))
+
+
 def _sibling_sets(graph: Graph, form: SiblingForm) -> list[list[Node]]:
     """The calls of `form`'s op, by their shared (activation) side, two or more to a set, in graph order."""
     shared = [name for name in form.member._fields if name not in form.per_member and name != "kernel"]
@@ -55,17 +64,20 @@ def _sibling_sets(graph: Graph, form: SiblingForm) -> list[list[Node]]:
     for node in graph.find_nodes(op="call_function", target=form.member.op):
         call = form.member.of(node)
         if isinstance(node.meta.get(RECORD_KEY), LinearRecord):
-            sets[tuple(getattr(call, name) for name in shared)].append(node)
+            sets[tuple(_identity(getattr(call, name)) for name in shared)].append(node)
     return [nodes for nodes in sets.values() if len(nodes) > 1]
 
 
 def _merged_request(form: SiblingForm, records: list[LinearRecord], widths: list[int]) -> KernelRequest | str:
     """The kernel question of the concatenated weight, or why the members ask different ones."""
+    zero_points = any(record.request.key.weight_zero_point for record in records)  # a member without: zeros
+
     def as_merged(request: KernelRequest) -> KernelRequest:
         scheme = request.key.scheme
         if scheme.weight_granularity == Granularity.PER_TENSOR:  # its column of a per-column scale
             scheme = dataclasses.replace(scheme, weight_granularity=Granularity.PER_CHANNEL)
-        return dataclasses.replace(request, key=dataclasses.replace(request.key, n=sum(widths), scheme=scheme))
+        key = dataclasses.replace(request.key, n=sum(widths), scheme=scheme, weight_zero_point=zero_points)
+        return dataclasses.replace(request, key=key)
 
     merged = {as_merged(record.request) for record in records}
     return merged.pop() if len(merged) == 1 else "their kernel questions differ beyond N (scheme, dtypes or sizes)"
@@ -132,7 +144,7 @@ def _join(graph: Graph, form: SiblingForm, nodes: list[Node], context: PassConte
     fields = calls[0]._asdict()
     fields.update({name: [getattr(call, name) for call in calls] for name in form.per_member})
     records = [node.meta[RECORD_KEY] for node in nodes]
-    names = ", ".join(record.node for record in records)
+    names = ", ".join(record.module or record.node for record in records)
     reason, request = _why_apart(form, nodes, SIBLING_ARGUMENTS[form.name](**fields))
     if reason:
         for record in records:
@@ -157,5 +169,5 @@ def _join(graph: Graph, form: SiblingForm, nodes: list[Node], context: PassConte
         record.add_note(f"one call with its siblings {names} (qfuse::{form.name}_siblings, N = {widths_text}): "
                         "the activation read once, one launch")
     for record in records[1:]:
-        record.lowered = f"in the sibling call of {records[0].node}"
+        record.lowered = f"in the sibling call of {records[0].module or records[0].node}"
     context.report.matches[f"{form.name} siblings joined"] += 1

@@ -139,3 +139,25 @@ def test_a_bad_member_is_named_as_its_op_names_it(monkeypatch):
                       biases=[torch.randn(47).to(BF16), None, None])
     with pytest.raises(ValueError, match=r"bias must have shape \[48\]"):
         call.op(*call.as_args())
+
+
+@pytest.mark.parametrize("form", list(SIBLING_ARGUMENTS))
+def test_the_cache_keeps_no_activation_and_no_weight_alive(form, monkeypatch):
+    """A prepared concatenation must not hold the call's tensors: under CUDA graphs an activation kept alive is a
+    pool tensor no output tracks (an error at the next recording), and a kept weight outlives its model."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(TorchKernel, "runs_siblings_of", tuple(SIBLING_ARGUMENTS))
+    x = torch.randn(3, K).to(BF16)
+    if form == "int4_weight_only_mm":
+        biases = [torch.randn(64).to(BF16), None]
+        call = int4_call(x, [int4_member(n, False, seed) for seed, n in enumerate((64, 32))], "torch", biases)
+    else:
+        biases = [torch.randn(48).to(BF16), None, None]
+        call = _8bit_call(form, x, "torch", SCALES["per column"](), biases=biases)
+    call.op(*call.as_args())
+    activation, bias = weakref.ref(call[0]), weakref.ref(biases[0])
+    del x, call, biases
+    gc.collect()
+    assert activation() is None and bias() is None

@@ -1,0 +1,118 @@
+"""sibling_linears: fused linears that read one activation (q / k / v) become one `qfuse::<op>_siblings` call
+where the kernel runs them as one (on this CPU: the `torch` kernel's int4), match eager, and say why where they
+stay apart: act order, another activation, a kernel that runs no siblings, freezing."""
+
+import pytest
+import torch
+from torch import nn
+from torch._inductor.utils import run_and_get_code
+
+import qfuse
+from tests.peers import weight_only_models as wo
+
+BF16 = torch.bfloat16
+SIBLINGS_OP = "qfuse.int4_weight_only_mm_siblings.default"
+MEMBER_OP = "qfuse.int4_weight_only_mm.default"
+
+
+class Attention(nn.Module):
+    """q, k, v of a GQA block (N = 128, 64, 64) read x; what follows reads them in different ways."""
+
+    def __init__(self, act_order=(False, False, False), bias=True):
+        super().__init__()
+        self.q, self.k, self.v = [
+            wo.gptq_packed_int4(BF16, group_size=64, out_features=n, bias=bias, seed=seed, act_order=order)
+            for seed, (n, order) in enumerate(zip((128, 64, 64), act_order))]
+
+    def forward(self, x, y=None):
+        q, k, v = self.q(x), self.k(x), self.v(x if y is None else y)
+        return torch.cat([q.view(*q.shape[:-1], 2, 64).sum(-2) * k, v.sin()], dim=-1)
+
+
+def compiled_code_and_report(model, x, *args, **options):
+    marker = qfuse.graphs_compiled()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="qfuse", options=options or None)
+        out, (code, *_) = run_and_get_code(compiled, x, *args)
+    return out, code, qfuse.reports_since(marker)[-1]
+
+
+def assert_close(out, expected):
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    if expected.numel():
+        assert (out.float() - expected.float()).abs().max() <= 2 * 2**-7 * expected.float().abs().max()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("lead", [(1,), (5,), (2, 3)], ids=["M1", "M5", "3D"])
+def test_q_k_v_become_one_call(lead, bias):
+    model = Attention(bias=bias).eval()
+    x = torch.randn(*lead, 256).to(BF16)
+    out, code, report = compiled_code_and_report(model, x)
+    with torch.no_grad():
+        assert_close(out, model(x))
+    assert code.count("qfuse.int4_weight_only_mm_siblings.default(") == 1 and MEMBER_OP not in code
+    assert [record.kernel for record in report.fused] == ["torch"] * 3
+    for record in report.fused:
+        assert "one call with its siblings q, k, v" in record.note and "N = 128 + 64 + 64" in record.note
+    assert report.fused[1].lowered == "in the sibling call of q"
+    assert report.matches["int4_weight_only_mm siblings joined"] == 1
+
+
+def test_a_dynamic_batch_stays_one_call():
+    model = Attention().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="qfuse", dynamic=True)
+    with torch.no_grad():
+        for tokens in (3, 7, 12):
+            x = torch.randn(tokens, 256).to(BF16)
+            out, (code, *_) = run_and_get_code(compiled, x) if tokens == 3 else (compiled(x), ("",))
+            assert_close(out, model(x))
+            if tokens == 3:
+                assert "int4_weight_only_mm_siblings" in code
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("act order", "not one call with its siblings (q, k, v): GPTQ's act order"),
+    ("forced reference", "kernel reference runs no sibling calls of int4_weight_only_mm"),
+])
+def test_siblings_that_stay_apart_say_why(case, expected):
+    model = Attention(act_order=(True, True, True) if case == "act order" else (False,) * 3).eval()
+    x = torch.randn(5, 256).to(BF16)
+    options = {"kernel": "reference"} if case == "forced reference" else {}
+    out, code, report = compiled_code_and_report(model, x, **options)
+    with torch.no_grad():
+        assert_close(out, model(x))
+    assert "siblings" not in code and code.count(MEMBER_OP + "(") == 3
+    assert all(expected in record.note for record in report.fused), [record.note for record in report.fused]
+
+
+def test_linears_of_other_activations_are_no_siblings():
+    model = Attention().eval()
+    x, y = torch.randn(5, 256).to(BF16), torch.randn(5, 256).to(BF16)
+    out, code, report = compiled_code_and_report(model, x, y)
+    with torch.no_grad():
+        assert_close(out, model(x, y))
+    assert code.count("int4_weight_only_mm_siblings.default(") == 1  # q and k; v reads y
+    assert "one call with its siblings q, k " in report.fused[0].note
+    assert "siblings" not in report.fused[2].note
+
+
+def test_switched_off_with_the_family():
+    model = Attention().eval()
+    x = torch.randn(5, 256).to(BF16)
+    families = [family for family in qfuse.config.PATTERN_FAMILIES if family != "sibling_linears"]
+    _, code, report = compiled_code_and_report(model, x, patterns=families)
+    assert "siblings" not in code and len(report.fused) == 3
+
+
+def test_not_under_freezing():
+    """Freezing's lowerings take constant weights one by one (the CPU int4pack packed at compile time)."""
+    model = Attention().eval()
+    x = torch.randn(5, 256).to(BF16)
+    with torch._inductor.config.patch(freezing=True):
+        out, code, report = compiled_code_and_report(model, x)
+    with torch.no_grad():
+        assert_close(out, model(x))
+    assert "siblings" not in code and len(report.fused) == 3
