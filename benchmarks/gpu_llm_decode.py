@@ -191,11 +191,13 @@ VARIANTS = {  # name -> (linear form, backend[, qfuse options])
     "fp8 W8A8 (qfuse, siblings apart)": ("fp8", "qfuse", SIBLINGS_APART),
     "int8 W8A8 (Inductor)": ("int8", "inductor"),
     "int8 W8A8 (qfuse)": ("int8", "qfuse"),
+    "int8 W8A8 (qfuse, siblings apart)": ("int8", "qfuse", SIBLINGS_APART),
     "int8 weight-only (Inductor)": ("int8wo", "inductor"),
     "int8 weight-only (qfuse)": ("int8wo", "qfuse"),
     "int8 weight-only (qfuse, siblings apart)": ("int8wo", "qfuse", SIBLINGS_APART),
     "fp8 weight-only (Inductor)": ("fp8wo", "inductor"),
     "fp8 weight-only (qfuse)": ("fp8wo", "qfuse"),
+    "fp8 weight-only (qfuse, siblings apart)": ("fp8wo", "qfuse", SIBLINGS_APART),
 }
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+import torch
 from torch._inductor import config as inductor_config
 from torch.fx import Graph, Node
 
@@ -32,7 +33,7 @@ from qfuse.kernels import KernelRequest
 from qfuse.ops import RECORD_KEY, SIBLING_ARGUMENTS, SIBLING_FORMS
 from qfuse.ops.siblings import SiblingForm
 from qfuse.passes.fused_linear import PassContext
-from qfuse.passes.graph_utils import aten, fake_value, insert_call, shape_of, strip_views
+from qfuse.passes.graph_utils import aten, fake_value, insert_call
 from qfuse.passes.report import LinearRecord
 from qfuse.platform import current_platform
 from qfuse.schemes import Granularity
@@ -48,23 +49,33 @@ def run(graph: Graph, context: PassContext) -> None:
             _join(graph, form, nodes, context)
 
 
-def _identity(value):
-    """What makes two arguments the same value: a view of a node is the node and the view's shape (each linear of
-    a 3D activation flattens it with a view of its own)."""
+def _same_value_key(value, memo: dict):
+    """A key equal for two arguments that compute the same value: the same node, or the same pure ATen calls on
+    the same inputs (each linear of vLLM's fallbacks quantizes the activation with a chain of its own, and each
+    linear of a 3D activation flattens it with a view of its own)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_same_value_key(item, memo) for item in value)
+    if isinstance(value, torch.SymInt):
+        return str(value)
     if not isinstance(value, Node):
         return value
-    base, _ = strip_views(value)
-    return base, str(tuple(shape_of(value) or ()))
+    if value not in memo:
+        target = value.target
+        pure = (value.op == "call_function" and isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable
+                and torch.Tag.nondeterministic_seeded not in target.tags)
+        memo[value] = (target, _same_value_key(value.args, memo),
+                       tuple((name, _same_value_key(arg, memo)) for name, arg in sorted(value.kwargs.items()))) if pure else value
+    return memo[value]
 
 
 def _sibling_sets(graph: Graph, form: SiblingForm) -> list[list[Node]]:
     """The calls of `form`'s op, by their shared (activation) side, two or more to a set, in graph order."""
     shared = [name for name in form.member._fields if name not in form.per_member and name != "kernel"]
-    sets = defaultdict(list)
+    sets, memo = defaultdict(list), {}
     for node in graph.find_nodes(op="call_function", target=form.member.op):
         call = form.member.of(node)
         if isinstance(node.meta.get(RECORD_KEY), LinearRecord):
-            sets[tuple(_identity(getattr(call, name)) for name in shared)].append(node)
+            sets[tuple(_same_value_key(getattr(call, name), memo) for name in shared)].append(node)
     return [nodes for nodes in sets.values() if len(nodes) > 1]
 
 

@@ -116,3 +116,33 @@ def test_not_under_freezing():
     with torch.no_grad():
         assert_close(out, model(x))
     assert "siblings" not in code and len(report.fused) == 3
+
+
+class QuantizingSiblings(nn.Module):
+    """Three W8A8 linears that each quantize x per token with a chain of their own, as model code writes them."""
+
+    def __init__(self):
+        super().__init__()
+        from tests.peers.hf_llama import ReferenceW8A8Linear
+
+        torch.manual_seed(0)
+        self.linears = nn.ModuleList(ReferenceW8A8Linear.from_linear(nn.Linear(256, n)) for n in (96, 32, 32))
+
+    def forward(self, x):
+        return torch.cat([linear(x) * 2 for linear in self.linears], dim=-1)
+
+
+@pytest.mark.parametrize("lead", [(1,), (5,), (2, 3)], ids=["M1", "M5", "3D"])
+def test_activations_quantized_alike_are_one_activation(lead, monkeypatch):
+    """Equal chains of pure ops on one input are one value (the CPU `torch` kernel declared to run 8-bit
+    siblings here: on this CPU no kernel does); the later members' weight views are moved before the call."""
+    from qfuse.kernels.torch_native import TorchKernel
+
+    monkeypatch.setattr(TorchKernel, "runs_siblings_of", ("scaled_mm",))
+    model = QuantizingSiblings().eval()
+    x = torch.randn(*lead, 256)
+    out, code, report = compiled_code_and_report(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    assert code.count("qfuse.scaled_mm_siblings.default(") == 1 and "qfuse.scaled_mm.default(" not in code
+    assert all("one call with its siblings linears.0, linears.1, linears.2" in record.note for record in report.fused)
