@@ -8,7 +8,7 @@ a list, one entry a member; the activation side (the activation, its scale and z
 shared. The output is the members' outputs side by side along N, in the lists' order.
 
 A kernel that runs siblings (`Kernel.runs_siblings_of`) gets the members' weights concatenated along N and
-prepared once (`qfuse.kernels.prepared.built_once`, keyed by every member's tensors; its biases likewise),
+prepared once (`qfuse.kernels.prepared.built_once`, keyed by every member's tensors; biases joined per call),
 and runs one call: one launch reads the activation once and streams every weight, where the members took a
 launch each (k and v of a GQA model are N = 1024 each, too few output tiles to fill an H100). A per-tensor
 weight scale or zero point becomes a column of the concatenation's per-column one: the same product. Any
@@ -67,17 +67,13 @@ def _biases_why_not(biases: list[Tensor | None]) -> str:
 
 
 def _concatenated_bias(biases: list[Tensor | None], widths: list[int]) -> Tensor | None:
-    """The members' biases as one [sum N] vector, made once (a missing one is zeros), or None."""
+    """The members' biases as one [sum N] vector (a missing one is zeros), or None. Joined on every call, not
+    made once: a bias is often computed in the graph (`bias.to(x.dtype)`), a new tensor each call."""
     if all(bias is None for bias in biases):
         return None
-
-    def build(*biases) -> PreparedWeight:  # (holds no tensor: the cache keeps it)
-        like = next(bias for bias in biases if bias is not None)
-        parts = [torch.zeros(n, dtype=like.dtype, device=like.device) if bias is None else bias
-                 for bias, n in zip(biases, widths)]
-        return PreparedWeight(torch.cat(parts), None, None, 1, sum(widths))
-
-    return built_once(("sibling biases", tuple(widths)), tuple(biases), build).data
+    like = next(bias for bias in biases if bias is not None)
+    return torch.cat([torch.zeros(n, dtype=like.dtype, device=like.device) if bias is None else bias
+                      for bias, n in zip(biases, widths)])
 
 
 def _8bit_why_not(call) -> str:
