@@ -42,15 +42,16 @@ def each_member(call, form: str):
 @pytest.mark.parametrize("zero_points", [(False, False, False), (False, True, False)], ids=["sym", "one-asym"])
 def test_int4_siblings_equal_their_members(kernel, lead, zero_points):
     members = [int4_member(n, zeros, seed) for seed, (n, zeros) in enumerate(zip((128, 64, 64), zero_points))]
-    x = torch.randn(*lead, K).to(BF16)
-    bias = [torch.randn(n).to(BF16) for n in (128, 64, 64)]
+    generator = torch.Generator().manual_seed(len(lead))
+    x = torch.randn(*lead, K, generator=generator).to(BF16)
+    bias = [torch.randn(n, generator=generator).to(BF16) for n in (128, 64, 64)]
     call = int4_call(x, members, kernel, bias)
     out = call.op(*call.as_args())
     expected = each_member(call, "int4_weight_only_mm")
     assert out.shape == (*lead, 256) and out.dtype == BF16
-    if out.numel():  # one rounding of bf16 apart at most (one call and the members may round the same sum apart)
-        scale = expected.float().abs().max()
-        assert (out.float() - expected.float()).abs().max() <= 2**-7 * scale
+    if out.numel():  # each within one rounding of bf16 of the exact sum (a member with zero points makes the
+        scale = expected.float().abs().max()  # concatenation dense on this CPU kernel): two apart at most
+        assert (out.float() - expected.float()).abs().max() <= 2 * 2**-7 * scale
 
 
 def test_int4_siblings_prepare_their_concatenation_once():
