@@ -49,33 +49,46 @@ def run(graph: Graph, context: PassContext) -> None:
             _join(graph, form, nodes, context)
 
 
-def _same_value_key(value, memo: dict):
-    """A key equal for two arguments that compute the same value: the same node, or the same pure ATen calls on
-    the same inputs (each linear of vLLM's fallbacks quantizes the activation with a chain of its own, and each
-    linear of a 3D activation flattens it with a view of its own)."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_same_value_key(item, memo) for item in value)
-    if isinstance(value, torch.SymInt):
-        return str(value)
-    if not isinstance(value, Node):
+class _ValueNumbers:
+    """Value numbering: one number for arguments that compute the same value, the same node or the same pure
+    ATen call on the same values (each linear of vLLM's fallbacks quantizes the activation with a chain of its
+    own; each linear of a 3D activation flattens it with a view of its own). A call's key holds its arguments'
+    numbers, not their keys, so it stays one level deep however deep the graph (a residual stream's keys
+    written out in full would double with every layer)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.of_node: dict[Node, int] = {}
+        of_call: dict[tuple, int] = {}
+        for node in graph.nodes:  # in order: a node's arguments are numbered before it
+            target = node.target
+            pure = (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+                    and not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags)
+            call = ((target, self.key(node.args), tuple((name, self.key(arg)) for name, arg in sorted(node.kwargs.items())))
+                    if pure else ("node", node.name))
+            try:
+                self.of_node[node] = of_call.setdefault(call, len(of_call))
+            except TypeError:  # an argument no key can hold: the node is only itself
+                self.of_node[node] = of_call.setdefault(("node", node.name), len(of_call))
+
+    def key(self, value):
+        """What `value` (an argument) computes, as a key: equal for equal values."""
+        if isinstance(value, (list, tuple)):
+            return tuple(self.key(item) for item in value)
+        if isinstance(value, torch.SymInt):
+            return str(value)
+        if isinstance(value, Node):
+            return ("value", self.of_node[value])
         return value
-    if value not in memo:
-        target = value.target
-        pure = (value.op == "call_function" and isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable
-                and torch.Tag.nondeterministic_seeded not in target.tags)
-        memo[value] = (target, _same_value_key(value.args, memo),
-                       tuple((name, _same_value_key(arg, memo)) for name, arg in sorted(value.kwargs.items()))) if pure else value
-    return memo[value]
 
 
 def _sibling_sets(graph: Graph, form: SiblingForm) -> list[list[Node]]:
     """The calls of `form`'s op, by their shared (activation) side, two or more to a set, in graph order."""
     shared = [name for name in form.member._fields if name not in form.per_member and name != "kernel"]
-    sets, memo = defaultdict(list), {}
+    sets, numbers = defaultdict(list), _ValueNumbers(graph)
     for node in graph.find_nodes(op="call_function", target=form.member.op):
         call = form.member.of(node)
         if isinstance(node.meta.get(RECORD_KEY), LinearRecord):
-            sets[tuple(_same_value_key(getattr(call, name), memo) for name in shared)].append(node)
+            sets[tuple(numbers.key(getattr(call, name)) for name in shared)].append(node)
     return [nodes for nodes in sets.values() if len(nodes) > 1]
 
 

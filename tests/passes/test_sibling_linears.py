@@ -146,3 +146,19 @@ def test_activations_quantized_alike_are_one_activation(lead, monkeypatch):
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
     assert code.count("qfuse.scaled_mm_siblings.default(") == 1 and "qfuse.scaled_mm.default(" not in code
     assert all("one call with its siblings linears.0, linears.1, linears.2" in record.note for record in report.fused)
+
+
+def test_value_numbers_stay_shallow_on_a_deep_residual_stream():
+    """Equal pure calls on equal values get one number, and a key holds numbers, not the calls under them: a
+    residual stream's calls written out in full double with every layer (a decoder's 8 layers hung the compile)."""
+    from qfuse.passes.sibling_linears import _ValueNumbers
+
+    def stream(x):
+        for _ in range(64):
+            x = x + torch.sin(x)
+        return torch.abs(x).amax(-1) / 127, torch.abs(x).amax(-1) / 127, torch.abs(x).amax(-1) / 128
+
+    graph = torch.fx.experimental.proxy_tensor.make_fx(stream)(torch.randn(4, 8)).graph
+    numbers = _ValueNumbers(graph)
+    first, second, third = next(node for node in graph.nodes if node.op == "output").args[0]
+    assert numbers.key(first) == numbers.key(second) != numbers.key(third)
