@@ -174,8 +174,8 @@ def test_debug_writes_graphs_and_report(tmp_path):
     assert "torch.ops.aten._int_mm.default" in (graph_dir / "0_before.py").read_text()
     after = (graph_dir / "1_after_reference_linear.py").read_text()
     assert "torch.ops.qfuse.scaled_mm.default" in after and "torch.ops.aten._int_mm" not in after
-    last = graph_dir / f"{len(PATTERN_FAMILIES)}_after_activation_quant.py"
-    assert last.read_text() == after  # torch kernel: nothing folded
+    last = graph_dir / f"{len(PATTERN_FAMILIES)}_after_{PATTERN_FAMILIES[-1]}.py"
+    assert last.read_text() == after  # torch kernel: nothing folded, one linear: no siblings
     assert "fused      _int_mm + dequant epilogue  [reference_linear]" in (graph_dir / "report.txt").read_text()
     assert json.loads((graph_dir / "report.json").read_text())["linears"][0]["kernel"] == "torch"
     assert "== activation_quant ==" in (graph_dir / "patterns.txt").read_text()

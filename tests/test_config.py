@@ -11,7 +11,7 @@ import pytest
 from qfuse.config import QfuseConfig, split_options
 
 ALL_FAMILIES = ("reference_linear", "int4_weight_only", "intx_weight_only", "pt2e_linear", "fake_quant_linear",
-                "activation_quant")
+                "activation_quant", "sibling_linears")
 
 
 def test_defaults():
