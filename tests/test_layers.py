@@ -65,3 +65,14 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
     assert imports(probe) == ["qfuse.ops.int4_weight_only"]
     table = layers()
     assert layer_of("qfuse/ops/int4_weight_only.py", table) < layer_of("qfuse/kernels/triton/int4_mm.py", table)
+
+
+def test_no_pattern_family_imports_another():
+    """A family is a form's runnable pass; what two families share lives in a form module of passes/
+    (`dequantized_linear`, `fake_dequantize`, `quant_forms`, ...), so one family changes without another."""
+    from qfuse.passes.families import PATTERN_FAMILIES, family_module
+
+    family_modules = {family_module(family) for family in PATTERN_FAMILIES}
+    crossing = [f"{module} imports {imported}" for module in sorted(family_modules)
+                for imported in imports(ROOT / module_path(module)) if imported in family_modules - {module}]
+    assert not crossing, "\n".join(crossing)
