@@ -10,7 +10,7 @@ from qfuse.api import Explanation, explain, install, installed, uninstall
 from qfuse.ops.verify import QfuseVerificationError, verify_results
 from qfuse.config import QfuseConfig
 from qfuse.kernels.prepared import refresh_weights
-from qfuse.passes.manager import graphs_compiled, recent_reports, reports_since
+from qfuse.passes.core.manager import graphs_compiled, recent_reports, reports_since
 from qfuse.schemes import Granularity, QuantScheme
 
 __all__ = [

@@ -15,8 +15,8 @@ from typing import Any
 from qfuse import debug
 from qfuse.config import QfuseConfig, pass_skipping_caches_off, split_options
 from qfuse.ops.verify import verify_results
-from qfuse.passes.manager import STAGE_SLOTS, QfusePass, graphs_compiled, prepare_pass, reports_since
-from qfuse.passes.report import LinearRecord, PassReport, RecordSelection
+from qfuse.passes.core.manager import STAGE_SLOTS, QfusePass, graphs_compiled, prepare_pass, reports_since
+from qfuse.passes.core.report import LinearRecord, PassReport, RecordSelection
 
 _saved_passes: list[Any] = []
 

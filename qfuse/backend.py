@@ -15,7 +15,7 @@ import torch
 
 from qfuse import debug
 from qfuse.config import PASS_SKIPPING_CACHES_OFF, split_options
-from qfuse.passes.manager import STAGE_SLOTS, prepare_pass
+from qfuse.passes.core.manager import STAGE_SLOTS, prepare_pass
 
 
 def qfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None,

@@ -28,7 +28,7 @@ import torch
 
 if TYPE_CHECKING:
     from qfuse.config import QfuseConfig
-    from qfuse.passes.report import PassReport
+    from qfuse.passes.core.report import PassReport
 
 log = logging.getLogger("qfuse")
 

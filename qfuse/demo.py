@@ -21,8 +21,8 @@ import torch
 from qfuse.bench import Timing, time_in_turns
 from qfuse.config import pass_skipping_caches_off
 from qfuse.demo_model import DTYPES, TinyTransformer, dequantize_linears, quantize_linears
-from qfuse.passes.manager import graphs_compiled, reports_since
-from qfuse.passes.report import LinearRecord
+from qfuse.passes.core.manager import graphs_compiled, reports_since
+from qfuse.passes.core.report import LinearRecord
 from qfuse.tables import format_table
 
 

@@ -1,6 +1,6 @@
 """The demo's model: a small transformer whose linears are W8A8 quantized in plain torch.
 
-`W8A8Linear` is the "reference form" qfuse recognises (see `qfuse.passes.reference_linear`):
+`W8A8Linear` is the "reference form" qfuse recognises (see `qfuse.passes.families.reference_linear`):
 
     weights   quantized once at construction: symmetric per output channel, int8 or fp8 e4m3fn,
               stored [N, K], with a float32 scale [N]

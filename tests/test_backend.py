@@ -14,7 +14,7 @@ import qfuse
 from qfuse.config import pass_skipping_caches_off
 from qfuse.platform import current_platform
 from qfuse.passes.families import PATTERN_FAMILIES
-from qfuse.passes.manager import ComposedPass, QfusePass, prepare_pass
+from qfuse.passes.core.manager import ComposedPass, QfusePass, prepare_pass
 from tests.helpers import compile_and_run
 from tests.passes.test_reference_linear import int_mm_linear, operands
 

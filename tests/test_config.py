@@ -165,7 +165,7 @@ def test_cache_key_ignores_debug_switches():
 
 def test_the_family_list_names_the_pass_modules_in_order():
     from qfuse.passes.families import PATTERN_FAMILIES, family_module
-    from qfuse.passes.manager import PASS_MODULES, describe
+    from qfuse.passes.core.manager import PASS_MODULES, describe
 
     assert QfuseConfig().patterns == PATTERN_FAMILIES == tuple(PASS_MODULES)
     for family, module in PASS_MODULES.items():

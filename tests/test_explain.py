@@ -139,7 +139,7 @@ def test_without_depyf_debug_says_so_and_compiles(tmp_path, monkeypatch, caplog)
 def test_one_record_per_linear_whichever_families_passed_it_over():
     """Two families passing one matmul over make one near miss (the first family's reason, the later
     one's as a note, both printed); a family that then fuses it keeps both in the fused record's note."""
-    from qfuse.passes.report import LinearRecord, PassReport
+    from qfuse.passes.core.report import LinearRecord, PassReport
 
     report = PassReport(graph_name="graph_x")
     report.add(LinearRecord(node="addmm", family="int4_weight_only", fused=False, reason="no kernel can run it"))

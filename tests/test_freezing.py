@@ -5,7 +5,7 @@ not, family, scheme, the reason of a near miss) and eager's numbers.
 Freezing folds every computation on constants into new constants before Inductor's post-grad
 passes; a weight-only linear's dequantize (int4 words unpacked, an fp8 weight cast up, times its
 scales) would reach a post-grad pass as a float weight with nothing left to fuse (and four times
-the int4 memory), so qfuse runs in the joint-graph stage there (`qfuse.passes.manager`), except for
+the int4 memory), so qfuse runs in the joint-graph stage there (`qfuse.passes.core.manager`), except for
 PT2E's linears, which freezing lowers to oneDNN itself (tests/peers/test_torchao.py)."""
 
 import pytest
@@ -118,7 +118,7 @@ def test_a_frozen_compile_of_another_model_of_the_same_shapes_gets_its_own_weigh
 def test_a_training_graph_is_not_taken_in_the_joint_stage():
     """freezing=True with autograd on: Inductor does not freeze, and qfuse's joint-stage pass leaves
     a forward + backward graph alone."""
-    from qfuse.passes.manager import _is_training_graph
+    from qfuse.passes.core.manager import _is_training_graph
 
     graph = torch.fx.Graph()
     graph.placeholder("primals_1"), graph.placeholder("tangents_1")

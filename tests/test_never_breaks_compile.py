@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from qfuse.errors import QfuseInternalWarning
-from qfuse.passes import activation_quant, fused_linear, reference_linear
-from qfuse.passes.report import PassReport
+from qfuse.passes.families import activation_quant, reference_linear
+from qfuse.passes.core import fused_linear
+from qfuse.passes.core.report import PassReport
 from tests.helpers import compile_and_run
 
 K, N = 64, 48

@@ -74,7 +74,7 @@ class Kernel(abc.ABC):
     fuses_activation_quant: ClassVar[bool] = False
     #: Whether the kernel's lowering can leave its output as Inductor pointwise code (an epilogue after
     #: an ATen GEMM), which Inductor fuses into the op that reads it: a consumer that is a kernel of its
-    #: own would make that output a buffer (`qfuse.passes.triton_quantizer` asks).
+    #: own would make that output a buffer (`qfuse.passes.forms.triton_quantizer` asks).
     output_fuses_into_consumers: ClassVar[bool] = False
     #: Whether `prepare_weight` changes the weight (repacking, padding, re-encoding), so that its
     #: result is worth caching per weight. Kernels that consume the weight as it is leave it False.

@@ -8,7 +8,7 @@ from qfuse.ops.verify import check_close
 from qfuse.ops.w4a8 import w4a8_scaled_mm
 from qfuse.ops.weight_only import weight_only_scaled_mm
 
-#: FX node.meta key of a fused op's `LinearRecord` (qfuse.passes.report): the passes put it there,
+#: FX node.meta key of a fused op's `LinearRecord` (qfuse.passes.core.report): the passes put it there,
 #: and the lowerings write into it how the op entered Inductor's generated code.
 RECORD_KEY = "qfuse_record"
 

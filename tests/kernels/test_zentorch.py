@@ -280,7 +280,7 @@ def zen_cpu(zentorch, monkeypatch):
         if device_type != "cpu":
             return platform
         return dataclasses.replace(platform, cpu_is_amd_zen=True, cpu_has_avx512_vnni=True)
-    monkeypatch.setattr("qfuse.passes.fused_linear.current_platform", zen_platform)
+    monkeypatch.setattr("qfuse.passes.core.fused_linear.current_platform", zen_platform)
 
 
 def bf16_int_mm_linear(x, w, w_scale, bias):

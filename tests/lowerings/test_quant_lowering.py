@@ -13,8 +13,8 @@ from torch._inductor.utils import run_and_get_code
 import qfuse
 import torch.nn.functional as F
 
-from qfuse.passes.triton_quantizer import PATTERN as QUANT_KERNEL_PATTERN
-from qfuse.passes.triton_quantizer import QUANTIZER_NOTES
+from qfuse.passes.forms.triton_quantizer import PATTERN as QUANT_KERNEL_PATTERN
+from qfuse.passes.forms.triton_quantizer import QUANTIZER_NOTES
 from qfuse.schemes import FP8_DTYPE
 from tests.test_cuda import FP8_CAPABLE
 

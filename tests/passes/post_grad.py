@@ -15,8 +15,8 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from qfuse.config import QfuseConfig
 from qfuse.lowerings import register_lowerings
-from qfuse.passes.fused_linear import PassContext
-from qfuse.passes.report import PassReport
+from qfuse.passes.core.fused_linear import PassContext
+from qfuse.passes.core.report import PassReport
 
 
 @dataclass

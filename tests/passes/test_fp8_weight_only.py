@@ -3,7 +3,7 @@
 The peer forms of `tests/peers/weight_only_models.Fp8WeightOnlyLinear`, each dequantized in float32
 and cast to the activation's dtype: per channel, and 128 x 128 block scales expanded by
 `repeat_interleave` (vLLM / SGLang) or against a blocked view (transformers). `fake_quant_linear`
-recognises them (`qfuse.passes.block_scales` for the blocks). Numerics through the reference kernel
+recognises them (`qfuse.passes.forms.block_scales` for the blocks). Numerics through the reference kernel
 on odd shapes (M = 0, 1, 17, 3D; N and K no multiples of 128, K = 1), with dynamic M; the kernel this
 CPU picks (onednn's fp8 W8A16 for bf16 block weights; no CPU kernel takes a per-channel fp8 weight);
 and the near misses that must not be rewritten: scales repeated by another block size, along one

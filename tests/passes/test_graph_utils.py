@@ -1,10 +1,10 @@
-"""`qfuse.passes.graph_utils`: pending calls are read like nodes and inserted once, when asked."""
+"""`qfuse.passes.core.graph_utils`: pending calls are read like nodes and inserted once, when asked."""
 
 import torch
 from torch._subclasses import FakeTensorMode
 from torch.fx import Graph
 
-from qfuse.passes.graph_utils import PendingCall, aten, dtype_of, materialize, shape_of
+from qfuse.passes.core.graph_utils import PendingCall, aten, dtype_of, materialize, shape_of
 
 
 def _graph_with_input():

@@ -17,7 +17,7 @@ import torch
 
 import qfuse
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
-from qfuse.passes import int4_weight_only
+from qfuse.passes.families import int4_weight_only
 from tests.helpers import eager_compiled_and_explained
 from tests.passes.post_grad import run_family
 from tests.peers import weight_only_models as wo

@@ -14,7 +14,7 @@ import torch
 from torch.nn import functional as F
 
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs
-from qfuse.passes import intx_weight_only
+from qfuse.passes.families import intx_weight_only
 from tests.helpers import eager_compiled_and_explained
 from tests.passes.post_grad import run_family
 from tests.passes.test_int4_weight_only import (INT4_OP, ONE_ROW, assert_a_dynamic_batch_compiles_once_and_fuses,

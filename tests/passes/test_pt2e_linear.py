@@ -6,7 +6,7 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_
 
 from qfuse.kernels import KERNELS
 from qfuse.ops.scaled_mm import ScaledMmArgs
-from qfuse.passes import pt2e_linear
+from qfuse.passes.families import pt2e_linear
 from tests.helpers import compile_and_run
 from tests.passes.post_grad import run_family
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import qfuse
-from qfuse.passes import reference_linear
+from qfuse.passes.families import reference_linear
 from tests.helpers import compile_and_run
 from tests.passes.post_grad import run_family
 

@@ -151,7 +151,7 @@ def test_activations_quantized_alike_are_one_activation(lead, monkeypatch):
 def test_value_numbers_stay_shallow_on_a_deep_residual_stream():
     """Equal pure calls on equal values get one number, and a key holds numbers, not the calls under them: a
     residual stream's calls written out in full double with every layer (a decoder's 8 layers hung the compile)."""
-    from qfuse.passes.sibling_linears import _ValueNumbers
+    from qfuse.passes.families.sibling_linears import _ValueNumbers
 
     def stream(x):
         for _ in range(64):

@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qfuse.passes.triton_quantizer import producer_fuses_into_quant
-from qfuse.passes.graph_utils import aten
-from qfuse.passes.quant_forms import float_source
-from qfuse.passes.silu_forms import match_silu_and_mul
+from qfuse.passes.forms.triton_quantizer import producer_fuses_into_quant
+from qfuse.passes.core.graph_utils import aten
+from qfuse.passes.forms.quant_forms import float_source
+from qfuse.passes.forms.silu_forms import match_silu_and_mul
 
 
 def post_grad_graph(fn, *args):

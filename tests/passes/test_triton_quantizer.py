@@ -4,7 +4,7 @@
 import torch
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from qfuse.passes.triton_quantizer import MIN_ROWS, too_few_rows
+from qfuse.passes.forms.triton_quantizer import MIN_ROWS, too_few_rows
 
 DYNAMIC_QUANT, SILU_MUL_QUANT = torch.ops.qfuse.dynamic_quant.default, torch.ops.qfuse.silu_mul_quant.default
 

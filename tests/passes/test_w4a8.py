@@ -1,4 +1,4 @@
-"""W4A8 (qfuse/passes/w4a8.py): an int4 weight stored one value per int8 with group scales, whose
+"""W4A8 (qfuse/passes/forms/w4a8.py): an int4 weight stored one value per int8 with group scales, whose
 activation is a symmetric int8 fake quant per token, becomes `qfuse::w4a8_scaled_mm` on the graph's
 own q and scale where a kernel runs it, and int4 weight-only (its fallback) elsewhere, saying why.
 

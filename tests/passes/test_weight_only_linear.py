@@ -167,7 +167,7 @@ def gpt_fast_int8(x, w, scale, bias):
 def test_linears_inductors_weight_only_pattern_takes_are_taken_back(form, shape, dynamic):
     """Inductor's `woq_int8` pattern takes these bf16 forms before qfuse runs (to _weight_int8pack_mm,
     which in plain torch.compile crashes at K % 16 != 0 and raises for a per-tensor scale); qfuse puts each
-    back (`passes/inductor_woq.py`) and fuses it, or at K % 16 != 0 leaves it to Inductor's dequantize +
+    back (`passes/core/inductor_woq.py`) and fuses it, or at K % 16 != 0 leaves it to Inductor's dequantize +
     mm: equal to eager."""
     args = operands(shape, torch.bfloat16)
     if dynamic:

@@ -93,7 +93,7 @@ def test_freezing_lets_inductor_take_pt2e_linears_and_the_report_says_so():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_int8_weight_only_runs_weight_only(dtype):
     """torchao's int8 weight-only linear (x @ w.to(float) * scale): Inductor's own weight-only pattern takes
-    the bf16 form before qfuse runs, and qfuse takes it back (`passes/inductor_woq.py`) and fuses it (ATen's
+    the bf16 form before qfuse runs, and qfuse takes it back (`passes/core/inductor_woq.py`) and fuses it (ATen's
     int8pack on CPU, as Inductor's pattern); qfuse recognises the fp32 one as weight-only, which no CPU
     kernel takes (int8pack in fp32 is slower than Inductor's code), and says so."""
     model, x = torchao_models.torchao_int8_weight_only_mlp(dtype=dtype)

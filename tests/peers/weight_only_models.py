@@ -336,7 +336,7 @@ class W4A8Linear(nn.Module):
     (symmetric: round(x / s) clamped to int8, times s; `divisor` 127 as vLLM, 127.5 as torchao's
     symmetric mapping; `activation_zero_point` adds torchao's asymmetric form), then `weight`, an
     `IntxInt4Linear` (int4 values in int8 storage, group scales), dequantizes and runs the float
-    linear. Not a weight-only form: qfuse reads it as W4A8 (qfuse/passes/w4a8.py) where a kernel runs
+    linear. Not a weight-only form: qfuse reads it as W4A8 (qfuse/passes/forms/w4a8.py) where a kernel runs
     that, else as int4 weight-only (tests/passes/test_w4a8.py)."""
 
     def __init__(self, weight: nn.Module, divisor: float = 127.0, activation_zero_point: bool = False) -> None:

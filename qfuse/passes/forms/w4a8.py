@@ -26,11 +26,11 @@ import dataclasses
 import torch
 from torch.fx import Node
 
-from qfuse.passes.fake_dequantize import match_fake_dequantize
-from qfuse.passes.fused_linear import FusedLinear, NotFusable
-from qfuse.passes.graph_utils import PendingCall, aten, shape_of, strip_views
-from qfuse.passes.dequantized_linear import activation_operand, can_fuse_activation
-from qfuse.passes.quant_forms import is_dynamic_scale
+from qfuse.passes.forms.fake_dequantize import match_fake_dequantize
+from qfuse.passes.core.fused_linear import FusedLinear, NotFusable
+from qfuse.passes.core.graph_utils import PendingCall, aten, shape_of, strip_views
+from qfuse.passes.forms.dequantized_linear import activation_operand, can_fuse_activation
+from qfuse.passes.forms.quant_forms import is_dynamic_scale
 from qfuse.schemes import QuantScheme, dtype_name
 
 

@@ -18,7 +18,7 @@ where q holds integers, as one of
 and the dequantize may be computed in float32 and cast to the activation's dtype after. Scales
 must be one value, per row of the activation ([..., M, 1]) or per output channel of the weight
 ([N, 1] for a stored [N, K] weight), or (weights only) one per 128 x 128 block, expanded to the
-weight by `repeat_interleave` or by a blocked view (`qfuse.passes.block_scales`: the dequantize of
+weight by `repeat_interleave` or by a blocked view (`qfuse.passes.forms.block_scales`: the dequantize of
 the fp8 block checkpoints, W8A16).
 
 Only the dequantize side matters for the math: whatever produced q, (q - zp) * s is the operand,
@@ -36,11 +36,11 @@ from __future__ import annotations
 import torch
 from torch.fx import Graph, Node
 
-from qfuse.passes.dequantized_linear import ANCHORS, WeightNotDequantized, analyze_dequantized_linear
-from qfuse.passes.fake_dequantize import (float_cast_of_computed_value, group_size_of, is_float_cast,
+from qfuse.passes.forms.dequantized_linear import ANCHORS, WeightNotDequantized, analyze_dequantized_linear
+from qfuse.passes.forms.fake_dequantize import (float_cast_of_computed_value, group_size_of, is_float_cast,
                                           match_fake_dequantize, quantized_values, rounds)
-from qfuse.passes.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import VIEW_OPS, aten, dtype_of, is_call, is_subtraction, shape_of
+from qfuse.passes.core.fused_linear import FusedLinear, NotFusable, PassContext, fuse_anchored_linears
+from qfuse.passes.core.graph_utils import VIEW_OPS, aten, dtype_of, is_call, is_subtraction, shape_of
 
 FAMILY = "fake_quant_linear"
 def _weight_scaled_another_way(anchor: Node) -> str:

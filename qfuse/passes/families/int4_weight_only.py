@@ -47,8 +47,8 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Graph, Node
 
-from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import (CONVERT_OPS, VIEW_OPS, PendingCall, PendingConstant, aten, dtype_of, fake_value,
+from qfuse.passes.core.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
+from qfuse.passes.core.graph_utils import (CONVERT_OPS, VIEW_OPS, PendingCall, PendingConstant, aten, dtype_of, fake_value,
                                      is_call, is_subtraction, prims, shape_of, static_int)
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, INT4_OFFSET, Granularity, QuantScheme
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from qfuse.kernels.registry import KernelRequest
 
-#: A linear qfuse took back from Inductor's int8 weight-only pattern (`passes/inductor_woq.py`).
-RECLAIMED = "taken back from Inductor's int8 weight-only pattern (woq_int8 -> _weight_int8pack_mm; passes/inductor_woq.py)"
+#: A linear qfuse took back from Inductor's int8 weight-only pattern (`passes/core/inductor_woq.py`).
+RECLAIMED = "taken back from Inductor's int8 weight-only pattern (woq_int8 -> _weight_int8pack_mm; passes/core/inductor_woq.py)"
 
 #: What Inductor's own quantization passes turn a linear into before qfuse's pass runs (PT2E
 #: linears with freezing=True, its weight-only int8 / int4 patterns); matched by name, since some

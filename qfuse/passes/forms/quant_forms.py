@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
-from qfuse.passes.graph_utils import (
+from qfuse.passes.core.graph_utils import (
     CONSTANT_OPS,
     PendingCall,
     aten,

@@ -38,11 +38,11 @@ from qfuse.errors import contain_internal_error
 from qfuse.kernels import get_kernel
 from qfuse.ops import RECORD_KEY
 from qfuse.ops.scaled_mm import ScaledMmArgs
-from qfuse.passes.fused_linear import NotFusable, PassContext
-from qfuse.passes.graph_utils import aten, dtype_of, fake_value, insert_call, is_call, same_shape, shape_of, strip_views
-from qfuse.passes.quant_forms import Quantizer, TokenScale, float_source, fold_verdict, match_quantize, match_token_scale
-from qfuse.passes.silu_forms import match_silu_and_mul
-from qfuse.passes.transaction import UndoFailed, new_nodes_removed_on_error
+from qfuse.passes.core.fused_linear import NotFusable, PassContext
+from qfuse.passes.core.graph_utils import aten, dtype_of, fake_value, insert_call, is_call, same_shape, shape_of, strip_views
+from qfuse.passes.forms.quant_forms import Quantizer, TokenScale, float_source, fold_verdict, match_quantize, match_token_scale
+from qfuse.passes.forms.silu_forms import match_silu_and_mul
+from qfuse.passes.core.transaction import UndoFailed, new_nodes_removed_on_error
 from qfuse.platform import current_platform
 
 PATTERN = "activation quant on qfuse's Triton quantizer"

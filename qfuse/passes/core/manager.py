@@ -40,12 +40,12 @@ from qfuse import debug
 from qfuse.config import QfuseConfig
 from qfuse.errors import contain_internal_error
 from qfuse.passes.families import PATTERN_FAMILIES, family_module
-from qfuse.passes.fused_linear import PassContext
-from qfuse.passes.graph_utils import dtype_of, module_path, shape_of, stored_quantized_sources
-from qfuse.passes.inductor_woq import reclaim_woq_int8
-from qfuse.passes.report import (RECLAIMED, LinearRecord, PassReport, count_ops, matmul_nodes,
+from qfuse.passes.core.fused_linear import PassContext
+from qfuse.passes.core.graph_utils import dtype_of, module_path, shape_of, stored_quantized_sources
+from qfuse.passes.core.inductor_woq import reclaim_woq_int8
+from qfuse.passes.core.report import (RECLAIMED, LinearRecord, PassReport, count_ops, matmul_nodes,
                                  quantized_kernel_nodes, weight_operand)
-from qfuse.passes.transaction import GraphSnapshot
+from qfuse.passes.core.transaction import GraphSnapshot
 
 log = logging.getLogger("qfuse")
 

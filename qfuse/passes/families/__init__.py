@@ -10,7 +10,7 @@
     sibling_linears    fused linears that read one activation (q / k / v, gate / up) joined into
                        one call, for kernels that run them as one launch
 
-Each family is the module `qfuse.passes.<name>`, with `run(graph, context)` and a docstring that
+Each family is the module `qfuse.passes.families.<name>`, with `run(graph, context)` and a docstring that
 says what it matches. The pass manager imports the modules by these names (`family_module`);
 `qfuse.config` reads the names without importing the passes (this file imports nothing, so
 neither Inductor).
@@ -24,4 +24,4 @@ PATTERN_FAMILIES: tuple[str, ...] = (
 
 def family_module(family: str) -> str:
     """The module that implements a family."""
-    return f"qfuse.passes.{family}"
+    return f"qfuse.passes.families.{family}"

@@ -24,8 +24,8 @@ import torch
 from torch.fx import Node
 
 from qfuse.ops.scaled_mm import OUT_DTYPES
-from qfuse.passes.fused_linear import FusedLinear, NotFusable
-from qfuse.passes.graph_utils import (
+from qfuse.passes.core.fused_linear import FusedLinear, NotFusable
+from qfuse.passes.core.graph_utils import (
     PendingCall,
     aten,
     dtype_of,
@@ -35,7 +35,7 @@ from qfuse.passes.graph_utils import (
     strip_views,
     strip_zero_padding,
 )
-from qfuse.passes.quant_forms import is_dynamic_scale, uint8_as_int8
+from qfuse.passes.forms.quant_forms import is_dynamic_scale, uint8_as_int8
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, WEIGHT_ONLY_DTYPES, Granularity, QuantScheme, dtype_name
 
 

@@ -25,7 +25,7 @@ channel, the linear is
 weight-only (W8A16) and becomes `qfuse::weight_only_scaled_mm(x, b, scale_b, bias, azp_b)`, for the
 kernels whose capability table has a weight-only row.
 
-The linear itself is read by `passes/dequantized_linear.py` (shared with the fake-quant forms):
+The linear itself is read by `passes/forms/dequantized_linear.py` (shared with the fake-quant forms):
 int8 / uint8 activation, int8 weight, per-channel axis on the output channels, addmm without
 beta / alpha, a float result; a near miss leaves the graph untouched.
 """
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from torch.fx import Graph, Node
 
-from qfuse.passes.dequantized_linear import ANCHORS, Dequantized, analyze_dequantized_linear
-from qfuse.passes.fused_linear import FusedLinear, PassContext, fuse_anchored_linears
+from qfuse.passes.forms.dequantized_linear import ANCHORS, Dequantized, analyze_dequantized_linear
+from qfuse.passes.core.fused_linear import FusedLinear, PassContext, fuse_anchored_linears
 from qfuse.schemes import Granularity
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
-from qfuse.passes.block_scales import match_block_dequantize
-from qfuse.passes.dequantized_linear import Dequantized
-from qfuse.passes.graph_utils import (aten, converted_dtype, dtype_of, is_subtraction, same_size,
+from qfuse.passes.forms.block_scales import match_block_dequantize
+from qfuse.passes.forms.dequantized_linear import Dequantized
+from qfuse.passes.core.graph_utils import (aten, converted_dtype, dtype_of, is_subtraction, same_size,
                                      shape_of)
-from qfuse.passes.quant_forms import constant_number, strip_round_and_clamps
+from qfuse.passes.forms.quant_forms import constant_number, strip_round_and_clamps
 from qfuse.schemes import FP8_DTYPE, Granularity
 
 _INTEGER_RANGES = ((torch.int8, -128, 127), (torch.uint8, 0, 255))

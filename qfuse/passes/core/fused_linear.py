@@ -28,7 +28,7 @@ from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.ops.verify import CheckCloseArgs, tolerance_for
 from qfuse.ops.w4a8 import PER_CHANNEL, W4a8ScaledMmArgs
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
-from qfuse.passes.graph_utils import (
+from qfuse.passes.core.graph_utils import (
     PendingCall,
     PendingConstant,
     aten,
@@ -39,9 +39,9 @@ from qfuse.passes.graph_utils import (
     scalar_tensor,
     static_int,
 )
-from qfuse.passes.report import LinearRecord, PassReport
-from qfuse.passes.scale_algebra import ScaleProduct
-from qfuse.passes.transaction import UndoFailed, new_nodes_removed_on_error
+from qfuse.passes.core.report import LinearRecord, PassReport
+from qfuse.passes.forms.scale_algebra import ScaleProduct
+from qfuse.passes.core.transaction import UndoFailed, new_nodes_removed_on_error
 from qfuse.platform import current_platform
 from qfuse.schemes import INT4_DTYPE, Granularity, QuantScheme
 

@@ -31,8 +31,8 @@ import torch
 from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from qfuse.passes.graph_utils import fake_value, insert_call
-from qfuse.passes.transaction import new_nodes_removed_on_error
+from qfuse.passes.core.graph_utils import fake_value, insert_call
+from qfuse.passes.core.transaction import new_nodes_removed_on_error
 
 aten, prims = torch.ops.aten, torch.ops.prims
 INDUCTOR_PATTERNS = "torch._inductor.fx_passes.quantization"

@@ -3,7 +3,7 @@
 Only for a `qfuse::scaled_mm` whose kernel quantizes the activation itself
 (`Kernel.fuses_activation_quant`); for the others Inductor's generated code for the quantize
 chain is as fast or faster, so it stays. The int8 / fp8 operand `a` is traced back to its
-quantizer (`qfuse.passes.quant_forms`: any spelling of divide / reciprocal-multiply, round,
+quantizer (`qfuse.passes.forms.quant_forms`: any spelling of divide / reciprocal-multiply, round,
 clamp and cast; a per-token absmax scale through casts, eps clamps and `/ qmax` or `* 1/qmax`;
 or a static one-value scale), and when
 
@@ -14,7 +14,7 @@ the pair becomes `qfuse::quant_scaled_mm(x, ...)`: dynamic per-token (scale_a No
 Otherwise the quantization stays in Inductor's code and the record's note says why.
 
 On CUDA the other kernels' activation quant may go to qfuse's Triton quantizer instead
-(`qfuse.passes.triton_quantizer`).
+(`qfuse.passes.forms.triton_quantizer`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from qfuse.errors import contain_internal_error
 from qfuse.kernels import get_kernel
 from qfuse.ops import RECORD_KEY
 from qfuse.ops.scaled_mm import QuantScaledMmArgs, ScaledMmArgs
-from qfuse.passes.fused_linear import NotFusable, PassContext
-from qfuse.passes.graph_utils import aten, dtype_of, insert_call, shape_of, strip_views
-from qfuse.passes.quant_forms import fold_verdict, match_quantize, match_token_scale
-from qfuse.passes.triton_quantizer import take_over_quant
-from qfuse.passes.transaction import UndoFailed, new_nodes_removed_on_error
+from qfuse.passes.core.fused_linear import NotFusable, PassContext
+from qfuse.passes.core.graph_utils import aten, dtype_of, insert_call, shape_of, strip_views
+from qfuse.passes.forms.quant_forms import fold_verdict, match_quantize, match_token_scale
+from qfuse.passes.forms.triton_quantizer import take_over_quant
+from qfuse.passes.core.transaction import UndoFailed, new_nodes_removed_on_error
 
 FAMILY = "activation_quant"
 FOLDED_PATTERN = "activation quant folded into quant_scaled_mm"

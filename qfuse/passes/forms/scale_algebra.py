@@ -31,7 +31,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Graph, Node
 
-from qfuse.passes.graph_utils import (
+from qfuse.passes.core.graph_utils import (
     CONSTANT_OPS,
     CONVERT_OPS,
     VIEW_OPS,

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from torch.fx import Node
 
-from qfuse.passes.graph_utils import VIEW_OPS, aten, is_call, shape_of, static_int
-from qfuse.passes.dequantized_linear import Dequantized
+from qfuse.passes.core.graph_utils import VIEW_OPS, aten, is_call, shape_of, static_int
+from qfuse.passes.forms.dequantized_linear import Dequantized
 from qfuse.schemes import GROUP_SIZE, Granularity
 
 # q -> (q, the dtype to cast it to or None, kind) when q is a float tensor of quantized values

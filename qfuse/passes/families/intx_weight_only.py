@@ -20,7 +20,7 @@ weight dequantized once (`qfuse.ops.int4_weight_only`; a float copy of the weigh
 logged): exact either way. The report calls every such linear int4. 8da4w's activation is
 fake-quantized in float (per-token asymmetric int8); that stays in the graph and the fused op takes
 its float result, the math eager runs. A symmetric int8 activation fake quant and a weight without
-zero points make the linear W4A8 (`qfuse.passes.w4a8`), with this one as its fallback.
+zero points make the linear W4A8 (`qfuse.passes.forms.w4a8`), with this one as its fallback.
 
 Near misses, named in debug mode: scales in another dtype than the activation, stored tensors
 computed per call, a dequantized weight with another user, an addmm that scales its terms (`alpha`,
@@ -32,10 +32,10 @@ from __future__ import annotations
 import torch
 from torch.fx import Graph, Node
 
-from qfuse.passes.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import (CONVERT_OPS, aten, converted_dtype, dtype_of, is_call, is_subtraction, shape_of,
+from qfuse.passes.core.fused_linear import FusedLinear, Int4Weight, NotFusable, PassContext, fuse_anchored_linears
+from qfuse.passes.core.graph_utils import (CONVERT_OPS, aten, converted_dtype, dtype_of, is_call, is_subtraction, shape_of,
                                      static_int, strip_views)
-from qfuse.passes.w4a8 import with_int8_activation
+from qfuse.passes.forms.w4a8 import with_int8_activation
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_DTYPE, Granularity, QuantScheme
 
 FAMILY = "intx_weight_only"

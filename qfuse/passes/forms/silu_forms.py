@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
-from qfuse.passes.graph_utils import aten, converted_dtype, dtype_of, is_call, same_shape, shape_of
+from qfuse.passes.core.graph_utils import aten, converted_dtype, dtype_of, is_call, same_shape, shape_of
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 

@@ -17,7 +17,7 @@ that keeps the math (out = acc * scale factors + bias):
     convert(acc, float)          the int32 accumulator to float
     mul(y, s), mul(s, y),        any number of scale factors, each one value (a tensor or a Python
     div(y, s)                    number), per-row [M, 1] or per-column [N] / [1, N] / [N, 1].t(),
-                                 alone or multiplied together; `qfuse.passes.scale_algebra` sorts
+                                 alone or multiplied together; `qfuse.passes.forms.scale_algebra` sorts
                                  them into the activation's and the weight's scale
     slice(y, 0, 0, M)            a narrow of the rows after padding the tokens (vLLM, for cuBLAS's
                                  int8 minimum of 17 rows), also after the output cast: moved onto
@@ -45,8 +45,8 @@ import torch
 from torch.fx import Graph, Node
 
 from qfuse.ops.scaled_mm import OUT_DTYPES
-from qfuse.passes.fused_linear import FusedLinear, GraphValue, NotFusable, PassContext, fuse_anchored_linears
-from qfuse.passes.graph_utils import (
+from qfuse.passes.core.fused_linear import FusedLinear, GraphValue, NotFusable, PassContext, fuse_anchored_linears
+from qfuse.passes.core.graph_utils import (
     VIEW_OPS,
     PendingCall,
     aten,
@@ -58,7 +58,7 @@ from qfuse.passes.graph_utils import (
     shape_of,
     single_user,
 )
-from qfuse.passes.quant_forms import (
+from qfuse.passes.forms.quant_forms import (
     Quantizer,
     constant_number,
     is_dynamic_scale,
@@ -66,7 +66,7 @@ from qfuse.passes.quant_forms import (
     match_token_scale,
     uint8_as_int8,
 )
-from qfuse.passes.scale_algebra import (Factor, NotAScale, Role, ScaleProduct, base_of, factors_of, factors_of_product,
+from qfuse.passes.forms.scale_algebra import (Factor, NotAScale, Role, ScaleProduct, base_of, factors_of, factors_of_product,
                                         split_sides)
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, WEIGHT_ONLY_DTYPES, Granularity, QuantScheme, dtype_name
 

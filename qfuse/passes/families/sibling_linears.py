@@ -32,9 +32,9 @@ from torch.fx import Graph, Node
 from qfuse.kernels import KernelRequest
 from qfuse.ops import RECORD_KEY, SIBLING_ARGUMENTS, SIBLING_FORMS
 from qfuse.ops.siblings import SiblingForm
-from qfuse.passes.fused_linear import PassContext
-from qfuse.passes.graph_utils import aten, fake_value, insert_call
-from qfuse.passes.report import LinearRecord
+from qfuse.passes.core.fused_linear import PassContext
+from qfuse.passes.core.graph_utils import aten, fake_value, insert_call
+from qfuse.passes.core.report import LinearRecord
 from qfuse.platform import current_platform
 from qfuse.schemes import Granularity
 
