@@ -14,6 +14,7 @@ from typing import Any
 
 from qfuse import debug
 from qfuse.config import QfuseConfig, pass_skipping_caches_off, split_options
+from qfuse.kernels.prepared import PreparedMemory, prepared_memory
 from qfuse.ops.verify import verify_results
 from qfuse.passes.core.manager import STAGE_SLOTS, QfusePass, graphs_compiled, prepare_pass, reports_since
 from qfuse.passes.core.report import LinearRecord, PassReport, RecordSelection
@@ -57,6 +58,8 @@ class Explanation(RecordSelection):
     """What qfuse did to each graph of one compile (`qfuse.explain`); prints as a table."""
 
     reports: list[PassReport]
+    #: the prepared weights made from the model's tensors on the run (None: `explain` was given no nn.Module)
+    prepared: PreparedMemory | None = None
 
     @property
     def records(self) -> list[LinearRecord]:
@@ -66,12 +69,15 @@ class Explanation(RecordSelection):
         if not self.reports:
             return "qfuse: no graph was compiled (was the model already compiled with these options?)"
         text = "\n\n".join(report.table() for report in self.reports)
+        if self.prepared is not None:
+            text += f"\n\n{self.prepared.describe()}"
         grouped = any(len(report.linear_groups()) < len(report.records) for report in self.reports)
         return text + "\n\n(one block per linear: print(explanation.details()))" if grouped else text
 
     def details(self) -> str:
         """The report with one block per linear (`str(explanation)` puts linears with the same outcome together)."""
-        return "\n\n".join(report.table(details=True) for report in self.reports)
+        text = "\n\n".join(report.table(details=True) for report in self.reports)
+        return text if self.prepared is None else f"{text}\n\n{self.prepared.describe()}"
 
 
 def explain(model, *example_inputs, options: dict[str, Any] | None = None, **compile_kwargs) -> Explanation:
@@ -80,7 +86,8 @@ def explain(model, *example_inputs, options: dict[str, Any] | None = None, **com
     `options` are qfuse's / Inductor's options as for torch.compile; other keyword arguments go
     to torch.compile (`dynamic=True`, `fullgraph=True`, ...). Inductor's caches are off for this
     compile (a cache hit would skip the passes). With `debug` on, the compile runs inside depyf.
-    In verify mode each record gets the max error measured on this first call.
+    In verify mode each record gets the max error measured on this first call. The explanation ends with
+    what the prepared weights made from the model's tensors cost (`kernels.prepared.prepared_memory`).
     """
     import torch
 
@@ -98,7 +105,8 @@ def explain(model, *example_inputs, options: dict[str, Any] | None = None, **com
     with pass_skipping_caches_off():
         with debug.DepyfDump(config) if config.debug else contextlib.nullcontext():
             compiled(*example_inputs)
-    explanation = Explanation(reports_since(marker))
+    explanation = Explanation(reports_since(marker),
+                              prepared_memory(model) if isinstance(model, torch.nn.Module) else None)
     results = verify_results()
     for report in explanation.reports:
         for record in report.records:

@@ -179,3 +179,22 @@ def test_a_switched_off_family_is_named_in_the_unrecognised_reason():
         (report,) = qfuse.explain(model, x, options={"patterns": patterns}).reports
     (record,) = report.records
     assert record.family == "unrecognised" and "not run, by the configuration's `patterns`: int4_weight_only" in record.reason
+
+
+def test_explain_ends_with_what_the_prepared_weights_cost():
+    """The prepared weights made from the model's tensors on the run: how many, their bytes beside the stored
+    ones, and the dense (full-precision) copies, where an int4 weight has no exact int4 kernel."""
+    from tests.peers import weight_only_models as wo
+
+    x = wo.example_input(256, torch.bfloat16, tokens=3)
+    int4 = wo.gptq_packed_int4(torch.bfloat16, group_size=64, out_features=64)  # packed once into int4pack
+    prepared = qfuse.explain(int4, x).prepared
+    assert prepared.weights == 1 and prepared.dense == 0 and prepared.prepared_bytes > 0
+    stored = sum(tensor.untyped_storage().nbytes() for tensor in (int4.qweight, int4.scales))
+    assert stored <= prepared.source_bytes <= stored + sum(b.untyped_storage().nbytes() for b in int4.buffers())
+    wide = wo.torchao_intx_int4(torch.bfloat16, values="int8", out_features=64)  # int8 values: no int4 weight
+    explanation = qfuse.explain(wide, x)
+    assert explanation.prepared.dense == 1 and "1 of them dense (a full-precision copy, exact)" in str(explanation)
+    x8, w, w_scale, bias = operands((5, 64))
+    explanation = qfuse.explain(lambda x: int_mm_linear(x, w, w_scale, bias), x8)
+    assert explanation.prepared is None

@@ -227,6 +227,52 @@ def refresh_weights(model: torch.nn.Module) -> int:
     return refreshed
 
 
+@dataclass(frozen=True)
+class PreparedMemory:
+    """What the prepared weights made from one model's tensors cost (`prepared_memory`)."""
+
+    weights: int  # prepared weights (a sibling call's concatenation is one)
+    prepared_bytes: int  # their tensors, where they are no source tensor itself
+    source_bytes: int  # the model's stored tensors they were made from
+    dense: int  # of them, full-precision copies (an int4 weight no int4 kernel takes exactly: `DENSE`)
+
+    def describe(self) -> str:
+        if not self.weights:
+            return "prepared weights: none (every kernel reads the stored weights as they are)"
+        dense = f"; {self.dense} of them dense (a full-precision copy, exact)" if self.dense else ""
+        return (f"prepared weights: {self.weights}, {_size(self.prepared_bytes)} in the kernels' own layouts, beside "
+                f"the {_size(self.source_bytes)} of stored tensors they were made from{dense}")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+
+
+def prepared_memory(model: torch.nn.Module) -> PreparedMemory:
+    """The prepared weights alive now that were made from `model`'s parameters and buffers, and their bytes."""
+    owners = {_storage(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}
+    weights = prepared_bytes = dense = 0
+    sources: dict = {}
+    with _LOCK:
+        _evict_expired()
+        for key, entry in _CACHE.items():
+            parts = [part for part in key[1:] if part is not None]
+            if entry.prepared is None or not parts or any(part.storage not in owners for part in parts):
+                continue
+            weights += 1
+            dense += entry.prepared.packing == DENSE
+            inputs = {part.storage for part in parts}
+            for value in vars(entry.prepared).values():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if value.layout != torch.strided:  # an opaque packed weight (oneDNN's): its elements
+                    prepared_bytes += value.numel() * value.element_size()
+                elif _storage(value) not in inputs:
+                    prepared_bytes += value.untyped_storage().nbytes()
+            sources.update({part.storage: owners[part.storage].untyped_storage().nbytes() for part in parts})
+    return PreparedMemory(weights, prepared_bytes, sum(sources.values()), dense)
+
+
 def outside_cuda_graph_pools(build, weight: torch.Tensor):
     """`build()`, its CUDA allocations kept out of a CUDA graph's memory pool.
 
