@@ -162,3 +162,18 @@ def test_value_numbers_stay_shallow_on_a_deep_residual_stream():
     numbers = _ValueNumbers(graph)
     first, second, third = next(node for node in graph.nodes if node.op == "output").args[0]
     assert numbers.key(first) == numbers.key(second) != numbers.key(third)
+
+
+def test_buffers_written_in_place_and_fresh_memory_are_no_shared_value():
+    from qfuse.passes.families.sibling_linears import _ValueNumbers
+
+    def written(x):
+        first, second = torch.empty_like(x), torch.empty_like(x)
+        torch.ops.aten.copy_(first, x)
+        torch.ops.aten.copy_(second, x * 2)
+        return first.abs(), second.abs(), torch.rand_like(x), torch.rand_like(x)
+
+    graph = torch.fx.experimental.proxy_tensor.make_fx(written)(torch.randn(4, 8)).graph
+    numbers = _ValueNumbers(graph)
+    first, second, random_one, random_two = next(node for node in graph.nodes if node.op == "output").args[0]
+    assert numbers.key(first) != numbers.key(second) and numbers.key(random_one) != numbers.key(random_two)

@@ -49,6 +49,19 @@ def run(graph: Graph, context: PassContext) -> None:
             _join(graph, form, nodes, context)
 
 
+def _mutates(node: Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
+
+
+def _is_value_of_its_arguments(node: Node) -> bool:
+    """Whether `node`'s value is a function of its arguments alone: a functional ATen call that draws no random
+    numbers, allocates no uninitialised memory and whose result no later call writes into."""
+    target = node.target
+    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and not _mutates(node)
+            and torch.Tag.nondeterministic_seeded not in target.tags and "empty" not in target.__name__
+            and not any(_mutates(user) for user in node.users))
+
+
 class _ValueNumbers:
     """Value numbering: one number for arguments that compute the same value, the same node or the same pure
     ATen call on the same values (each linear of vLLM's fallbacks quantizes the activation with a chain of its
@@ -60,11 +73,8 @@ class _ValueNumbers:
         self.of_node: dict[Node, int] = {}
         of_call: dict[tuple, int] = {}
         for node in graph.nodes:  # in order: a node's arguments are numbered before it
-            target = node.target
-            pure = (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
-                    and not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags)
-            call = ((target, self.key(node.args), tuple((name, self.key(arg)) for name, arg in sorted(node.kwargs.items())))
-                    if pure else ("node", node.name))
+            call = ((node.target, self.key(node.args), tuple((name, self.key(arg)) for name, arg in sorted(node.kwargs.items())))
+                    if _is_value_of_its_arguments(node) else ("node", node.name))
             try:
                 self.of_node[node] = of_call.setdefault(call, len(of_call))
             except TypeError:  # an argument no key can hold: the node is only itself
