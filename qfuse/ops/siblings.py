@@ -153,8 +153,7 @@ def _check_scaled_mm(m: ScaledMmArgs) -> None:
 
 
 def _check_weight_only(m: WeightOnlyScaledMmArgs) -> None:
-    weight_only.check_operands(m.x, m.b, m.bias, m.azp_b, m.out_dtype)
-    _normalize_scale_b(m.scale_b, *m.b.shape)
+    weight_only.check_call(m.x, m.b, m.scale_b, m.bias, m.azp_b, m.out_dtype)
 
 
 def _check_int4(m: Int4WeightOnlyMmArgs) -> None:

@@ -53,12 +53,17 @@ def weight_only_scaled_mm(x: Tensor, b: Tensor, scale_b: Tensor | None, bias: Te
     return implementation.weight_only_apply(x.reshape(-1, k), weight, bias, out_dtype).reshape(out_shape)
 
 
-@weight_only_scaled_mm.register_fake
-def _(x, b, scale_b, bias, azp_b, out_dtype, kernel):
+def check_call(x, b, scale_b, bias, azp_b, out_dtype) -> tuple:
+    """`check_operands`, and the weight scale's and zero point's shapes: every check of a call."""
     out_shape = check_operands(x, b, bias, azp_b, out_dtype)
     _normalize_scale_b(scale_b, *b.shape)
     _normalize_zero_point(azp_b, b.shape[1], "azp_b", _OP, (1, b.shape[1]))
-    return x.new_empty(out_shape, dtype=out_dtype)
+    return out_shape
+
+
+@weight_only_scaled_mm.register_fake
+def _(x, b, scale_b, bias, azp_b, out_dtype, kernel):
+    return x.new_empty(check_call(x, b, scale_b, bias, azp_b, out_dtype), dtype=out_dtype)
 
 
 class WeightOnlyScaledMmArgs(op_arguments(torch.ops.qfuse.weight_only_scaled_mm.default)):

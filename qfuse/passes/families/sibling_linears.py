@@ -117,7 +117,7 @@ def _merged_request(form: SiblingForm, records: list[LinearRecord], widths: list
     return merged.pop() if len(merged) == 1 else "their kernel questions differ beyond N (scheme, dtypes or sizes)"
 
 
-def _why_apart(form: SiblingForm, nodes: list[Node], call) -> tuple[str, KernelRequest | None]:
+def _why_apart(form: SiblingForm, nodes: list[Node], call, reads_a_member: bool) -> tuple[str, KernelRequest | None]:
     """(why these siblings stay apart or '', the merged request)."""
     records = [node.meta[RECORD_KEY] for node in nodes]
     if any(record.request is None for record in records):
@@ -135,42 +135,25 @@ def _why_apart(form: SiblingForm, nodes: list[Node], call) -> tuple[str, KernelR
             return f"no kernel runs the concatenated weight ({choice.rejections()})", None
         if form.name not in choice.kernel.runs_siblings_of:
             return f"kernel {choice.kernel.name} runs no sibling calls of {form.name}", None
-    if _reads_a_member(nodes, call, form):
+    if reads_a_member:
         return "a member's weight is computed from another member's output", None
     return "", request
 
 
-def _reads_a_member(nodes: list[Node], call, form: SiblingForm) -> bool:
-    """Whether a weight-side input placed after the first member is computed from a member's output."""
+def _late_inputs(nodes: list[Node], call, form: SiblingForm) -> tuple[list[Node], bool]:
+    """(the weight-side inputs placed after the first member, and what they read from after it, in graph order;
+    whether any weight-side input is, or is computed from, a member's output)."""
     order = {node: index for index, node in enumerate(nodes[0].graph.nodes)}
     first, members = order[nodes[0]], set(nodes)
-    stack = [value for name in form.per_member for value in getattr(call, name)
-             if isinstance(value, Node) and order[value] > first]
-    seen = set()
+    late, reads_a_member = set(), False
+    stack = [value for name in form.per_member for value in getattr(call, name) if isinstance(value, Node)]
     while stack:
         node = stack.pop()
-        if node in members:
-            return True
-        if node in seen or order[node] <= first:
-            continue
-        seen.add(node)
-        stack.extend(input_node for input_node in node.all_input_nodes)
-    return False
-
-
-def _hoist_before(graph: Graph, first: Node, call, form: SiblingForm) -> None:
-    """Move the weight-side inputs placed after `first` (and what they read from after it) before it."""
-    order = {node: index for index, node in enumerate(graph.nodes)}
-    late = set()
-    stack = [value for name in form.per_member for value in getattr(call, name)
-             if isinstance(value, Node) and order[value] > order[first]]
-    while stack:
-        node = stack.pop()
-        if node not in late and order[node] > order[first]:
+        reads_a_member |= node in members
+        if node not in late and order[node] > first:
             late.add(node)
             stack.extend(node.all_input_nodes)
-    for node in sorted(late, key=order.__getitem__):
-        first.prepend(node)
+    return sorted(late, key=order.__getitem__), reads_a_member
 
 
 def _join(graph: Graph, form: SiblingForm, nodes: list[Node], context: PassContext) -> None:
@@ -179,14 +162,17 @@ def _join(graph: Graph, form: SiblingForm, nodes: list[Node], context: PassConte
     fields.update({name: [getattr(call, name) for call in calls] for name in form.per_member})
     records = [node.meta[RECORD_KEY] for node in nodes]
     names = ", ".join(record.module or record.node for record in records)
-    reason, request = _why_apart(form, nodes, SIBLING_ARGUMENTS[form.name](**fields))
+    call = SIBLING_ARGUMENTS[form.name](**fields)
+    late, reads_a_member = _late_inputs(nodes, call, form)
+    reason, request = _why_apart(form, nodes, call, reads_a_member)
     if reason:
         for record in records:
             record.add_note(f"not one call with its siblings ({names}): {reason}")
         return
     choice = request.choose(current_platform(fake_value(nodes[0]).device.type))
-    sibling = SIBLING_ARGUMENTS[form.name](**{**fields, "kernel": choice.kernel.name})
-    _hoist_before(graph, nodes[0], sibling, form)
+    sibling = call._replace(kernel=choice.kernel.name)
+    for node in late:  # before the first member, where the sibling call goes
+        nodes[0].prepend(node)
     widths = [fake_value(node).shape[-1] for node in nodes]
     with graph.inserting_before(nodes[0]):
         joined = insert_call(graph, sibling.op, sibling.as_args())
