@@ -83,6 +83,9 @@ qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, con
     float acc[M_TILES][4];
     for (int i = 0; i < M_TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
+    // chunk c's group and its (s, z) pairs, counted on from `begin`: no integer division in the loop
+    int into_group = begin % group_chunks;
+    const unsigned* sz_row = sz + (long long)(begin / group_chunks) * N + row;
     for (int c0 = begin; c0 < end; c0 += UNROLL) {
         Words w[UNROLL];
 #pragma unroll
@@ -91,8 +94,11 @@ qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, con
         for (int u = 0; u < UNROLL; ++u) {
             const int c = c0 + u;
             if (c >= end) break;
-            const int group = c / group_chunks;
-            const unsigned pair_g = sz[(long long)group * N + row], pair_h = sz[(long long)group * N + row + 8];
+            const unsigned pair_g = sz_row[0], pair_h = sz_row[8];
+            if (++into_group == group_chunks) {
+                into_group = 0;
+                sz_row += N;
+            }
             const unsigned s_g = low_pair(pair_g), z_g = high_pair(pair_g);
             const unsigned s_h = low_pair(pair_h), z_h = high_pair(pair_h);
             Words xv[M_TILES][2];

@@ -76,13 +76,14 @@ TARGET_WARPS = 4096
 
 def launch_shape(m: int, n: int, k: int) -> tuple[int, int]:
     """(warps a block, chunks a warp loads ahead). A block is 16 rows, so warps split K until the grid holds
-    about TARGET_WARPS (4 to 16 a block); a warp loads 4 chunks ahead, 2 where it has only 4 (its whole share)
-    or where 16 warps of M > 8 rows would hold too many registers. Measured on an H100 at M = 1 and 16,
-    N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336: this rule's pick was the fastest of 6 in 5 of 6 cases."""
+    about TARGET_WARPS (4 to 16 a block; 8 at most for M > 8 rows, whose two accumulators and loads of x
+    hold more registers); a warp loads 4 chunks ahead, 2 where it has only 4 (its whole share) or M > 8.
+    Measured at M = 1 and 16 on an H100 and an H200 (docs/benchmarks.md, "The CUDA W4A16 decode kernel" and
+    "The int4 decode kernel on an H200")."""
     tiles = n // ROWS_PER_TILE
-    warps = min(16, max(4, 1 << max(0, (TARGET_WARPS // max(tiles, 1)).bit_length() - 1)))
+    warps = min(16 if m <= 8 else 8, max(4, 1 << max(0, (TARGET_WARPS // max(tiles, 1)).bit_length() - 1)))
     chunks_per_warp = k // K_PER_CHUNK // warps
-    unroll = 2 if chunks_per_warp <= 4 or (m > 8 and warps >= 16) else 4
+    unroll = 2 if chunks_per_warp <= 4 or m > 8 else 4
     return warps, unroll
 
 
