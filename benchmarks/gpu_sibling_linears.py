@@ -41,7 +41,7 @@ def _call(form: str, weight, x, scale_a):
     if form == "bf16":
         return lambda: x @ weight.t()
     dtype = torch.int8 if form == "int8 W8A16" else FP8
-    return lambda: w8_mma.w8_mma(x, weight.cuda.data, dtype, scale_a, weight.cuda.scale, None, torch.bfloat16)
+    return lambda: w8_mma.w8_mma(x, weight.cuda.data, dtype, scale_a, weight.scale, None, torch.bfloat16)
 
 
 def _bytes(form: str, n: int) -> int:

@@ -57,11 +57,11 @@ def candidates(form: str, weight: Weight, x: torch.Tensor, scale_a: torch.Tensor
     out = torch.bfloat16
     triton = get_kernel("triton")
     weight_dtype = FORMS[form][1]
-    calls = {"cuda (launch rule)": lambda: w8_mma.w8_mma(x, weight.cuda.data, weight_dtype, scale_a, weight.cuda.scale,
+    calls = {"cuda (launch rule)": lambda: w8_mma.w8_mma(x, weight.cuda.data, weight_dtype, scale_a, weight.scale,
                                                          None, out)}
     for shape in variants:
         calls[f"cuda {shape}"] = lambda shape=shape: w8_mma.w8_mma(x, weight.cuda.data, weight_dtype, scale_a,
-                                                                   weight.cuda.scale, None, out, shape)
+                                                                   weight.scale, None, out, shape)
     if scale_a is None:
         calls["triton"] = lambda: triton.weight_only_apply(x, weight.triton, None, out)
         return calls

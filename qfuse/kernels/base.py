@@ -79,6 +79,11 @@ class Kernel(abc.ABC):
     #: Whether `prepare_weight` changes the weight (repacking, padding, re-encoding), so that its
     #: result is worth caching per weight. Kernels that consume the weight as it is leave it False.
     prepares_weight: ClassVar[bool] = False
+    #: Whether `apply` / `weight_only_apply` read the weight scale as `prepare_weight` was given it (no layout of
+    #: their own): `prepare_once` then prepares the weight alone and attaches each call's scale, so the weight is
+    #: prepared once even where the model computes its scale on every call (torchao's bf16 linears cast a float32
+    #: scale in the forward), which a preparation keyed by the scale would repeat on every call.
+    reads_weight_scale_per_call: ClassVar[bool] = False
     #: Below this many weight elements (K * N) the kernel's per-call cost (an opaque op: Python,
     #: weight lookup, activation shift) outweighs its faster GEMM, and Inductor's own GEMM (the
     #: `torch` kernel, lowered into the generated code) wins: the registry passes it over unless it

@@ -129,9 +129,13 @@ _LOCK = threading.Lock()  # held while an entry is made or removed: one preparat
 
 
 def prepare_once(kernel, b: torch.Tensor, scale: torch.Tensor | None, zero_point: torch.Tensor | None) -> PreparedWeight:
-    """`kernel.prepare_weight(b, scale, zero_point)`, computed once per weight (see module docstring)."""
+    """`kernel.prepare_weight(b, scale, zero_point)`, computed once per weight (see module docstring); for a
+    kernel that reads the weight scale per call (`Kernel.reads_weight_scale_per_call`), once per weight and
+    zero point, with this call's `scale` attached."""
     if not kernel.prepares_weight:
         return kernel.prepare_weight(b, scale, zero_point)
+    if kernel.reads_weight_scale_per_call:
+        return dataclasses.replace(built_once((kernel.name,), (b, None, zero_point), kernel.prepare_weight), scale=scale)
     return built_once((kernel.name,), (b, scale, zero_point), kernel.prepare_weight)
 
 

@@ -7,10 +7,12 @@ k slots 4t..4t+3, 4t..4t+3, 16+4t.., 16+4t..; m16n8k16: a0..a3 rows g, g + 8, g,
 2t+8, 2t+9; B column g at the same slots) and the .cu file's header: which word and bytes feed which
 register, which k of x a slot holds. The kernel itself runs on the GPU machine (tests/kernels/test_cuda_gpu.py)."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from qfuse.kernels.cuda.w8_mma import folded_scale, repack, why_not_shape
+from qfuse.kernels.cuda.w8_mma import repack, why_not_shape
 from qfuse.schemes import FP8_DTYPE
 
 
@@ -101,15 +103,20 @@ def test_the_launch_rule(m, n, shape):
     assert launch_shape(m, n) == shape
 
 
-def test_the_weight_scale_is_folded_into_one_float_a_column():
-    n = 32
-    assert torch.equal(folded_scale(None, n, torch.device("cpu")), torch.ones(n))
-    assert torch.equal(folded_scale(torch.tensor(0.5, dtype=torch.bfloat16), n, torch.device("cpu")), torch.full((n,), 0.5))
-    per_column = torch.rand(1, n, dtype=torch.float16)
-    assert torch.equal(folded_scale(per_column, n, torch.device("cpu")), per_column.float().reshape(n))
-    stored = torch.rand(1, n)  # already float32: copied all the same, so no prepared weight holds the model's storage
-    folded = folded_scale(stored, n, torch.device("cpu"))
-    assert torch.equal(folded, stored.reshape(n)) and folded.untyped_storage().data_ptr() != stored.untyped_storage().data_ptr()
+def test_the_weight_is_prepared_once_and_its_scale_read_per_call():
+    """The preparation leaves the weight scale out (`reads_weight_scale_per_call`): a scale the model computes on
+    every call (a new tensor each time: torchao's bf16 linears cast a float32 one) reuses the one prepared weight,
+    with that call's scale attached."""
+    from qfuse.kernels import get_kernel
+    from qfuse.kernels.prepared import prepare_once
+
+    kernel = get_kernel("cuda")
+    b, stored = torch.randint(-128, 128, (64, 32), dtype=torch.int8), torch.rand(1, 32)
+    first = prepare_once(kernel, b, stored.to(torch.bfloat16), None)
+    second_scale = (stored * 2).to(torch.bfloat16)
+    second = prepare_once(kernel, b, second_scale, None)
+    assert first.data is second.data and torch.equal(first.data, repack(b))
+    assert second.scale is second_scale and first.scale is not second_scale
 
 
 def test_bad_input_is_named_before_any_launch():
@@ -120,8 +127,10 @@ def test_bad_input_is_named_before_any_launch():
         repack(torch.zeros(48, 32, dtype=torch.int8))
     with pytest.raises(ValueError, match="symmetric weights"):
         cuda.prepare_weight(torch.zeros(64, 32, dtype=torch.int8), None, torch.zeros(1, 32, dtype=torch.int32))
+    blocks = dataclasses.replace(cuda.prepare_weight(torch.zeros(256, 256, dtype=FP8_DTYPE), None, None),
+                                 scale=torch.ones(2, 2))  # the scale a call attaches (read per call)
     with pytest.raises(ValueError, match="block scales"):
-        cuda.prepare_weight(torch.zeros(256, 256, dtype=FP8_DTYPE), torch.ones(2, 2), None)
+        cuda.apply(torch.zeros(1, 256, dtype=FP8_DTYPE), blocks, None, None, None, torch.bfloat16)
     weight = cuda.prepare_weight(torch.zeros(64, 32, dtype=torch.int8), torch.ones(1, 32), None)
     with pytest.raises(ValueError, match="W8A16 GEMM takes a bf16 or fp16 activation, not fp32"):
         cuda.weight_only_apply(torch.zeros(1, 64, dtype=torch.float32), weight, None, torch.bfloat16)

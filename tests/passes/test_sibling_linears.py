@@ -118,6 +118,23 @@ def test_not_under_freezing():
     assert "siblings" not in code and len(report.fused) == 3
 
 
+def test_weight_side_inputs_computed_on_every_call_are_named():
+    """A joined weight is made once, so its members' weights, scales and zero points must be the same memory on every
+    call: graph inputs and views of them. A scale the graph computes (torchao's bf16 linears cast a float32 scale in
+    the forward) is a new tensor every call: such siblings stay apart (the GPU test runs torchao's own,
+    tests/test_cuda.py::test_torchao_int8_weight_only_under_cuda_graphs)."""
+    from qfuse.passes.families.sibling_linears import _computed_per_call
+
+    graph = torch.fx.Graph()
+    weight, scale = graph.placeholder("weight"), graph.placeholder("scale")
+    viewed = graph.call_function(torch.ops.aten.permute.default, (graph.call_function(
+        torch.ops.aten.reshape.default, (weight, [4, 4])), [1, 0]))
+    cast = graph.call_function(torch.ops.prims.convert_element_type.default, (scale, BF16))
+    cast_view = graph.call_function(torch.ops.aten.reshape.default, (cast, [4]))
+    assert _computed_per_call(weight) is None and _computed_per_call(viewed) is None and _computed_per_call(None) is None
+    assert _computed_per_call(cast) is cast and _computed_per_call(cast_view) is cast
+
+
 class QuantizingSiblings(nn.Module):
     """Three W8A8 linears that each quantize x per token with a chain of their own, as model code writes them."""
 

@@ -38,6 +38,7 @@ _DECODE = {"k_multiple": w8_mma.K_PER_CHUNK, "n_multiple": w8_mma.ROWS_PER_TILE,
 class CudaKernel(Kernel):
     name = "cuda"
     prepares_weight = True
+    reads_weight_scale_per_call = True  # the 8-bit epilogue reads it in its dtype (int4 scales are in the pairs)
     runs_siblings_of = ("scaled_mm", "weight_only_scaled_mm", "int4_weight_only_mm")
     capabilities = (
         Capability("int4 weight-only mma.m16n8k16, dequantized in registers (W4A16)", ("cuda",), _HALVES,
@@ -88,17 +89,14 @@ class CudaKernel(Kernel):
         return PreparedWeight(words, pairs, None, *values.shape, packing=int4_mma.PACKINGS[scale.dtype])
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
-        """`w8_mma.repack`'s layout of the int8 / fp8 [K, N] weight, its scale as the float32 [N] the epilogue
-        reads (ones for none), `packing` naming the weight's dtype."""
+        """`w8_mma.repack`'s layout of the int8 / fp8 [K, N] weight, `packing` naming its dtype, and the scale as
+        given: the epilogue reads it as it is, so `prepare_once` prepares the weight alone and attaches each call's
+        scale (`reads_weight_scale_per_call`)."""
         if azp_b is not None:
             raise ValueError("the cuda kernel's 8-bit GEMM takes symmetric weights; use kernel='torch' for a weight "
                              "zero point")
-        if scale_b is not None and scale_b.dim() == 2 and scale_b.shape[0] != 1:
-            raise ValueError("the cuda kernel's 8-bit GEMM takes one weight scale or one a column, not 128 x 128 "
-                             "block scales")
         k, n = b.shape
-        return PreparedWeight(w8_mma.repack(b), w8_mma.folded_scale(scale_b, n, b.device), None, k, n,
-                              packing=w8_mma.PACKINGS[b.dtype])
+        return PreparedWeight(w8_mma.repack(b), scale_b, None, k, n, packing=w8_mma.PACKINGS[b.dtype])
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
         """x @ w + bias, 16 rows a launch (any M is correct; kernel choice sends it M <= 16). An int4 weight's
@@ -138,10 +136,16 @@ class CudaKernel(Kernel):
         if x.dtype not in (weight_dtype, *_HALVES):
             raise ValueError(f"the cuda kernel's 8-bit GEMM takes an activation of {dtype_name(weight_dtype)} (its "
                              f"weight's dtype), bf16 or fp16, not {dtype_name(x.dtype)}")
+        scale_b = weight.scale
+        if scale_b is not None and scale_b.numel() not in (1, weight.n):
+            raise ValueError("the cuda kernel's 8-bit GEMM takes one weight scale or one a column, not 128 x 128 "
+                             "block scales")
+        if scale_b is not None and scale_b.dtype not in w8_mma.DTYPE_CODES:
+            scale_b = scale_b.to(torch.float32)  # (float64, say: the epilogue is float32)
         if x.shape[0] <= w8_mma.MAX_ROWS:
-            return w8_mma.w8_mma(x, weight.data, weight_dtype, scale_a, weight.scale, bias, out_dtype)
+            return w8_mma.w8_mma(x, weight.data, weight_dtype, scale_a, scale_b, bias, out_dtype)
         per_row = scale_a is not None and scale_a.numel() > 1
         return torch.cat([
             w8_mma.w8_mma(rows, weight.data, weight_dtype, scale_a[start: start + len(rows)] if per_row else scale_a,
-                          weight.scale, bias, out_dtype)
+                          scale_b, bias, out_dtype)
             for start, rows in zip(range(0, x.shape[0], w8_mma.MAX_ROWS), x.split(w8_mma.MAX_ROWS))])

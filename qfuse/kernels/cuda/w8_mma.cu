@@ -26,7 +26,7 @@
 //
 // -D options: W8A8 (else W8A16), WEIGHT_FP8 (else int8), HALF_BF16 (W8A16's x: else fp16), M_TILES 1 | 2
 // (M <= 8 | 16), ROW_TILES 1 | 2, WARPS, UNROLL (chunks a warp loads ahead), and the dtype codes of
-// common.cuh: SCALE_A (W8A8; 0: no activation scale), BIAS (0: none), OUT.
+// common.cuh: SCALE_A (W8A8; 0: no activation scale), SCALE_B (0: none), BIAS (0: none), OUT.
 
 #ifdef W8A8
 typedef Pair XVec;
@@ -122,8 +122,8 @@ __device__ __forceinline__ void chunk_mma(Acc (*acc)[4], const Words& w, const X
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 qfuse_w8_mma(const Words* __restrict__ words, const XVec* __restrict__ x, const void* __restrict__ scale_a,
-             const float* __restrict__ scale_b, const void* __restrict__ bias, void* __restrict__ out, int M, int N,
-             int K, int scale_a_stride) {
+             const void* __restrict__ scale_b, const void* __restrict__ bias, void* __restrict__ out, int M, int N,
+             int K, int scale_a_stride, int scale_b_stride) {
     __shared__ Acc partial[WARPS][32][ROW_TILES * M_TILES * 4];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -187,7 +187,9 @@ qfuse_w8_mma(const Words* __restrict__ words, const XVec* __restrict__ x, const 
                 const float sa = load_as_float<SCALE_A>(scale_a, (long long)m * scale_a_stride);
                 value = value * sa + (sa - sa);
 #endif
-                value *= scale_b[n];
+#if SCALE_B
+                value *= load_as_float<SCALE_B>(scale_b, (long long)n * scale_b_stride);
+#endif
 #if BIAS
                 value += load_as_float<BIAS>(bias, n);
 #endif

@@ -2,8 +2,9 @@
 
     W8A8   out [M, N] = (a [M, K] @ w^T) * scale_a * scale_b + bias    a int8 / fp8 e4m3, w the same dtype
     W8A16  out [M, N] = (x [M, K] @ w^T) * scale_b + bias              x bf16 / fp16, w int8 / fp8 e4m3
-    M <= 16 a launch, N a multiple of 16, K a multiple of 32; scale_a one value or one a row (float32, bf16
-    or fp16), scale_b one value or one a column, folded into a float32 [N] when the weight is prepared
+    M <= 16 a launch, N a multiple of 16, K a multiple of 32; scale_a one value or one a row, scale_b one
+    value or one a column (each float32, bf16 or fp16, read as the call gives it: a scale the model computes
+    on every call, a cast of a stored one say, costs no preparation)
 
 `repack` puts the [K, N] weight once into the kernel's layout, words [N / 16, K / 32, 32, 4] int32: a lane's
 16-byte load is the A operand of one mma.m16n8k32 (8-bit activations) or of two mma.m16n8k16 (half
@@ -60,14 +61,6 @@ def repack(b: torch.Tensor) -> torch.Tensor:
     return words.view(torch.int32).reshape(n // 16, k // 32, 32, 4)
 
 
-def folded_scale(scale_b: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor:
-    """scale_b (None, one value, or [1, N] as the ops normalise it) as the float32 [N] the kernel reads: a copy,
-    so that a prepared weight holds no storage of the model's."""
-    if scale_b is None:
-        return torch.ones(n, device=device, dtype=torch.float32)
-    return scale_b.to(torch.float32, copy=True).reshape(-1).expand(n).contiguous()
-
-
 @functools.cache
 def _compiled(options: tuple[str, ...], device_index: int):
     with torch.cuda.device(device_index):
@@ -97,13 +90,14 @@ def launch_shape(m: int, n: int) -> tuple[int, int, int]:
 
 
 def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scale_a: torch.Tensor | None,
-           scale_b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
+           scale_b: torch.Tensor | None, bias: torch.Tensor | None, out_dtype: torch.dtype,
            shape: tuple[int, int, int] | None = None) -> torch.Tensor:
     """out [M, N] of the module docstring, for M <= 16: `x` int8 / fp8 (W8A8, `scale_a` one value, [M, 1] or
     None) or bf16 / fp16 (W8A16, `scale_a` None); `words` from `repack` of a weight of `weight_dtype`;
-    `scale_b` float32 [N]; `shape` (row tiles, warps, unroll) by `launch_shape` unless given."""
+    `scale_b` one value, N values ([N] or [1, N]) or None; `shape` (row tiles, warps, unroll) by `launch_shape`
+    unless given."""
     m, k = x.shape
-    n = scale_b.shape[0]
+    n = words.shape[0] * ROWS_PER_TILE
     if m > MAX_ROWS:
         raise ValueError(f"w8_mma takes at most {MAX_ROWS} rows a launch, got {m}")
     out = torch.empty(m, n, device=x.device, dtype=out_dtype)
@@ -115,18 +109,23 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
     weight_only = x.dtype in HALF_DTYPES
     row_tiles, warps, unroll = shape or launch_shape(m, n)
     sa_stride = 0 if scale_a is None or scale_a.numel() == 1 else 1
+    sb_stride = 0 if scale_b is None or scale_b.numel() == 1 else 1
     options = [f"-DM_TILES={1 if m <= 8 else 2}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}",
                f"-DSCALE_A={DTYPE_CODES[None if scale_a is None else scale_a.dtype]}",
+               f"-DSCALE_B={DTYPE_CODES[None if scale_b is None else scale_b.dtype]}",
                f"-DBIAS={DTYPE_CODES[None if bias is None else bias.dtype]}", f"-DOUT={DTYPE_CODES[out_dtype]}"]
     options += [] if weight_only else ["-DW8A8"]
     options += ["-DWEIGHT_FP8"] if weight_dtype == FP8_DTYPE else []
     options += ["-DHALF_BF16"] if x.dtype == torch.bfloat16 else []
     kernel = _compiled(tuple(options), x.device.index or 0)
     scale_a = None if scale_a is None else scale_a.contiguous()
+    scale_b = None if scale_b is None else scale_b.contiguous()
+    if sb_stride and scale_b.numel() != n:
+        raise ValueError(f"w8_mma takes one weight scale or one a column ({n}), not {scale_b.numel()}")
     bias = None if bias is None else bias.contiguous()
     with torch.cuda.device(x.device):  # the module is loaded in x's device's context
         kernel(grid=(n // (ROWS_PER_TILE * row_tiles), 1, 1), block=(32 * warps, 1, 1),
-               args=[words, x, scale_a if scale_a is not None else scale_b, scale_b,
-                     bias if bias is not None else scale_b, out, m, n, k, sa_stride],
+               args=[words, x, scale_a if scale_a is not None else words, scale_b if scale_b is not None else words,
+                     bias if bias is not None else words, out, m, n, k, sa_stride, sb_stride],
                stream=torch.cuda.current_stream(x.device))
     return out

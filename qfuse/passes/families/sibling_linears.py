@@ -11,7 +11,10 @@ activation node, its scale and zero point, the settings) are siblings. They beco
   concatenation, made once, costs no memory and no lowering is lost);
 - the members can be concatenated (`qfuse.ops.siblings`' `why_not_one_call`: no block scales, no
   act order, one dtype);
-- no member's weight is computed from another member's output.
+- no member's weight is computed from another member's output;
+- every member's weight-side input (weight, scales, zero points; not the bias, joined per call) is a graph
+  input or a view of one: the concatenation is made once and kept, which a scale the graph computes on
+  every call (torchao's bf16 linears cast their float32 scale in the forward) would make stale.
 
 One launch then reads the activation once and streams every weight: at decode k and v of a GQA
 model (N = 1024 each) leave most of an H100's multiprocessors idle in launches of their own
@@ -117,11 +120,30 @@ def _merged_request(form: SiblingForm, records: list[LinearRecord], widths: list
     return merged.pop() if len(merged) == 1 else "their kernel questions differ beyond N (scheme, dtypes or sizes)"
 
 
+#: ATen calls whose result is a view of their first argument: a weight-side input made of a graph input by
+#: these alone is the same memory on every call
+_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.permute.default, aten.t.default,
+          aten.transpose.int, aten.expand.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default,
+          aten.squeeze.dim, aten.squeeze.default, aten.alias.default}
+
+
+def _computed_per_call(value) -> Node | None:
+    """The node that computes `value` anew on every call (anything but a graph input and views of one), or None."""
+    while isinstance(value, Node) and value.op == "call_function" and value.target in _VIEWS:
+        value = value.args[0]
+    return value if isinstance(value, Node) and value.op not in ("placeholder", "get_attr") else None
+
+
 def _why_apart(form: SiblingForm, nodes: list[Node], call, reads_a_member: bool) -> tuple[str, KernelRequest | None]:
     """(why these siblings stay apart or '', the merged request)."""
     records = [node.meta[RECORD_KEY] for node in nodes]
     if any(record.request is None for record in records):
         return "a member has no kernel request", None
+    for name in form.per_member:
+        computed = [node for node in map(_computed_per_call, getattr(call, name)) if node is not None]
+        if computed and name != "bias":
+            return (f"a member's {name} is computed on every call ({computed[0].name}), and the joined weight is "
+                    "made once from inputs that stay the same"), None
     fakes = {name: [fake_value(value) for value in getattr(call, name)] for name in form.per_member}
     if reason := form.why_not_one_call(call._replace(**fakes)):
         return reason, None
