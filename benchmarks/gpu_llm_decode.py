@@ -17,10 +17,18 @@ layers, without the embedding and the LM head (the same bf16 matmul in every var
                 fewer; vLLM's fallback pads so too), cut back               Inductor, and backend="qfuse"
     int8wo      int8 weight-only as torchao's linear computes it (`gpu_weight_only.Int8WeightOnlyLinear`)
     fp8wo       fp8 weight-only, per channel (`gpu_weight_only.Fp8WeightOnlyLinear`)
+    gemlite_*   GemLite's own modules (`gemlite_linear`: A16W4 g128, A16W8 int8, A8W8 fp8 dynamic), its
+                Triton kernels as a custom op                                torch.compile (Inductor)
+    torchao_*   the bf16 model after torchao's `quantize_` (`TORCHAO_CONFIGS`: int4 tile-packed, which is
+                tinygemm; int8 weight-only; fp8 row-wise dynamic; int8 dynamic), `set_inductor_config=False`
+                so that every variant compiles with the same Inductor settings      Inductor, and qfuse
 
-`--profile` instead profiles three decode steps of each variant in default mode (torch.profiler, CUDA activity:
-every kernel's GPU time, which CUDA graphs would not split out) and prints the largest kernels and the sum, per
-step. `--variants` picks variants by name (a comma-separated list of substrings). A step decodes one token for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in
+GemLite and torchao travel to the GPU machine as wheels (docs/benchmarks.md says how); a variant whose
+package is missing, or which cannot run a batch (`CANNOT_RUN`), is left out with the reason.
+
+`--profile` instead profiles three decode steps of each variant in each of `--modes` (torch.profiler, CUDA
+activity: every kernel's GPU time, a CUDA graph's replay split into its kernels) and prints the largest kernels
+and the sum, per step. `--variants` picks variants by name (a comma-separated list of substrings). A step decodes one token for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in
 turns with the others, five rounds; the median step time gives tokens/s = batch / step time. The ratio to
 the bf16 model is from the same run. Under mode="reduce-overhead" a step is one CUDA-graph replay (its time
 is the GPU's); in default mode it includes the host's launch time, which moves between runs.
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -99,8 +108,33 @@ class W8A8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], -1)
 
 
+def gemlite_linear(form: str, n: int, k: int, generator: torch.Generator) -> nn.Module:
+    """GemLite's own module (its Triton kernels; for A8W8 its own activation quant) on the same random weights as
+    qfuse's forms: A16W4 g128 (values + 8 with zero points 8, as HQQ stores them), A16W8 int8 weight-only,
+    A8W8 fp8 dynamic per token, per-channel scales. GemLite ships tuned launch configs per GPU; one made for the
+    H100 is loaded on an H200, the same Hopper chip, where it has none (else it would autotune)."""
+    import gemlite
+    from gemlite.helper import A8W8_fp8_dynamic, A16W8_INT8, A16Wn
+
+    if gemlite.core.get_default_cache_config() is None and "H200" in torch.cuda.get_device_name():
+        gemlite.load_config(str(Path(gemlite.__file__).with_name("configs") / "h100.json"))
+    if form == "gemlite_int4":
+        values = torch.randint(0, 16, (n, k), device="cuda", generator=generator, dtype=torch.uint8)
+        scale = (torch.rand(n, k // GROUP, device="cuda", generator=generator) / (8 * k**0.5)).to(torch.bfloat16)
+        zeros = torch.full_like(scale, 8)
+        return A16Wn(device="cuda", dtype=torch.bfloat16).from_weights(values, scale, zeros, W_nbits=4, group_size=GROUP)
+    scale = torch.rand(n, 1, device="cuda", generator=generator) / (64 * k**0.5)
+    if form == "gemlite_int8wo":
+        weight = torch.randint(-127, 128, (n, k), device="cuda", generator=generator, dtype=torch.int8)
+        return A16W8_INT8(device="cuda", dtype=torch.bfloat16).from_weights(weight, scales=scale.to(torch.bfloat16))
+    weight = (torch.randn(n, k, device="cuda", generator=generator) * 64).clamp(-448, 448).to(FP8)
+    return A8W8_fp8_dynamic(device="cuda", dtype=torch.bfloat16).from_weights(weight, scales=scale)
+
+
 def linear(form: str, n: int, k: int, generator: torch.Generator) -> nn.Module:
-    if form == "bf16":
+    if form.startswith("gemlite"):
+        return gemlite_linear(form, n, k, generator)
+    if form == "bf16" or form.startswith("torchao"):  # torchao's configs quantize the bf16 model (`build`)
         return nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
     if form in ("fp8", "int8"):
         return W8A8Linear(n, k, generator, FP8 if form == "fp8" else torch.int8)
@@ -155,6 +189,32 @@ class Block(nn.Module):
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
 
+TORCHAO_CONFIGS = {  # form -> torchao config (class name, keywords); each keeps Inductor's global settings
+    "torchao_int4": ("Int4WeightOnlyConfig", dict(group_size=GROUP, int4_packing_format="tile_packed_to_4d")),
+    "torchao_int8wo": ("Int8WeightOnlyConfig", {}),
+    "torchao_fp8": ("Float8DynamicActivationFloat8WeightConfig", "rows"),
+    "torchao_int8": ("Int8DynamicActivationInt8WeightConfig", {}),
+}
+
+
+#: (form, backend) -> (the most rows it cannot run, why): left out of those batches, said in the output
+CANNOT_RUN = {("torchao_int8", "inductor"): (16, "torchao's int8 dynamic linear calls torch._int_mm, which takes "
+                                                  "more than 16 rows")}
+
+
+def build(form: str, layers: int, batch: int) -> nn.Module:
+    """The decoder with its linears in `form`; a torchao form is the bf16 model after torchao's `quantize_`."""
+    model = Decoder(form, layers, batch).eval()
+    if form in TORCHAO_CONFIGS:
+        import torchao.quantization as quantization
+
+        name, keywords = TORCHAO_CONFIGS[form]
+        if keywords == "rows":
+            keywords = dict(granularity=quantization.PerRow())
+        quantization.quantize_(model, getattr(quantization, name)(**keywords, set_inductor_config=False))
+    return model
+
+
 class Decoder(nn.Module):
     """`layers` blocks with KV caches for up to `batch` sequences (a step may run fewer)."""
 
@@ -198,6 +258,16 @@ VARIANTS = {  # name -> (linear form, backend[, qfuse options])
     "fp8 weight-only (Inductor)": ("fp8wo", "inductor"),
     "fp8 weight-only (qfuse)": ("fp8wo", "qfuse"),
     "fp8 weight-only (qfuse, siblings apart)": ("fp8wo", "qfuse", SIBLINGS_APART),
+    "GemLite A16W4 (Inductor)": ("gemlite_int4", "inductor"),
+    "GemLite A16W8 int8 (Inductor)": ("gemlite_int8wo", "inductor"),
+    "GemLite A8W8 fp8 (Inductor)": ("gemlite_fp8", "inductor"),
+    "torchao int4 tinygemm (Inductor)": ("torchao_int4", "inductor"),
+    "torchao int8 weight-only (Inductor)": ("torchao_int8wo", "inductor"),
+    "torchao int8 weight-only (qfuse)": ("torchao_int8wo", "qfuse"),
+    "torchao fp8 row-wise (Inductor)": ("torchao_fp8", "inductor"),
+    "torchao fp8 row-wise (qfuse)": ("torchao_fp8", "qfuse"),
+    "torchao int8 dynamic (Inductor)": ("torchao_int8", "inductor"),
+    "torchao int8 dynamic (qfuse)": ("torchao_int8", "qfuse"),
 }
 
 
@@ -230,12 +300,22 @@ def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) ->
             torch._dynamo.reset()  # once: a reset between variants would make the earlier ones compile again
             compiled = {}
             for name, (form, backend, *qfuse_options) in variants.items():
+                rows_it_cannot_run, why = CANNOT_RUN.get((form, backend), (0, ""))
+                if batch <= rows_it_cannot_run:
+                    progress(f"  {name} left out at batch {batch}: {why}")
+                    continue
                 progress(f"batch {batch}, {mode}: compiling {name}")
-                model = Decoder(form, layers, batch).eval()
-                step = torch.compile(model, backend=backend, **compile_options(mode, *qfuse_options))
-                with torch.no_grad():
-                    for i in range(3):
-                        step(*inputs[i])
+                try:
+                    model = build(form, layers, batch)
+                    step = torch.compile(model, backend=backend, **compile_options(mode, *qfuse_options))
+                    with torch.no_grad():
+                        for i in range(3):
+                            step(*inputs[i])
+                except Exception as error:  # an anchor that cannot run here (a missing package, say) is left out
+                    if backend == "qfuse" or form == "bf16":
+                        raise
+                    progress(f"  {name} left out: {type(error).__name__}: {str(error)[:300]}")
+                    continue
                 compiled[name] = (model, step)
             times = {name: [] for name in compiled}
             with torch.no_grad():
@@ -256,8 +336,9 @@ def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) ->
     return rows
 
 
-def profile_rows(layers: int, batches, variants: dict, top: int = 12) -> list[dict]:
-    """The `top` kernels of a decode step by GPU time (µs a step, launches a step) and their sum, per variant."""
+def profile_rows(layers: int, batches, variants: dict, mode: str, top: int = 12) -> list[dict]:
+    """The `top` kernels of a decode step by GPU time (µs a step, launches a step) and their sum, per variant,
+    compiled in `mode` (the profiler sees the kernels of a CUDA graph's replay too)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch._dynamo.config.recompile_limit = 64
@@ -268,8 +349,8 @@ def profile_rows(layers: int, batches, variants: dict, top: int = 12) -> list[di
                    torch.tensor([START + i], device="cuda")) for i in range(6)]
         for name, (form, backend, *qfuse_options) in variants.items():
             progress(f"batch {batch}: profiling {name}")
-            step = torch.compile(Decoder(form, layers, batch).eval(), backend=backend,
-                                 **compile_options("default", *qfuse_options))
+            step = torch.compile(build(form, layers, batch), backend=backend,
+                                 **compile_options(mode, *qfuse_options))
             with torch.no_grad():
                 for i in range(3):
                     step(*inputs[i])
@@ -279,9 +360,9 @@ def profile_rows(layers: int, batches, variants: dict, top: int = 12) -> list[di
                     torch.cuda.synchronize()
             events = sorted(prof.key_averages(), key=lambda event: -event.device_time_total)
             total = sum(event.device_time_total for event in events) / 3
-            rows.append(dict(batch=batch, variant=name, kernel="(all kernels)", us_per_step=round(total, 1),
+            rows.append(dict(batch=batch, mode=mode, variant=name, kernel="(all kernels)", us_per_step=round(total, 1),
                              launches_per_step=sum(event.count for event in events) // 3))
-            rows += [dict(batch=batch, variant=name, kernel=event.key[:100], us_per_step=round(event.device_time_total / 3, 1),
+            rows += [dict(batch=batch, mode=mode, variant=name, kernel=event.key[:100], us_per_step=round(event.device_time_total / 3, 1),
                           launches_per_step=event.count // 3) for event in events[:top]]
             torch._dynamo.reset()
     return rows
@@ -303,8 +384,8 @@ def main() -> None:
     variants = {name: value for name, value in VARIANTS.items()
                 if name.startswith("bf16") or not wanted or any(part in name for part in wanted)}
     if args.profile:
-        rows = profile_rows(layers, batches, variants)
-        header = ["batch", "variant", "kernel", "us_per_step", "launches_per_step"]
+        rows = [row for mode in modes for row in profile_rows(layers, batches, variants, mode)]
+        header = ["batch", "mode", "variant", "kernel", "us_per_step", "launches_per_step"]
         print(format_table([[row[column] for column in header] for row in rows], header))
         write(out_path(args, "gpu_llm_decode_profile"), rows, machine=machine())
         return

@@ -23,7 +23,7 @@ from qfuse.kernels import get_kernel
 from qfuse.platform import current_platform
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
+SCRIPTS = sorted((ROOT / "benchmarks").rglob("*.py"))  # benchmarks/explorations/ too
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

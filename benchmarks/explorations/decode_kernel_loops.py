@@ -1,0 +1,97 @@
+"""The CUDA decode kernels' launch shapes on this GPU, per Llama-3-8B linear, M = 1 and 16 (an exploration).
+
+    python benchmarks/explorations/decode_kernel_loops.py [--out FILE.json]
+
+GPU µs per linear in one CUDA graph over weights past the L2, for every launch shape of `int4_mma` (warps a
+block, chunks loaded ahead) and of `w8_mma` (row tiles, warps, chunks ahead), the launch rules' picks and
+tinygemm beside them, and each call's relative error against the float product. The launch rules
+(`int4_mma.launch_shape`, `w8_mma.launch_shape`) were set from runs of this sweep.
+
+The recorded result (benchmarks/results/gpu_decode_kernel_loops_h200.json, session 28) also holds rows of the
+kernel loops this session tried and did not keep, run with -D switches since removed from the sources: "old"
+(the int4 loop dividing by the group's chunks, before this session), "counter" (the loop kept), "prefetch"
+(the next chunks loaded into registers first) and "async" (a ring of chunks in shared memory, cp.async);
+docs/benchmarks.md, "The int4 decode kernel on an H200", gives what they showed.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from gpu_int4_mma import GROUP, STACK_BYTES, Int4Weight, copy_bandwidth
+from gpu_w8_mma import FORMS, Weight, random_values, reference
+from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
+from qfuse.kernels import int4_tinygemm
+from qfuse.kernels.cuda import w8_mma
+from qfuse.kernels.cuda.int4_mma import int4_mma, launch_shape
+
+SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))  # q/k/v joined, o, gate/up joined, down
+INT4_SHAPES = [(warps, unroll) for warps in (4, 8, 16) for unroll in (2, 4, 8)]
+W8_SHAPES = [(1, 4, 4), (1, 8, 4), (1, 16, 2), (2, 4, 4), (2, 8, 4), (2, 8, 2), (1, 8, 8), (2, 4, 8)]
+
+
+def _row(kernel, n, k, m, variant, us, weight_bytes, bandwidth, error=None) -> dict:
+    return dict(kernel=kernel, n=n, k=k, m=m, variant=variant, us=round(us, 2),
+                hbm=round(weight_bytes / (us * 1e-6) / bandwidth, 3), rel_error=error)
+
+
+def int4_rows(n: int, k: int, generator, bandwidth: float) -> list[dict]:
+    weights = [Int4Weight(n, k, False, generator) for _ in range(max(2, min(16, STACK_BYTES // (n * k // 2))))]
+    rows = []
+    for m in (1, 16):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        expected = x.float() @ weights[0].dequantized().float()
+        for warps, unroll in [launch_shape(m, n, k), *INT4_SHAPES]:
+            def call(weight, warps=warps, unroll=unroll):
+                return int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16, warps, unroll)
+            error = ((call(weights[0]).float() - expected).norm() / expected.norm()).item()
+            us = graph_ms_per_call([lambda weight=weight: call(weight) for weight in weights]) * 1e3
+            rule = " (launch rule)" if (warps, unroll) == launch_shape(m, n, k) else ""
+            rows.append(_row("int4", n, k, m, f"w{warps} u{unroll}{rule}", us, weights[0].bytes, bandwidth, error))
+        us = graph_ms_per_call([lambda weight=weight: int4_tinygemm.int4pack_mm(x, weight.tinygemm, None, torch.bfloat16)
+                                for weight in weights]) * 1e3
+        rows.append(_row("int4", n, k, m, "tinygemm", us, weights[0].bytes, bandwidth))
+        progress(f"int4 {n}x{k} M={m}: " + ", ".join(f"{row['variant']} {row['us']}" for row in rows[-3:]))
+    return rows
+
+
+def w8_rows(form: str, n: int, k: int, generator, bandwidth: float) -> list[dict]:
+    activation_dtype, weight_dtype = FORMS[form]
+    weights = [Weight(n, k, weight_dtype, generator) for _ in range(max(2, min(16, STACK_BYTES // (n * k))))]
+    rows = []
+    for m in (1, 16):
+        x = random_values(m, k, activation_dtype, generator)
+        scale_a = None if activation_dtype == torch.bfloat16 else torch.rand(m, 1, device="cuda") / 100
+        expected = reference(form, weights[0], x, scale_a)
+        for shape in [w8_mma.launch_shape(m, n), *W8_SHAPES]:
+            def call(weight, shape=shape):
+                return w8_mma.w8_mma(x, weight.cuda.data, weight_dtype, scale_a, weight.scale, None, torch.bfloat16, shape)
+            error = ((call(weights[0]).double() - expected).norm() / expected.norm()).item()
+            us = graph_ms_per_call([lambda weight=weight: call(weight) for weight in weights]) * 1e3
+            rule = " (launch rule)" if shape == w8_mma.launch_shape(m, n) else ""
+            rows.append(_row(form, n, k, m, f"{shape}{rule}", us, weights[0].bytes, bandwidth, error))
+        progress(f"{form} {n}x{k} M={m}: rule {rows[-len(W8_SHAPES) - 1]['us']} µs")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_output_arguments(parser, "gpu_decode_kernel_loops", quick="the gate / up shape only")
+    args = parser.parse_args()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    copy_bandwidth()  # once to bring the clocks up
+    bandwidth = copy_bandwidth()
+    rows = []
+    for n, k in SHAPES[2:3] if args.quick else SHAPES:
+        rows += int4_rows(n, k, generator, bandwidth)
+        for form in ("int8 W8A16", "fp8 W8A8"):
+            rows += w8_rows(form, n, k, generator, bandwidth)
+    header = ["kernel", "n", "k", "m", "variant", "us", "hbm", "rel_error"]
+    print(format_table([[row.get(column, "") for column in header] for row in rows], header))
+    write(out_path(args, "gpu_decode_kernel_loops"), rows, machine=machine(), copy_bandwidth=bandwidth)
+
+
+if __name__ == "__main__":
+    main()
