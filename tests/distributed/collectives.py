@@ -1,5 +1,5 @@
 """What a compiled tensor-parallel shard does with its collective, shared by the CPU test
-(tests/distributed/test_collective_order.py) and the GPU benchmark (benchmarks/gpu_collective_overlap.py):
+(tests/distributed/test_collective_order.py) and the GPU benchmark (benchmarks/explorations/gpu_collective_overlap.py):
 
 - `ReducedThenSide`: all_reduce(down(h)) + side(x), a row-parallel quantized linear whose output is
   all-reduced, then a quantized linear that does not depend on the collective (the GEMM a

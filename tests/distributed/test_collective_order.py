@@ -7,7 +7,7 @@ comm/compute reordering off and on.
 What this does not show: overlap itself. On the CPU (torch 2.13) Inductor waits right after the
 all-reduce in both settings, before the independent GEMM, so the order checked here has none to
 keep. On 2 H100s (torch 2.11, NCCL) Inductor's code does the same, and no compute kernel ran while
-the all-reduce did, for Inductor or qfuse (benchmarks/gpu_collective_overlap.py, docs/distributed.md)."""
+the all-reduce did, for Inductor or qfuse (benchmarks/explorations/gpu_collective_overlap.py, docs/distributed.md)."""
 
 import pytest
 import torch

@@ -39,7 +39,7 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, INT4_O
 K_ALIGNMENT = 16
 #: Above this M cuBLAS beats the fp8 template on Hopper (kernel choice for a static M, the lowering for
 #: a dynamic one's bucket). Llama MLP block on an H200, M = 32 / 128: cuBLAS 17.4-22.1 µs a GEMM against
-#: the template's 18.6-23.0, 3-12% a GEMM (benchmarks/profile_block.py); at M <= 16 the decode template
+#: the template's 18.6-23.0, 3-12% a GEMM (benchmarks/explorations/profile_block.py); at M <= 16 the decode template
 #: is as fast or faster.
 FP8_TEMPLATE_MAX_ROWS = DECODE_ROWS
 INT4_PACKING = "int4_words_nk"  # `qfuse.kernels.int4_words` along K, [N, K / 8]

@@ -64,7 +64,7 @@ _STEP = tl.constexpr(PLANE_STEP)
 # 8 tiles in the eager launch found none faster by more than 4% at the split `plane_splits` picks.
 # Batched decode (16 < M <= 128): one row block covers M, so each weight tile is read and dequantized
 # once for every row; BLOCK_M is the MMA's N. Each the best of 6-12 tiles in the eager launch on an
-# H100 at the three Llama shapes, or within 6% of it (session 19, `benchmarks/gpu_int4_planes_batched.py
+# H100 at the three Llama shapes, or within 6% of it (session 19, `benchmarks/explorations/gpu_int4_planes_batched.py
 # --part tiles`). Up to PLANE_MAX_ROWS the template beat Inductor's dequantize + mm on the GPU clock
 # (1.44-1.69x at M = 256; 1.00-1.08x at 512, where it stops: `--part splits`).
 PLANE_TILES = {
@@ -144,7 +144,7 @@ def plane_splits(m: int, n: int, k: int, block_m: int, block_n: int, multiproces
     most PROGRAMS_PER_SM[BLOCK_M] programs a multiprocessor, each split at least MIN_STEPS_PER_SPLIT steps
     deep (and at most MAX_SPLIT_K).
 
-    Measured as the template on an H100 (session 19, `benchmarks/gpu_int4_planes_batched.py --part
+    Measured as the template on an H100 (session 19, `benchmarks/explorations/gpu_int4_planes_batched.py --part
     splits`), splits 1, 2, 4 (and 8) at M = 1 to 256 and N x K = 4096 x 4096, 14336 x 4096, 4096 x
     14336: this rule's pick was the fastest in 19 of the 21 cases and within 6% in the other two (4, 2,
     8 splits at decode; 4, 1, 4 at M = 128). At decode it takes 2 splits at 14336 x 4096, where an

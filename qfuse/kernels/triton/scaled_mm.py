@@ -12,7 +12,7 @@ Block sizes (`pick_config`): for M <= 16 the tile width that fills the GPU with 
 (`DECODE_TILES`, measured by `benchmarks/gpu_decode.py`), above that a table per M bucket
 (`CONFIGS`, chosen by `benchmarks/gpu_triton.py --tune-only`), both on an H200; in the table's first
 bucket a narrower tile where the table's would leave multiprocessors without a column block
-(`SKINNY_TILE`, `benchmarks/gpu_skinny_tiles.py` on an H100). docs/benchmarks.md has the numbers.
+(`SKINNY_TILE`, `benchmarks/explorations/gpu_skinny_tiles.py` on an H100). docs/benchmarks.md has the numbers.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ CONFIGS: dict[str, dict[int, Tile]] = {
 # 16 < M <= 128 (the table's first bucket): where the table's tile gives fewer than GRID_FILL of the
 # multiprocessors a column block (32 blocks at N = 4096 on an H100's 132), the narrower, deeper
 # SKINNY_TILE. Column blocks alone decide, so the eager kernel (real M) and the template (the
-# bucket's bound) agree. Measured by `python benchmarks/gpu_skinny_tiles.py` on an H100 (GPU time,
+# bucket's bound) agree. Measured by `python benchmarks/explorations/gpu_skinny_tiles.py` on an H100 (GPU time,
 # CUDA graph), M = 17-128 at N = 4096: int8 8.4-9.6 against 13.3-13.7 µs (K = 4096) and 33.9-35.7
 # against 43.6-45.4 µs (K = 14336); fp8 7.4-8.4 against 11.2-12.7 and 32.2-33.5 against 41.0-43.0.
 # At N = 14336 (112 blocks) the table's tile stays: within 6% of the best tile tried.
@@ -244,7 +244,7 @@ def promote_every(dtype: torch.dtype, out_dtype: torch.dtype, block_k: int) -> i
 
     Hopper accumulates fp8 products in reduced precision. Promoting every step (1) is as exact as
     cuBLAS's default; every 512 of K (4 steps of 128) is 1.15-1.2x faster on an H200 with a relative
-    error near 1e-3, below what a bf16 / fp16 output rounds away anyway (benchmarks/fp8_promotion.py,
+    error near 1e-3, below what a bf16 / fp16 output rounds away anyway (benchmarks/explorations/fp8_promotion.py,
     docs/benchmarks.md). The interval is kept in K, so a deeper tile promotes after fewer steps.
     int8 accumulates exactly in int32 and needs no promotion; block scales promote every step."""
     if dtype == torch.float8_e4m3fn and out_dtype in (torch.bfloat16, torch.float16):

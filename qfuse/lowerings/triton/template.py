@@ -12,7 +12,7 @@ the main loop with block scales; `scale_and_bias`, the per-row / per-column epil
 the generated module, so both share one statement of the math. The scales and the bias are applied
 inside the template from [BLOCK_M] / [BLOCK_N] vectors: as Inductor epilogue loads they would be
 broadcast [BLOCK_M, BLOCK_N] tiles, 169 registers a thread against 115, half the occupancy and
-1.45x the time (H100, int8, 4096 x 14336 x 4096; benchmarks/template_code.py). For the same reason
+1.45x the time (H100, int8, 4096 x 14336 x 4096; benchmarks/explorations/template_code.py). For the same reason
 the store runs in two [BLOCK_M, BLOCK_N / 2] halves (from `EPILOGUE_SPLIT_MIN_N` columns): a fused
 epilogue that loads another [M, N] tile (a residual add) then holds half of it at a time. On an
 H100 that took the int8 down projection of a Llama MLP block with its residual add from 563 to
@@ -205,7 +205,7 @@ def why_not_persistent(a2d, b, rows) -> str:
 
 #: Up to this M, where the tile's column blocks leave multiprocessors idle, K is split (`k_splits`)
 #: until the grid holds SPLIT_K_PROGRAMS_PER_SM programs a multiprocessor, each range at least
-#: SPLIT_K_MIN_STEPS K steps deep. Measured by `python benchmarks/gpu_split_k.py` on an H200 (GPU time,
+#: SPLIT_K_MIN_STEPS K steps deep. Measured by `python benchmarks/explorations/gpu_split_k.py` on an H200 (GPU time,
 #: CUDA graph): at N = 4096, K = 14336 the 64 x 64 x 256 tile's 64 column blocks took 38 / 42 µs (int8,
 #: M = 32 / 128) and 36 / 39 µs (fp8) whole, 28 / 35 and 28 / 34 in two ranges; at N = K = 4096 (16
 #: steps) a split gained at most 13% and lost up to 22%; the decode tiles, whose column blocks already

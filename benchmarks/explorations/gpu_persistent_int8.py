@@ -1,6 +1,6 @@
 """The int8 GEMM at prefill: the tiled Triton kernel against the persistent TMA kernel, by M (GPU).
 
-    python benchmarks/gpu_persistent_int8.py [--ms 1024,2048,4096] [--quick] [--out FILE.json]
+    python benchmarks/explorations/gpu_persistent_int8.py [--ms 1024,2048,4096] [--quick] [--out FILE.json]
 
 Eager launches of `scaled_mm.triton_scaled_mm` (its table's tile) and of
 `persistent_mm.persistent_scaled_mm` at a few tiles, per-token x per-channel scales, bf16 out, on

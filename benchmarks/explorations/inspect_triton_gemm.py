@@ -1,12 +1,12 @@
 """What the compiled Triton scaled-mm kernel is made of, for fp8 and int8 at N = K = 4096 (GPU).
 
-    python benchmarks/inspect_triton_gemm.py [--m M] [--out FILE.json]   (default M = 4096; M <= 16: decode tiles)
+    python benchmarks/explorations/inspect_triton_gemm.py [--m M] [--out FILE.json]   (default M = 4096; M <= 16: decode tiles)
 
 Prints, per dtype: the config, registers and spills per thread, how many wgmma (Hopper warp-group
 MMA) and mma.sync instructions the PTX holds and of which kinds, and its conversions (cvt). One
 compile per dtype (seconds: no quick mode needed). Run under ncu for throughput metrics:
     ncu --kernel-name regex:_scaled_mm_kernel --metrics sm__throughput.avg.pct_of_peak_sustained_elapsed,\
-dram__throughput.avg.pct_of_peak_sustained_elapsed python benchmarks/inspect_triton_gemm.py
+dram__throughput.avg.pct_of_peak_sustained_elapsed python benchmarks/explorations/inspect_triton_gemm.py
 """
 
 from __future__ import annotations

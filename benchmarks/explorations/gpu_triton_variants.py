@@ -1,6 +1,6 @@
 """Which Triton GEMM variant to ship, per M bucket (GPU): every variant against cuBLAS in one run.
 
-    python benchmarks/gpu_triton_variants.py [--quick] [--out FILE.json]
+    python benchmarks/explorations/gpu_triton_variants.py [--quick] [--out FILE.json]
 
 M in {128, 1024, 4096}: the persistent TMA kernel (`persistent_mm.py`) over block configs x fp8
 promotion interval (1, 4, never) and the non-persistent kernel (`scaled_mm.py`), each against

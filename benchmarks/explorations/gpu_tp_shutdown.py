@@ -4,7 +4,7 @@ Each rank compiles the int8 TP MLP block with backend="qfuse" in default mode an
 mode="reduce-overhead", runs it, then times `dist.destroy_process_group()`, with or without
 `torch._dynamo.reset()` first (pytorch/pytorch#115388: the captured graphs hold NCCL work).
 
-    torchrun --nproc-per-node 2 benchmarks/gpu_tp_shutdown.py [--reset] [--set-device-first]
+    torchrun --nproc-per-node 2 benchmarks/explorations/gpu_tp_shutdown.py [--reset] [--set-device-first]
 """
 
 from __future__ import annotations

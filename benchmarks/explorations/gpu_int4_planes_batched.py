@@ -13,9 +13,9 @@ graph over a stack of weights past the L2 (`qfuse.bench.graph_ms_per_call`):
 
 Each row block is one M; the chosen rule (`plane_splits`) is marked in the table.
 
-    python benchmarks/gpu_int4_planes_batched.py --part splits [--ms 1,16,17,32,64,128,256,512] [--out FILE.json]
-    python benchmarks/gpu_int4_planes_batched.py --part tiles [--ms 17,32,64,128] [--out FILE.json]
-    python benchmarks/gpu_int4_planes_batched.py --table FILE.json
+    python benchmarks/explorations/gpu_int4_planes_batched.py --part splits [--ms 1,16,17,32,64,128,256,512] [--out FILE.json]
+    python benchmarks/explorations/gpu_int4_planes_batched.py --part tiles [--ms 17,32,64,128] [--out FILE.json]
+    python benchmarks/explorations/gpu_int4_planes_batched.py --table FILE.json
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ in one CUDA graph (`qfuse.bench.gpu_time`, as gpu_linear's GPU column; a weight 
 stays there). Under `do_bench` the eager launcher's Python (40-100 µs) showed through every Triton
 row. fp8 tiles promote their accumulator every `scaled_mm.PROMOTE_K` of K.
 
-    python benchmarks/gpu_skinny_tiles.py [--dtypes int8,fp8] [--ms 17,32,64,128] [--out FILE.json]
-    python benchmarks/gpu_skinny_tiles.py --table FILE.json
+    python benchmarks/explorations/gpu_skinny_tiles.py [--dtypes int8,fp8] [--ms 17,32,64,128] [--out FILE.json]
+    python benchmarks/explorations/gpu_skinny_tiles.py --table FILE.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where a W4A16 decode step's time goes on the GPU: the int4 words' loads, their unpack, and the kernels.
 
-    python benchmarks/gpu_int4_unpack.py [--ms 1,16] [--quick] [--out FILE.json]
-    python benchmarks/gpu_int4_unpack.py --table FILE.json
+    python benchmarks/explorations/gpu_int4_unpack.py [--ms 1,16] [--quick] [--out FILE.json]
+    python benchmarks/explorations/gpu_int4_unpack.py --table FILE.json
 
 On a stack of GPTQ-form weights past the L2 (`gpu_weight_only.GptqLinear`: int32 words [N, K / 8],
 groups of 128), one CUDA graph of calls (`graph_ms_per_call`), µs per linear:

@@ -1,6 +1,6 @@
 """The Triton template qfuse puts in Inductor's code, beside the eager kernel it shares its main loop with (GPU).
 
-    python benchmarks/template_code.py [--quick] [--out FILE.json]
+    python benchmarks/explorations/template_code.py [--quick] [--out FILE.json]
 
 Compiles the int8 reference-form linear (M = 4096, N = 14336, K = 4096; --quick: M = N = K = 1024)
 with backend="qfuse", writes the generated code beside the JSON (<out stem>_generated_code.txt), and

@@ -12,8 +12,8 @@ it records per variant:
     nccl_us       the NCCL kernels' GPU time per call (torch.profiler, 20 calls)
     overlap_us    the part of it during which a compute kernel ran on the GPU too
 
-    torchrun --nproc-per-node 2 benchmarks/gpu_collective_overlap.py [--schemes int8,fp8] [--ms 1024,4096] [--out FILE.json]
-    python benchmarks/gpu_collective_overlap.py --table FILE.json      (the markdown table)
+    torchrun --nproc-per-node 2 benchmarks/explorations/gpu_collective_overlap.py [--schemes int8,fp8] [--ms 1024,4096] [--out FILE.json]
+    python benchmarks/explorations/gpu_collective_overlap.py --table FILE.json      (the markdown table)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How often to promote Hopper's reduced-precision fp8 accumulator: speed against error (GPU).
 
-    python benchmarks/fp8_promotion.py [--quick] [--out FILE.json]
+    python benchmarks/explorations/fp8_promotion.py [--quick] [--out FILE.json]
 
 For three shapes, the Triton fp8 row-wise scaled mm (bf16 out, 128x128x128 tiles) with the
 promotion interval at 1, 2, 4, 8 K steps and never, each against cuBLAS `torch._scaled_mm`

@@ -1,6 +1,6 @@
 """Where the GPU time of the compiled Llama MLP block goes, per kernel: Inductor against qfuse (GPU).
 
-    python benchmarks/profile_block.py [--m 4096] [--dtypes int8,fp8] [--linear N,K] [--quick] [--out FILE.json]
+    python benchmarks/explorations/profile_block.py [--m 4096] [--dtypes int8,fp8] [--linear N,K] [--quick] [--out FILE.json]
 
 Compiles `gpu_linear.LlamaMLP` (or, with --linear, one `gpu_linear.QuantLinear` of that N and K) with each backend, profiles three warm calls (torch.profiler, CUDA
 activity) and prints the kernels by total GPU time (the 14 largest, µs per call; the registers of

@@ -10,8 +10,8 @@ each (`gpu_linear.measure`: per call / GPU / host µs). The FX graph cache is of
 module constant, not part of the cache key. The recorded runs of 2026-11-26 came before fp8's move
 to cuBLAS, when the template was the default there too.
 
-    python benchmarks/gpu_split_k.py [--ms 1,16,32,128] [--targets 0,1,2,4] [--out FILE.json]
-    python benchmarks/gpu_split_k.py --table FILE.json
+    python benchmarks/explorations/gpu_split_k.py [--ms 1,16,32,128] [--targets 0,1,2,4] [--out FILE.json]
+    python benchmarks/explorations/gpu_split_k.py --table FILE.json
 """
 
 from __future__ import annotations
