@@ -12,7 +12,7 @@ bits than the dtype has, and the rounding of f would be a new error of up to 8 s
 kernel therefore takes zero points with float32 activations only (`holds_zero_points`). The one
 exception is torchao's int8 storage, whose zero points are looked at when the weight is prepared:
 those that fold into the values (all zero, for its symmetric default) leave no zero point, and a
-weight with others is dequantized once in bf16 / fp16 (`DENSE`, exact, twice the int8 weight's memory).
+weight with others is dequantized once in bf16 / fp16 (`Packing.DENSE`, exact, twice the int8 weight's memory).
 
 Measured against Inductor's own code for the GPTQ form on this project's CPU (Zen 4, 2 threads,
 K = N = 4096, bf16, groups of 128; benchmarks/cpu_weight_only.py, docs/benchmarks.md), qfuse's
@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import torch
 
-from qfuse.kernels.prepared import PreparedWeight, dense_int4_weight
+from qfuse.kernels.prepared import Packing, PreparedWeight, dense_int4_weight
 from qfuse.schemes import INT4_OFFSET
 
 GROUP_SIZES = (32, 64, 128, 256)
 MAX_ROWS = 128
 N_MULTIPLE = 16
-PACKING = "int4pack_cpu"
 _INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)
 
 
@@ -51,7 +50,7 @@ def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | N
     unsigned = (values.to(torch.int32) + INT4_OFFSET).t().contiguous()  # [N, K], 0..15
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, _INNER_K_TILES)
     zero = torch.zeros_like(scale) if zero_point is None else -zero_point.to(scale.dtype) * scale
-    return PreparedWeight(packed, torch.stack([scale, zero], dim=-1).contiguous(), None, *values.shape, packing=PACKING)
+    return PreparedWeight(packed, torch.stack([scale, zero], dim=-1).contiguous(), None, *values.shape, packing=Packing.INT4PACK_CPU)
 
 
 def int4pack_mm(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:

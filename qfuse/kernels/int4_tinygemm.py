@@ -28,13 +28,12 @@ import dataclasses
 
 import torch
 
-from qfuse.kernels.prepared import PreparedWeight
+from qfuse.kernels.prepared import Packing, PreparedWeight
 from qfuse.schemes import INT4_OFFSET
 
 GROUP_SIZES = (32, 64, 128, 256)
 K_MULTIPLE = 32  # 16 * inner_k_tiles, inner_k_tiles >= 2
 N_MULTIPLE = 8
-PACKING = "int4pack_cuda"
 MIN_CAPABILITY = 80
 SCALE_DTYPE = torch.bfloat16
 
@@ -65,7 +64,7 @@ def pack(values: torch.Tensor, scale: torch.Tensor, inner_k_tiles: int | None = 
     pairs = (unsigned[:, ::2] << 4 | unsigned[:, 1::2]).contiguous()
     packed = torch.ops.aten._convert_weight_to_int4pack(pairs, inner_k_tiles or _inner_k_tiles(values.shape[0]))
     scales_and_zeros = torch.stack([scale, torch.zeros_like(scale)], dim=-1).to(SCALE_DTYPE).contiguous()
-    return PreparedWeight(packed, scales_and_zeros, None, *values.shape, packing=PACKING)
+    return PreparedWeight(packed, scales_and_zeros, None, *values.shape, packing=Packing.INT4PACK_CUDA)
 
 
 def int4pack_mm(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:

@@ -31,6 +31,7 @@ products are zero): `padded_weight` once, `padded_activation` per call.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import gc
 import logging
 import threading
@@ -42,6 +43,24 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 log = logging.getLogger("qfuse")
+
+
+class Packing(str, enum.Enum):
+    """Every layout a prepared weight's `data` can have beside the plain [K, N] matrix (`PreparedWeight.packing`
+    None): one name each, so that a kernel reading a prepared weight checks it was made for it."""
+
+    DENSE = "dense"  # an int4 weight no int4 GEMM takes exactly: its float [K, N], dequantized once (exact)
+    INT4PACK_CPU = "int4pack_cpu"  # ATen's `_weight_int4pack_mm_for_cpu` layout (`kernels.int4_cpu`)
+    INT4PACK_CUDA = "int4pack_cuda"  # ATen's tinygemm layout (`kernels.int4_tinygemm`)
+    INT4_WORDS_NK = "int4_words_nk"  # int4 words along K, [N, K / 8] (`kernels.int4_words`; the Triton kernels)
+    INT4_WORDS_NK_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 minus one
+    INT4_MMA_BF16 = "int4_mma_bf16"  # the cuda int4 kernel's words and (s, z) pairs, for bf16 activations
+    INT4_MMA_FP16 = "int4_mma_fp16"  # the same, for fp16
+    W8_MMA_INT8 = "w8_mma_int8"  # the cuda 8-bit kernel's words of an int8 weight
+    W8_MMA_FP8 = "w8_mma_fp8"  # the same, of an fp8 e4m3fn weight
+
+    def __str__(self) -> str:  # its name in messages, on every Python version
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -58,18 +77,15 @@ class PreparedWeight:
     zero_point: torch.Tensor | None
     k: int
     n: int
-    packing: str = ""  # how `data` is packed when it is no [K, N] matrix (e.g. "int4pack_cpu")
+    packing: Packing | None = None  # how `data` is laid out when it is no plain [K, N] matrix (`Packing`)
     input_order: torch.Tensor | None = None  # the activation's K columns in the order of `data`'s rows
 
 
-#: PreparedWeight.packing of an int4 weight no int4 GEMM can take exactly: its float [K, N] matrix,
-#: dequantized once, which `qfuse::int4_weight_only_mm` multiplies by a plain matmul
-DENSE = "dense"
 
 
 def dense_int4_weight(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, why: str,
                       group: torch.Tensor | None = None) -> PreparedWeight:
-    """The DENSE weight w[k, n] = (values[k, n] - zero_point[group[k], n]) * scale[group[k], n] of an
+    """The `Packing.DENSE` weight w[k, n] = (values[k, n] - zero_point[group[k], n]) * scale[group[k], n] of an
     int8 [K, N] int4 weight (any integer values; `group` None: contiguous groups of K / scale rows),
     computed in float32, where the product is exact, and rounded once to the scales' dtype. Logged
     once per weight with `why` (a dense weight takes memory the int4 one did not)."""
@@ -80,7 +96,7 @@ def dense_int4_weight(values: torch.Tensor, scale: torch.Tensor, zero_point: tor
                 n, k, scale.dtype, why)
     difference = values.float() - (0 if zero_point is None else zero_point[group].float())
     weight = (difference * scale[group].float()).to(scale.dtype)
-    return PreparedWeight(weight, None, None, *weight.shape, packing=DENSE)
+    return PreparedWeight(weight, None, None, *weight.shape, packing=Packing.DENSE)
 
 
 class _SourceKey(NamedTuple):
@@ -238,7 +254,7 @@ class PreparedMemory:
     weights: int  # prepared weights (a sibling call's concatenation is one)
     prepared_bytes: int  # their tensors, where they are no source tensor itself
     source_bytes: int  # the model's stored tensors they were made from
-    dense: int  # of them, full-precision copies (an int4 weight no int4 kernel takes exactly: `DENSE`)
+    dense: int  # of them, full-precision copies (an int4 weight no int4 kernel takes exactly: `Packing.DENSE`)
 
     def describe(self) -> str:
         if not self.weights:
@@ -264,7 +280,7 @@ def prepared_memory(model: torch.nn.Module) -> PreparedMemory:
             if entry.prepared is None or not parts or any(part.storage not in owners for part in parts):
                 continue
             weights += 1
-            dense += entry.prepared.packing == DENSE
+            dense += entry.prepared.packing == Packing.DENSE
             inputs = {part.storage for part in parts}
             for value in vars(entry.prepared).values():
                 if not isinstance(value, torch.Tensor):

@@ -41,7 +41,7 @@ from qfuse.kernels import int4_cpu, int4_tinygemm
 from qfuse.kernels.array_ops import TORCH_OPS, ArrayOps
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
-from qfuse.kernels.prepared import PreparedWeight
+from qfuse.kernels.prepared import Packing, PreparedWeight
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS, Platform
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, Granularity, dtype_name
 
@@ -145,9 +145,9 @@ class TorchKernel(Kernel):
         """x @ ((b - azp_b) * scale_b) + bias for a float x and an int8 [K, N] weight (see
         `weight_only_int8_mm`), or an int4 weight packed by `prepare_int4_weight` (`int4_cpu.int4pack_mm`
         on CPU, `int4_tinygemm.int4pack_mm` on CUDA)."""
-        if weight.packing == int4_cpu.PACKING:
+        if weight.packing == Packing.INT4PACK_CPU:
             return int4_cpu.int4pack_mm(x, weight, bias, out_dtype)
-        if weight.packing == int4_tinygemm.PACKING:
+        if weight.packing == Packing.INT4PACK_CUDA:
             return int4_tinygemm.int4pack_mm(x, weight, bias, out_dtype)
         b, scale, n = weight.data, weight.scale, weight.n
         if b.dtype != torch.int8 or (scale is not None and scale.numel() not in (1, n)):

@@ -42,7 +42,7 @@ import sympy
 import torch
 from torch._inductor import ir
 
-from qfuse.kernels.int4_cpu import PACKING as INT4PACK_CPU
+from qfuse.kernels.prepared import Packing
 from qfuse.kernels.torch_native import BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS, TorchKernel, zero_point_correction
 from qfuse.lowerings.aten_linear import scale_shape, scaled_epilogue, why_not_aten_gemm
 from qfuse.lowerings.dispatch import KernelLowering
@@ -187,7 +187,7 @@ def _lower_int4(call: Int4WeightOnlyMmArgs):
     """x2d @ w + bias, cast to the op's output dtype, with the weight packed now into ATen's int4pack
     layout as graph constants (a weight whose preparation is no int4pack layout stays the extern call)."""
     weight = prepared_now(call, constant_weight(call))
-    if weight.packing != INT4PACK_CPU:
+    if weight.packing != Packing.INT4PACK_CPU:
         return extern_call(call, "the weight's preparation is no int4pack layout (dequantized once)")
     x2d, lead, _, _ = as_matrix(call.x)
     packed = tensor_constant(weight.data, "qfuse_int4pack_weight")

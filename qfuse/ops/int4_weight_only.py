@@ -30,7 +30,7 @@ int8 storage is torchao's "intx" int4 (`IntxUnpackedToInt8Tensor`, from `IntxWei
 one value per byte, `packed_zeros` int8 [N, K / g] (or None), no shifts, no zero convention. int8
 storage does not prove int4's range, so the op checks it once per weight (`in_int4_range`, after
 `folded_zero_points`): values and zero points in [-8, 7] go to the int4 kernel, any other weight is
-dequantized once (`DENSE`).
+dequantized once (`Packing.DENSE`).
 
 The op takes the stored tensors themselves, and `shifts` as the model holds them (an int32 [8]
 buffer, usually 0, 4, ..., 28): the unpack above uses whatever it holds, so the op is the model's
@@ -43,7 +43,7 @@ call: the kernel gets qfuse's int4 convention, the values q - 8 in [-8, 7] as an
 that sorts into groups of `group_size` (every GPTQ checkpoint's) becomes an order of the K rows:
 the weight's rows are sorted by group once, and the activation's columns gathered in that order
 on every call (`PreparedWeight.input_order`). Any other `g_idx` gets the weight dequantized once to
-a float [K, N] matrix and a plain matmul (`DENSE`).
+a float [K, N] matrix and a plain matmul (`Packing.DENSE`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from torch import Tensor
 from qfuse.kernels import get_kernel
 from qfuse.kernels.array_ops import TORCH_OPS, ArrayOps
 from qfuse.kernels.int4_words import ZERO_CONVENTIONS
-from qfuse.kernels.prepared import DENSE, PreparedWeight, built_once, dense_int4_weight
+from qfuse.kernels.prepared import Packing, PreparedWeight, built_once, dense_int4_weight
 from qfuse.ops.arguments import op_arguments
 from qfuse.ops.scaled_mm import OUT_DTYPES
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_OFFSET
@@ -232,7 +232,7 @@ def int4_product(implementation, x2d: Tensor, weight: PreparedWeight, bias: Tens
     """x2d @ w + bias as `out_dtype`, w the prepared int4 weight (a DENSE one by a plain matmul)."""
     if weight.input_order is not None:  # the weight's rows were sorted by group (a DENSE one too)
         x2d = x2d[:, weight.input_order]
-    if weight.packing == DENSE:
+    if weight.packing == Packing.DENSE:
         out = x2d @ weight.data.to(x2d.dtype)
         return (out if bias is None else out + bias.to(out.dtype)).to(out_dtype)
     return implementation.weight_only_apply(x2d, weight, bias, out_dtype)

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch._ops import OpOverload
 
 from qfuse.kernels import get_kernel
-from qfuse.kernels.prepared import DENSE, PreparedWeight, built_once
+from qfuse.kernels.prepared import Packing, PreparedWeight, built_once
 from qfuse.ops.arguments import op_arguments
 from qfuse.ops import int4_weight_only, weight_only
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, dense_weight, int4_product, int4_values
@@ -133,7 +133,7 @@ def _int4_one_call(implementation, call) -> Tensor:
         if any(part is None for part in parts):  # int8 storage outside int4's range: all of it dense
             dense = [dense_weight(packed, shifts, scales, zeros, *settings) for packed, shifts, scales, zeros in tensors]
             return PreparedWeight(torch.cat([weight.data for weight in dense], dim=1), None, None, dense[0].k,
-                                  sum(weight.n for weight in dense), packing=DENSE)
+                                  sum(weight.n for weight in dense), packing=Packing.DENSE)
         values, scales, zeros = (torch.cat(column, dim=1) for column in zip(*[
             (v, s, torch.zeros_like(v[:: settings[0]]) if z is None else z) for v, s, z, _ in parts]))
         folded = all(z is None for _, _, z, _ in parts)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from qfuse.kernels.prepared import Packing
+
 SOURCE = Path(__file__).with_name("int4_mma.cu")
 COMMON = Path(__file__).with_name("common.cuh")  # what qfuse's CUDA kernels share, prepended to the source
 ROWS_PER_TILE = 16
@@ -29,7 +31,7 @@ MAX_ROWS = 16
 _MAGIC = {torch.bfloat16: 128, torch.float16: 1024}  # the half float whose ulp is 1
 # the nibble of (row half h, k offset e) in a word: bits 4 j, j = h + 2 (e >> 1) + 4 (e & 1) (the .cu header)
 _NIBBLE_SHIFTS = [[4 * (h + 2 * (e >> 1) + 4 * (e & 1)) for e in range(4)] for h in range(2)]
-PACKINGS = {torch.bfloat16: "int4_mma_bf16", torch.float16: "int4_mma_fp16"}  # by the scales' (and x's) dtype
+PACKINGS = {torch.bfloat16: Packing.INT4_MMA_BF16, torch.float16: Packing.INT4_MMA_FP16}  # by the scales' (and x's) dtype
 
 
 def why_not_shape(n: int, k: int, group_size: int) -> str:

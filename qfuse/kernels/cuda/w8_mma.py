@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from qfuse.kernels.cuda.int4_mma import COMMON, TARGET_WARPS
+from qfuse.kernels.prepared import Packing
 from qfuse.schemes import FP8_DTYPE
 
 SOURCE = Path(__file__).with_name("w8_mma.cu")
@@ -36,7 +37,7 @@ MAX_ROWS = 16
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 #: common.cuh's dtype codes
 DTYPE_CODES = {None: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
-PACKINGS = {torch.int8: "w8_mma_int8", FP8_DTYPE: "w8_mma_fp8"}
+PACKINGS = {torch.int8: Packing.W8_MMA_INT8, FP8_DTYPE: Packing.W8_MMA_FP8}
 WEIGHT_DTYPE_OF_PACKING = {packing: dtype for dtype, packing in PACKINGS.items()}
 
 

@@ -29,7 +29,7 @@ from qfuse.kernels import int4_tinygemm
 from qfuse.kernels.base import DECODE_ROWS, OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.int4_words import pack_int4
-from qfuse.kernels.prepared import PreparedWeight, padded_activation, padded_weight
+from qfuse.kernels.prepared import Packing, PreparedWeight, padded_activation, padded_weight
 from qfuse.platform import Platform
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, INT4_OFFSET, Granularity
 
@@ -42,8 +42,6 @@ K_ALIGNMENT = 16
 #: the template's 18.6-23.0, 3-12% a GEMM (benchmarks/explorations/profile_block.py); at M <= 16 the decode template
 #: is as fast or faster.
 FP8_TEMPLATE_MAX_ROWS = DECODE_ROWS
-INT4_PACKING = "int4_words_nk"  # `qfuse.kernels.int4_words` along K, [N, K / 8]
-INT4_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 stored minus one
 
 
 def fp8_template_yields_to_cublas(blocked: bool, platform: Platform) -> str:
@@ -135,14 +133,14 @@ class TritonKernel(Kernel):
         """The layout the template reads from a model (`int4_mm`): words [N, K / 8], scales [N, K / g],
         zero points packed along N, [N / 8, K / g]."""
         if zero_point is None:
-            return PreparedWeight(pack_int4(values.t()), scale.t(), None, *values.shape, packing=INT4_PACKING)
+            return PreparedWeight(pack_int4(values.t()), scale.t(), None, *values.shape, packing=Packing.INT4_WORDS_NK)
         plus_one = bool(zero_point.max() > INT4_OFFSET - 1)  # a zero point of 16 ("plus_one"): stored minus one
         zeros = pack_int4(zero_point - int(plus_one)).t()
         return PreparedWeight(pack_int4(values.t()), scale.t(), zeros, *values.shape,
-                              packing=INT4_ZEROS_MINUS_ONE if plus_one else INT4_PACKING)
+                              packing=Packing.INT4_WORDS_NK_ZEROS_MINUS_ONE if plus_one else Packing.INT4_WORDS_NK)
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
-        if weight.packing not in (INT4_PACKING, INT4_ZEROS_MINUS_ONE):
+        if weight.packing not in (Packing.INT4_WORDS_NK, Packing.INT4_WORDS_NK_ZEROS_MINUS_ONE):
             if weight.zero_point is not None:
                 raise ValueError("the triton kernel's W8A16 takes symmetric weights; use kernel='torch' for a weight "
                                  "zero point")
@@ -153,7 +151,7 @@ class TritonKernel(Kernel):
 
         group_size = weight.k // weight.scale.shape[1]
         return triton_int4_mm(x, weight.data, None, weight.scale, weight.zero_point, bias, group_size, out_dtype,
-                              zero_convention="plus_one" if weight.packing == INT4_ZEROS_MINUS_ONE else "stored")
+                              zero_convention="plus_one" if weight.packing == Packing.INT4_WORDS_NK_ZEROS_MINUS_ONE else "stored")
 
     def dynamic_quant(self, x, quant_dtype: torch.dtype, granularity: Granularity, eps: float):
         if granularity == Granularity.PER_TENSOR:

@@ -67,7 +67,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.kernels.triton import INT4_PACKING, INT4_ZEROS_MINUS_ONE
+from qfuse.kernels.prepared import Packing
 from qfuse.lowerings.frozen import constant_weight, prepared_now
 from qfuse.lowerings.ir import (IR_OPS, append_to_lowering, as_matrix, convert, extern_call, lower, record_lowering,
                                 rows_and_k, rows_at_most, rows_bucket, tensor_constant)
@@ -196,7 +196,7 @@ def _act_order_on_constants(call: Int4WeightOnlyMmArgs, x2d, rows, max_rows: int
     if values is None or not rows_at_most(rows, max_rows):  # a dynamic M guarded only where the sort would run
         return None
     weight = prepared_now(call, values)
-    if weight is None or weight.packing not in (INT4_PACKING, INT4_ZEROS_MINUS_ONE):
+    if weight is None or weight.packing not in (Packing.INT4_WORDS_NK, Packing.INT4_WORDS_NK_ZEROS_MINUS_ONE):
         return None
     constant = tensor_constant
     order = constant(weight.input_order, "qfuse_int4_order")
@@ -204,7 +204,7 @@ def _act_order_on_constants(call: Int4WeightOnlyMmArgs, x2d, rows, max_rows: int
         x=lower(aten.index.Tensor, x2d, [None, order]), packed=constant(weight.data, "qfuse_int4_words"), shifts=None,
         scales=constant(weight.scale, "qfuse_int4_scales"),
         packed_zeros=None if weight.zero_point is None else constant(weight.zero_point, "qfuse_int4_zeros"),
-        g_idx=None, zero_convention="plus_one" if weight.packing == INT4_ZEROS_MINUS_ONE else "stored",
+        g_idx=None, zero_convention="plus_one" if weight.packing == Packing.INT4_WORDS_NK_ZEROS_MINUS_ONE else "stored",
         packed_along_n=False)
 
 
