@@ -263,6 +263,38 @@ def test_scale_factors_of_one_role_combine(form):
     torch.testing.assert_close(out, form(x, w, w_scale, bias), rtol=1e-4, atol=1e-4)
 
 
+def torchao_int_scaled_matmul(x, w, w_scale, bias):
+    """torchao's int8 dynamic linear as it runs on CUDA under torch.compile (`Int8Tensor`'s linear ->
+    `int_scaled_matmul` -> `safe_int_mm`): the per-row scale expanded to [M, N] before the product, the
+    output cast, then the weight scale. Seen unfused on an H200 before `expand` was read as its input."""
+    q, s = dynamic_int8(x)
+    tmp = q.reshape(-1, q.shape[-1])
+    c = torch._int_mm(tmp, w.t())
+    y = (c * s.reshape(-1, 1).to(torch.float32).expand((tmp.shape[0], w.shape[0]))).to(x.dtype)
+    return (y * w_scale.flatten()).reshape(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (5, 64), (2, 3, 64)], ids=["M1", "M5", "3D"])
+def test_a_scale_expanded_to_the_output_is_the_same_factor(shape):
+    x, w, w_scale, _ = operands(shape)
+    out, report = compile_and_run(torchao_int_scaled_matmul, x, w, w_scale, None)
+    (record,) = report.records
+    assert record.fused and record.scheme == "int8 dyn-token x per-channel", record.reason
+    torch.testing.assert_close(out, torchao_int_scaled_matmul(x, w, w_scale, None), rtol=1e-4, atol=1e-4)
+
+
+def test_a_factor_expanded_past_the_output_is_named():
+    def grown(x, w, w_scale, bias):
+        q, s = dynamic_int8(x)
+        y = torch._int_mm(q, w.t()).float() * s * w_scale
+        return y * torch.tensor(0.5).expand(2, 5, w.shape[0])  # broadcasts the [5, N] output to [2, 5, N]
+
+    x, w, w_scale, bias = operands((5, 64))
+    out, report = compile_and_run(grown, x, w, w_scale, bias)
+    assert out.shape == (2, 5, 48)
+    torch.testing.assert_close(out, grown(x, w, w_scale, bias))
+
+
 def test_a_factor_that_fits_no_role_is_named():
     def per_batch_factor(x, w, w_scale, bias):
         q, s = dynamic_int8(x)

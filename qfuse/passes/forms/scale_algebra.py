@@ -120,9 +120,20 @@ def classify(value, output: Node, inverted: bool = False) -> Factor:
     )
 
 
+def _within(shape, out_shape) -> bool:
+    """Whether a factor of `shape` broadcasts to `out_shape` without growing it."""
+    if shape is None or out_shape is None or len(shape) > len(out_shape):
+        return False
+    return all(same_size(size, 1) or same_size(size, out) for size, out in zip(shape, out_shape[len(out_shape) - len(shape):]))
+
+
 def factors_of(value, output: Node, inverted: bool = False) -> list[Factor]:
     """The factors in `value`: itself if it has a role, else the factors of a product it is
-    (`sx * sw.reshape(1, -1)`, an outer product of a row and a column), recursively."""
+    (`sx * sw.reshape(1, -1)`, an outer product of a row and a column), recursively. An `expand` is its
+    input broadcast out in full (torchao's int8 GEMM on CUDA expands its per-row scale to [M, N]): the
+    same factor."""
+    if isinstance(value, Node) and value.target == aten.expand.default and _within(shape_of(value), shape_of(output)):
+        return factors_of(value.args[0], output, inverted)
     try:
         factor = classify(value, output, inverted)
     except NotAScale as not_a_scale:
