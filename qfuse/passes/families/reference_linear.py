@@ -17,7 +17,8 @@ that keeps the math (out = acc * scale factors + bias):
     convert(acc, float)          the int32 accumulator to float
     mul(y, s), mul(s, y),        any number of scale factors, each one value (a tensor or a Python
     div(y, s)                    number), per-row [M, 1] or per-column [N] / [1, N] / [N, 1].t(),
-                                 alone or multiplied together; `qfuse.passes.forms.scale_algebra` sorts
+                                 alone or multiplied together, or expanded to the output's shape
+                                 (torchao's int8 GEMM on CUDA); `qfuse.passes.forms.scale_algebra` sorts
                                  them into the activation's and the weight's scale
     slice(y, 0, 0, M)            a narrow of the rows after padding the tokens (vLLM, for cuBLAS's
                                  int8 minimum of 17 rows), also after the output cast: moved onto
