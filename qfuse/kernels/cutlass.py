@@ -65,8 +65,7 @@ def rowwise_slow_max_rows(platform: Platform) -> int:
 def fp8_small_m_yields(platform: Platform) -> str:
     """Why an fp8 linear of at most `rowwise_slow_max_rows` rows runs faster on a later kernel."""
     return ("ATen's row-wise fp8 GEMM runs a 128x128 tile, slower than the Triton template's decode tiles and "
-            "than cuBLAS (H200, GPU time of the compiled linear at M = 32: 15 / 27 / 44 against cuBLAS's 9 / 22 / "
-            "25 µs at N x K = 4096 x 4096 / 14336 x 4096 / 4096 x 14336; docs/benchmarks.md, small M)")
+            "than cuBLAS (measured on an H200: docs/benchmarks.md, \"Small M and the activation quant\")")
 
 
 class CutlassKernel(Kernel):

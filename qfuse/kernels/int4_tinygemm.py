@@ -10,16 +10,14 @@ and bf16 scales, w = v * s is one bf16 rounding of an exact product, as eager's;
 be a bf16 float zero (a new rounding), so the kernel takes symmetric weights with bf16 scales only
 (`TorchKernel.can_implement`).
 
-Measured on an H100 (benchmarks/explorations/gpu_int4_unpack.py, docs/benchmarks.md; µs per linear, weights past
-the L2) at N x K = 4096 x 4096 / 14336 x 4096 / 4096 x 14336: at M = 1, 7.2 / 18.9 / 20.1 (bf16
-16.8 / 42.6 / 46.0; qfuse's Triton decode template 11.4 / 32.9 / 29.1, compiled); at M = 16, 22 / 70 / 72,
-slower than bf16. Against the nibble-plane template in one run (session 19,
-`benchmarks/explorations/gpu_int4_planes_batched.py`, the template with its own activation copy): 7.2 / 18.7 /
-19.0 against 11.0 / 21.5 / 21.9 at M = 1. It runs as the op's extern call on the weight the op packs once, and that call's
-Python costs more than the template's GPU time, except under CUDA graphs, whose replays run no
-Python: kernel choice takes it there, at M = 1 (`TorchKernel.why_slower_here`). Like every weight
-prepared once, a replay keeps reading the packed copy: a weight changed in place after capture is
-not seen (docs/kernels.md).
+At M = 1 it is faster than the bf16 matmul and than qfuse's Triton templates, the nibble-plane one
+included; at M = 16 it is slower than bf16
+(measured: docs/benchmarks.md, "gpu_weight_only: W4A16 on the GPU" and
+"Batched decode: the plane template up to 256 rows"). It runs as the op's extern call on the weight
+the op packs once, and that call's Python costs more than the template's GPU time, except under CUDA
+graphs, whose replays run no Python: kernel choice takes it there, at M = 1
+(`TorchKernel.why_slower_here`). Like every weight prepared once, a replay keeps reading the packed
+copy: a weight changed in place after capture is not seen (docs/kernels.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ shared. The output is the members' outputs side by side along N, in the lists' o
 A kernel that runs siblings (`Kernel.runs_siblings_of`) gets the members' weights concatenated along N and
 prepared once (`qfuse.kernels.prepared.built_once`, keyed by every member's tensors; biases joined per call),
 and runs one call: one launch reads the activation once and streams every weight, where the members took a
-launch each (k and v of a GQA model are N = 1024 each, too few output tiles to fill an H100). A per-tensor
+launch each (k and v of a GQA model are N = 1024 each, too few output tiles to fill the GPU; measured:
+docs/benchmarks.md, "Sibling linears: one launch for the linears that read one activation"). A per-tensor
 weight scale or zero point becomes a column of the concatenation's per-column one: the same product. Any
 other kernel, and a call whose members cannot be concatenated (`why_not_one_call`: block scales, GPTQ's act
 order, differing dtypes), runs the members in turn: the op is the members' math for every input.

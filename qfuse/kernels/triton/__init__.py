@@ -34,13 +34,13 @@ from qfuse.platform import Platform
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, INT4_OFFSET, Granularity
 
 
-#: K is padded to this multiple (weights once, activations per call): with K = 4100 the unaligned
-#: rows cost 40-60x on an H200 (benchmarks/gpu_kernels.py, docs/benchmarks.md).
+#: K is padded to this multiple (weights once, activations per call): rows that are not 16-byte aligned
+#: lose vectorised loads, and an unaligned K made the kernel many times slower
+#: (measured: docs/benchmarks.md, "gpu_kernels: the registry's GEMM kernels on an H200").
 K_ALIGNMENT = 16
 #: Above this M cuBLAS beats the fp8 template on Hopper (kernel choice for a static M, the lowering for
-#: a dynamic one's bucket). Llama MLP block on an H200, M = 32 / 128: cuBLAS 17.4-22.1 µs a GEMM against
-#: the template's 18.6-23.0, 3-12% a GEMM (benchmarks/explorations/profile_block.py); at M <= 16 the decode template
-#: is as fast or faster.
+#: a dynamic one's bucket); at M <= 16 the decode template is as fast or faster
+#: (measured: docs/benchmarks.md, "Small M and the activation quant").
 FP8_TEMPLATE_MAX_ROWS = DECODE_ROWS
 
 
@@ -51,8 +51,8 @@ def fp8_template_yields_to_cublas(blocked: bool, platform: Platform) -> str:
     if blocked or platform.capability < 90 or platform.is_rocm:
         return ""
     return ("on Hopper the template's fp8 main loop (no TMA) is slower than cuBLAS's _scaled_mm, which the "
-            "torch kernel calls (Llama MLP block at M = 4096 on an H100: 535-666 against 377-415 µs a linear; "
-            "at M = 32 / 128 on an H200: 18.6-23.0 against 17.4-22.1; docs/benchmarks.md, gpu_linear and profile_block)")
+            "torch kernel calls (measured on an H100 and an H200: docs/benchmarks.md, \"gpu_linear: qfuse inside "
+            "Inductor's generated code, as a user sees it\" and \"Small M and the activation quant\")")
 
 
 def _fp8_yields_to_cublas(key: GemmKey, platform: Platform) -> str:
@@ -103,7 +103,8 @@ class TritonKernel(Kernel):
         scheme = key.scheme
         if scheme.weight_dtype == INT4_DTYPE and int4_tinygemm.wins_here(key, platform):
             return ("at M = 1 under CUDA graphs ATen's tinygemm, which the torch kernel calls, is faster than the "
-                    "plane template (7.2 against 11.0 µs at 4096 x 4096 on an H100; kernels/int4_tinygemm.py)")
+                    "plane template (measured on an H100: docs/benchmarks.md, \"Batched decode: the plane template "
+                    "up to 256 rows\")")
         if key.m is not None and key.m > FP8_TEMPLATE_MAX_ROWS and (reason := _fp8_yields_to_cublas(key, platform)):
             return f"at M = {key.m} {reason}"
         return super().why_slower_here(key, platform)

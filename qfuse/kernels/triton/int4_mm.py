@@ -24,29 +24,29 @@ unpacks them against the eight shifts into [BLOCK_N, BLOCK_K] (k = 8 * word + ni
 per group as [BLOCK_N, groups, group] (`BLOCK_K` and the group size divide one another, or one
 group spans K: per channel) and multiplies as the left operand: acc^T [BLOCK_N, BLOCK_M] +=
 w [BLOCK_N, BLOCK_K] @ x^T, the weight on the wide side of the tensor-core shape at decode.
-Measured on an H100 (scratch variants, GPTQ g128 bf16, weights past the L2): loading the words as
-[BLOCK_K, BLOCK_N] pointers (eight k rows to a word) was uncoalesced, 141 µs a 4096 x 14336 decode
-step; the nibble-split form (eight dots a step on k = 8 j + i) and the x @ w^T orientation were
-slower than this one at every decode and prefill shape.
+The other structures tried were slower: the words as [BLOCK_K, BLOCK_N] pointers (eight k rows to a
+word) load uncoalesced, and the nibble-split form (eight dots a step on k = 8 j + i) and the x @ w^T
+orientation lost to this one at prefill and at every decode shape
+(measured at decode: docs/benchmarks.md, "gpu_weight_only: W4A16 on the GPU").
 
 Decode (M <= 16) has too few column blocks to keep the multiprocessors busy (N = 4096 in 64-wide
 blocks is 64 programs for 132 multiprocessors), so K is split in `split_k` ranges whose float32
 partial sums [SPLIT_K, M, N] are added after (`triton_int4_mm`; the template leaves the sum, the bias
-and the cast to Inductor's code). It still reads the weight at 650-780 GB/s, a third of an H100's
-HBM, as every other structure tried did (docs/benchmarks.md, gpu_weight_only): 1.3-1.5x the bf16
-matmul. Decode calls whose K steps of 128 lie in one scale group (GPTQ g128, per channel) run on
-the nibble-plane loop instead (`int4_planes`), in the eager launcher and as the lowering's template.
-Prefill runs on Inductor's own dequantize + mm instead (`qfuse.lowerings.triton.int4`): this
-kernel is 3.5-4x cuBLAS's time there.
+and the cast to Inductor's code). It still reads the weight far below HBM bandwidth, as every other
+structure tried did, and so beats the bf16 matmul by less than the int4 bytes would allow. Decode
+calls whose K steps of 128 lie in one scale group (GPTQ g128, per channel) run on the nibble-plane
+loop instead (`int4_planes`), in the eager launcher and as the lowering's template. Prefill runs on
+Inductor's own dequantize + mm instead (`qfuse.lowerings.triton.int4`): this kernel takes several
+times cuBLAS's time there (both measured: docs/benchmarks.md, "gpu_weight_only: W4A16 on the GPU").
 
 AWQ's words, packed along N, are loaded as stored too, a [BLOCK_K, BLOCK_N / 8] tile unpacked along N
-and transposed in registers: 2.8-3.8x Inductor at decode, but 57.7 µs at 14336 x 4096 where the
-GPTQ tile takes 32.8 (H100, docs/benchmarks.md).
+and transposed in registers: faster than Inductor at decode, but slower than the GPTQ tile at
+14336 x 4096 (measured: docs/benchmarks.md, "AWQ (H100, 2026-11-25)").
 
 No `g_idx` (GPTQ's act order) here: the op sorts the weight's rows by group once for this eager
 launcher, and the lowering leaves act order to Inductor's code, because reading the stored words
-in K order needs every column's scale and zero point gathered: a version that did was 2.3x slower
-than Inductor's dequantize + mm at decode (73 against 32 µs a 4096 x 4096 AutoGPTQ linear, H100).
+in K order needs every column's scale and zero point gathered: a version that did was slower than
+Inductor's dequantize + mm at decode (measured: docs/benchmarks.md, "AutoGPTQ with act order").
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 A K step of PLANE_STEP = 128 values is 16 words a row; word j holds k = 8 j + i in its nibble i.
 `int4_mm.int4_dot` unpacks a step into [BLOCK_N, 128] in k order, a 3D broadcast and a reshape
-that Triton lowers to register shuffles and shared-memory round trips: about 10.6 SASS instructions
-per weight value on an H100, which held the decode kernel to a third of HBM bandwidth. Here plane
+that Triton lowers to register shuffles and shared-memory round trips: so many instructions per weight
+value that they, not the bytes, bound the decode kernel
+(measured: docs/benchmarks.md, "W4A16 decode: num_stages, and the nibble-plane loop"). Here plane
 i = nibble i of every word, a [BLOCK_N, 16] tile in the words' own layout, is multiplied by the
 activation's matching rows, so the dequantized tile goes to the tensor cores as it is:
 
@@ -30,18 +31,15 @@ The nibble order is the computed shifts' (`shifts` None) and every GPTQ checkpoi
 takes the same loop with each plane's words shifted by its entry (arithmetic shifts, as eager's `>>`).
 Each plane is a K = 16 slice of the MMA's operand as it stands, so the eight are joined side by side
 at no cost (`_plane_major`) and a step is one dot of K = 128, whose wgmma instructions run back to
-back; a dot per plane had waited for each (the loop was latency-bound). Compiled offline for sm_90
-(Triton 3.6), the K loop issues 4.1-4.4 SASS instructions a weight value in nibble order, where the
-session-17 loop (two planes of one word a register, repacked, a dot per plane) issued 5.7-6.6.
+back; a dot per plane had waited for each (the loop was latency-bound). So the K loop issues fewer
+instructions a weight value than the session-17 loop did (two planes of one word a register, repacked,
+a dot per plane; measured: docs/benchmarks.md, "The nibble-plane template, paired in the MMA's registers").
 Otherwise (float32 activations, scales in another dtype, or no GPU: Triton's interpreter) each
 plane is dequantized in float32 as `int4_dot` does, still without the reshape. All are eager's
 values exactly; only the order of the sum differs.
 
-Measured on an H100 (GPTQ g128 with its stored shift table, decode, docs/benchmarks.md "The nibble-
-plane template"): compiled, the template takes 9.3 / 9.8, 20.6 / 22.5 and 18.6 / 23.8 µs of GPU time a
-linear at M = 1 / 16 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336, 1.7-2.4x the bf16 matmul
-in the same run (16.5 / 16.9, 41.5 / 42.4, 44.7 / 45.3), where `int4_dot`'s template took 11.4 /
-11.7, 33.4 / 33.5 and 29.3 / 29.5 (another run); the lowering takes this template.
+Compiled, at decode, this template is faster than both the bf16 matmul and `int4_dot`'s template, so
+the lowering takes it (measured: docs/benchmarks.md, "The nibble-plane template, paired in the MMA's registers").
 """
 
 from __future__ import annotations
@@ -60,13 +58,15 @@ from qfuse.kernels.triton.weight_stream import batched_split_k, bucket_of, packe
 PLANE_STEP = 128  # K values a step: 16 words a row, a K = 16 slice of the step's dot a plane
 _STEP = tl.constexpr(PLANE_STEP)
 # Tiles by M bucket: the tile for M up to the key.
-# Decode (M <= 16): the best 64-wide tile of 48 on an H100 (session 17); with one dot a step, a sweep of
-# 8 tiles in the eager launch found none faster by more than 4% at the split `plane_splits` picks.
+# Decode (M <= 16): the best 64-wide tile of a sweep
+# (measured: docs/benchmarks.md, "W4A16 decode: num_stages, and the nibble-plane loop"); with one dot a
+# step, a sweep of 8 tiles in the eager launch found none faster by more than 4% at the split
+# `plane_splits` picks.
 # Batched decode (16 < M <= 128): one row block covers M, so each weight tile is read and dequantized
-# once for every row; BLOCK_M is the MMA's N. Each the best of 6-12 tiles in the eager launch on an
-# H100 at the three Llama shapes, or within 6% of it (session 19, `benchmarks/explorations/gpu_int4_planes_batched.py
-# --part tiles`). Up to PLANE_MAX_ROWS the template beat Inductor's dequantize + mm on the GPU clock
-# (1.44-1.69x at M = 256; 1.00-1.08x at 512, where it stops: `--part splits`).
+# once for every row; BLOCK_M is the MMA's N. Each the best tile in the eager launch at the three Llama
+# shapes, or close to it. Up to PLANE_MAX_ROWS the template beat Inductor's dequantize + mm on the GPU
+# clock; at 512 rows it no longer did, so it stops there
+# (measured: docs/benchmarks.md, "Batched decode: the plane template up to 256 rows").
 PLANE_TILES = {
     DECODE_ROWS: Tile(DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3),
     32: Tile(32, 64, PLANE_STEP, 1, 4, 3),
@@ -144,11 +144,9 @@ def plane_splits(m: int, n: int, k: int, block_m: int, block_n: int, multiproces
     most PROGRAMS_PER_SM[BLOCK_M] programs a multiprocessor, each split at least MIN_STEPS_PER_SPLIT steps
     deep (and at most MAX_SPLIT_K).
 
-    Measured as the template on an H100 (session 19, `benchmarks/explorations/gpu_int4_planes_batched.py --part
-    splits`), splits 1, 2, 4 (and 8) at M = 1 to 256 and N x K = 4096 x 4096, 14336 x 4096, 4096 x
-    14336: this rule's pick was the fastest in 19 of the 21 cases and within 6% in the other two (4, 2,
-    8 splits at decode; 4, 1, 4 at M = 128). At decode it takes 2 splits at 14336 x 4096, where an
-    earlier rule took 4: 21.5 / 22.5 µs against 22.7 / 24.2 at M = 1 / 16."""
+    Against every split forced on the compiled template from M = 1 to 256 at the three Llama shapes, this
+    rule's pick was the fastest or close to it; at decode it also beats an earlier rule that split
+    14336 x 4096 more finely (measured: docs/benchmarks.md, "Batched decode: the plane template up to 256 rows")."""
     return batched_split_k(m, n, k, (block_m, block_n, PLANE_STEP), PROGRAMS_PER_SM.get(block_m, 1),
                            multiprocessor_count, MIN_STEPS_PER_SPLIT)
 

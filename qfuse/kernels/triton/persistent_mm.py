@@ -32,12 +32,12 @@ from qfuse.kernels.triton.scaled_mm import (
 )
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) per dtype, and the smallest M that
-#: takes this kernel rather than `scaled_mm.py`'s. fp8: chosen by `benchmarks/explorations/gpu_triton_variants.py`
-#: on an NVIDIA H200 (torch 2.11, triton 3.6; docs/benchmarks.md): 128 x 256 tiles were the fastest
-#: at M = 1024 and 4096 with every promotion interval; at M = 128 the non-persistent kernel was
-#: faster. int8: `benchmarks/explorations/gpu_persistent_int8.py` on an H100 (docs/benchmarks.md): at 4096 rows
-#: 5-7% faster than `scaled_mm.py`'s tiled kernel (120 / 401 / 371 against 126 / 431 / 397 µs at
-#: 4096 x 4096, 14336 x 4096, 4096 x 14336), at 2048 rows -4% to +1%, at 1024 up to 5% slower.
+#: takes this kernel rather than `scaled_mm.py`'s. fp8: chosen by `benchmarks/explorations/gpu_triton_variants.py`:
+#: 128 x 256 tiles were the fastest at M = 1024 and 4096 with every promotion interval; at M = 128 the
+#: non-persistent kernel was faster (measured: docs/benchmarks.md, "What the session-3 experiments showed").
+#: int8: `benchmarks/explorations/gpu_persistent_int8.py`: faster than `scaled_mm.py`'s tiled kernel at
+#: 4096 rows, level at 2048, slower at 1024
+#: (measured: docs/benchmarks.md, "The persistent TMA template for int8 prefill, and where #13 stands").
 CONFIGS = {"fp8": Tile(128, 256, 128, 8, 8, 3), "int8": Tile(128, 256, 128, 8, 8, 4)}
 MIN_M = {"fp8": 129, "int8": 2048}
 

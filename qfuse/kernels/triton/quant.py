@@ -12,10 +12,11 @@ One program per (row, group) holds its whole slice in registers, so x is read on
 scale are written once: the HBM traffic is the minimum (2 bytes read + 1 written per bf16 element).
 The scale is rounded to x's dtype before it divides, so the scale returned is exactly the one used.
 Divisions round as eager's do on a GPU: x / scale is IEEE division (`_divide_by_scale`; Triton's `/`
-is an approximate division on NVIDIA GPUs, which moved 5 in 65536 int8 values by one on an H200),
-and amax / qmax, a division by a Python number, is a multiplication by its float32 reciprocal, as
-eager computes it on CUDA and Inductor on every device (on a CPU eager divides: one float32 step
-apart, at times). A nan in a row makes its scale and its values nan, as eager's amax and clamp do.
+is an approximate division on NVIDIA GPUs, which moved some int8 values one step off eager's;
+measured: docs/benchmarks.md, "Small M and the activation quant"), and amax / qmax, a division by a
+Python number, is a multiplication by its float32 reciprocal, as eager computes it on CUDA and
+Inductor on every device (on a CPU eager divides: one float32 step apart, at times). A nan in a row
+makes its scale and its values nan, as eager's amax and clamp do.
 
 On an H100 the per-token kernel runs at the HBM floor (bf16 rows of 4096 and 14336, 1024 and 4096
 rows: 1.15-1.55x Inductor's generated reduction; docs/benchmarks.md): one reduction (a maximum that

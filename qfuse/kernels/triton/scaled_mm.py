@@ -10,9 +10,9 @@
 
 Block sizes (`pick_config`): for M <= 16 the tile width that fills the GPU with column blocks
 (`DECODE_TILES`, measured by `benchmarks/gpu_decode.py`), above that a table per M bucket
-(`CONFIGS`, chosen by `benchmarks/gpu_triton.py --tune-only`), both on an H200; in the table's first
-bucket a narrower tile where the table's would leave multiprocessors without a column block
-(`SKINNY_TILE`, `benchmarks/explorations/gpu_skinny_tiles.py` on an H100). docs/benchmarks.md has the numbers.
+(`CONFIGS`, chosen by `benchmarks/gpu_triton.py --tune-only`); in the table's first bucket a narrower
+tile where the table's would leave multiprocessors without a column block (`SKINNY_TILE`,
+`benchmarks/explorations/gpu_skinny_tiles.py`). docs/benchmarks.md has the numbers.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ SCALE_GROUP = 128
 _TENSOR, _VECTOR, _BLOCK = tl.constexpr(TENSOR_SCALE), tl.constexpr(VECTOR_SCALE), tl.constexpr(BLOCK_SCALE)
 _GROUP = tl.constexpr(SCALE_GROUP)
 
-# (max M of the bucket) -> Tile, chosen by
-# `python benchmarks/gpu_triton.py --tune-only` on an NVIDIA H200 (torch 2.11, triton 3.6): per dtype,
-# the best geomean over (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)} at M = 128 and 4096.
+# (max M of the bucket) -> Tile, chosen by `python benchmarks/gpu_triton.py --tune-only`: per dtype,
+# the best geomean over (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)} at M = 128 and 4096
+# (measured: docs/benchmarks.md, "gpu_triton: Triton kernels on an H200").
 # fp8 tiles of 64+ rows use Hopper's wgmma, which accumulates fp8 products in reduced precision
 # (about 2**-13 relative per K block, as cuBLAS does without fast accumulation).
 CONFIGS: dict[str, dict[int, Tile]] = {
@@ -43,12 +43,11 @@ CONFIGS: dict[str, dict[int, Tile]] = {
 }
 
 # 16 < M <= 128 (the table's first bucket): where the table's tile gives fewer than GRID_FILL of the
-# multiprocessors a column block (32 blocks at N = 4096 on an H100's 132), the narrower, deeper
-# SKINNY_TILE. Column blocks alone decide, so the eager kernel (real M) and the template (the
-# bucket's bound) agree. Measured by `python benchmarks/explorations/gpu_skinny_tiles.py` on an H100 (GPU time,
-# CUDA graph), M = 17-128 at N = 4096: int8 8.4-9.6 against 13.3-13.7 µs (K = 4096) and 33.9-35.7
-# against 43.6-45.4 µs (K = 14336); fp8 7.4-8.4 against 11.2-12.7 and 32.2-33.5 against 41.0-43.0.
-# At N = 14336 (112 blocks) the table's tile stays: within 6% of the best tile tried.
+# multiprocessors a column block (its 32 blocks at N = 4096), the narrower, deeper SKINNY_TILE, faster
+# there because its column blocks reach more multiprocessors. Column blocks alone decide, so the eager
+# kernel (real M) and the template (the bucket's bound) agree. At N = 14336 the table's tile stays: it
+# is close to the best tile tried
+# (measured: docs/benchmarks.md, "gpu_skinny_tiles: the W8A8 tile for 16 < M <= 128").
 SKINNY_TILE = Tile(64, 64, 256, 8, 4, 3)
 
 # Extra tiles Inductor benchmarks under max-autotune (qfuse.lowerings.triton.template), beside the

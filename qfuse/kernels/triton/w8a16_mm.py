@@ -38,21 +38,20 @@ from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, bat
 
 _BLOCK, _GROUP = tl.constexpr(BLOCK_SCALE), tl.constexpr(SCALE_GROUP)
 
-# Tiles. Decode: the best of 54 (tile, split)
-# pairs at M = 1 on an H100 (`python benchmarks/gpu_weight_only.py --tune --form fp8-block --ms 1`),
-# or within 2% of it, at each of the three shapes: 11.6 / 30.4 / 31.5 µs a linear at N x K = 4096 x 4096 /
-# 14336 x 4096 / 4096 x 14336, with K not split. Splitting K (two programs a multiprocessor, as the
-# int4 kernel does) cost 10-40% there: K is split only when the column blocks leave more than half
-# of the multiprocessors idle (`DECODE_PROGRAMS_PER_SM`, a small N).
+# Tiles. Decode: the best (tile, split) pair at M = 1 (`python benchmarks/gpu_weight_only.py --tune
+# --form fp8-block --ms 1`), or close to it, at each of the three shapes, with K not split. Splitting K
+# (two programs a multiprocessor, as the int4 kernel does) was slower there, so K is split only when the
+# column blocks leave more than half of the multiprocessors idle (`DECODE_PROGRAMS_PER_SM`, a small N)
+# (measured: docs/benchmarks.md, "W8A16: fp8 weights, bf16 activations").
 DECODE_TILE = Tile(DECODE_ROWS, 32, 512, 1, 4, 3)
 DECODE_PROGRAMS_PER_SM = 0.5
 # Batched decode (16 < M <= TEMPLATE_MAX_ROWS), by M bucket: (tile, programs a multiprocessor that K is
 # split up to: `weight_stream.batched_split_k`). BLOCK_M covers M (the MMA's N), so each weight tile is
-# read once for every row. Each the fastest of 24 (tile, split) pairs, or within 6% of it, at the three
-# Llama shapes on an H100 with an int8 per-channel weight (`python benchmarks/gpu_weight_only.py --tune
-# --form int8-channel --ms 32,64,128,256`, docs/benchmarks.md). Compiled, with fp8 128 x 128 block
-# scales, the template took 1.40-3.05x less GPU time than Inductor's dequantize + mm at 64 and 128 rows,
-# and 0.83-1.15x at 256 (two row blocks), so it stops at 128.
+# read once for every row. Each the fastest (tile, split) pair, or close to it, at the three Llama
+# shapes with an int8 per-channel weight (`python benchmarks/gpu_weight_only.py --tune --form
+# int8-channel --ms 32,64,128,256`). Compiled, the template beat Inductor's dequantize + mm at 64 and
+# 128 rows but not at 256 (two row blocks), so it stops at 128
+# (measured: docs/benchmarks.md, "torchao's int8 weight-only on the GPU, and W8A16 batched decode").
 BATCHED_TILES = {
     32: (Tile(32, 32, 512, 1, 4, 3), 0.5),
     64: (Tile(64, 64, 128, 1, 4, 3), 2),
@@ -77,7 +76,9 @@ def eight_bit_weight_tile(B, SB, k0, K, offs_n, mask_n, stride_bk, stride_bn, st
         w = tl.load(pointers, mask=mask_n[:, None], other=0.0)
     else:
         w = tl.load(pointers, mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
-    w = w.to(tl.float32)  # fp8 -> bf16 through float32: the direct conversion made the per-channel tile 1.6x slower (H100)
+    # fp8 -> bf16 through float32: the direct conversion made the per-channel tile slower
+    # (measured: docs/benchmarks.md, "W8A16: fp8 weights, bf16 activations")
+    w = w.to(tl.float32)
     if BLOCKED:
         groups = k0 // _GROUP + tl.arange(0, GROUPS_PER_STEP)
         scale = tl.load(SB + groups[None, :] * stride_sbk + (offs_n // _GROUP)[:, None] * stride_sbn,

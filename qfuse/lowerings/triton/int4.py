@@ -27,11 +27,11 @@ dynamic M guarded on its bucket):
 
     partial = template(XP [M, K], W, SHIFTS?, S, Z?)      the same output and epilogue as above
 
-On an H100 (GPTQ g128, session 18, docs/benchmarks.md) it took 9.3 / 9.8, 20.6 / 22.5 and 18.6 /
-23.8 µs at M = 1 / 16 and N x K = 4096 x 4096, 14336 x 4096, 4096 x 14336, where the words template
-took 11.4 / 11.7, 33.4 / 33.5 and 29.3 / 29.5. From M = 17 to 256 (session 19) it took 1.44-5.00x
-less GPU time than Inductor's dequantize + mm on the same form. The activation's plane copy is one
-small kernel per activation, shared by the linears that read it.
+It takes less GPU time than the words template at every decode shape
+(measured: docs/benchmarks.md, "The nibble-plane template, paired in the MMA's registers"), and from
+M = 17 to 256 less than Inductor's dequantize + mm on the same form
+(measured: docs/benchmarks.md, "Batched decode: the plane template up to 256 rows"). The activation's
+plane copy is one small kernel per activation, shared by the linears that read it.
 
 The op's int8 storage (torchao's intx: int8 [N, K] values, int8 zero points) takes the words
 template, which reads the values as they are (`INT8_VALUES`).
@@ -50,11 +50,9 @@ Act order has two ways onto qfuse's kernels, both on a weight sorted by group on
 - under CUDA graphs, at decode (M <= 16), the op's extern call: its Python sorts the weight on the
   first call (`prepared_int4_weight`) and runs at capture only, so a replay is the gather and the
   eager kernel.
-On an H100 (AutoGPTQ with act order, 4096 x 4096, session 23, docs/benchmarks.md) that took the GPU
-time at M = 1 / 16 / 64 from Inductor's 32-33 µs to 13.8 / 14.2 / 18.2 under freezing, and per call
-under CUDA graphs from 33.4 / 34.2 to 24.5 / 26.3 µs at M = 1 / 16 (at 64 rows 32 against 34, at 256 rows 57 against
-42: the eager path stops at decode). Above those rows the sorted weight was slower than the gathers
-(80 against 68 µs at M = 1024 under freezing).
+Both are faster than Inductor's code on the same form; the extern call stops at decode because at
+256 rows it was slower, and above the template's rows the sorted weight was slower than
+the gathers (measured: docs/benchmarks.md, "Act order on a weight sorted once: freezing and CUDA graphs").
 
 The CPU `torch` kernel's lowering is `lowerings.torch_native`'s.
 """
@@ -76,9 +74,10 @@ from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, apply_zero_conventi
 from qfuse.schemes import INT4_OFFSET
 
 aten, prims = torch.ops.aten, torch.ops.prims
-ACT_ORDER = ("a g_idx: act order gathers every column's scale and zero point, which made the template 0.44x "
-             "Inductor's code at decode on an H100; a weight sorted by group once is read instead under freezing up to "
-             "the template's rows and under CUDA graphs at M <= 16")
+ACT_ORDER = ("a g_idx: act order gathers every column's scale and zero point, which made the template slower than "
+             "Inductor's code at decode (measured on an H100: docs/benchmarks.md, \"AutoGPTQ with act order\"); "
+             "a weight sorted by group once is read instead under freezing up to the template's rows and under "
+             "CUDA graphs at M <= 16")
 ACT_ORDER_SORTED_ONCE = ("act order under CUDA graphs: the weight sorted by group on the first call, the "
                          "activation gathered, the eager Triton kernel; a replay runs no Python")
 

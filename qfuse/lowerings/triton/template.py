@@ -14,9 +14,10 @@ inside the template from [BLOCK_M] / [BLOCK_N] vectors: as Inductor epilogue loa
 broadcast [BLOCK_M, BLOCK_N] tiles, 169 registers a thread against 115, half the occupancy and
 1.45x the time (H100, int8, 4096 x 14336 x 4096; benchmarks/explorations/template_code.py). For the same reason
 the store runs in two [BLOCK_M, BLOCK_N / 2] halves (from `EPILOGUE_SPLIT_MIN_N` columns): a fused
-epilogue that loads another [M, N] tile (a residual add) then holds half of it at a time. On an
-H100 that took the int8 down projection of a Llama MLP block with its residual add from 563 to
-414 µs at M = 4096, and changed no single linear by more than 2% (docs/benchmarks.md). Tiles:
+epilogue that loads another [M, N] tile (a residual add) then holds half of it at a time. That made
+the int8 down projection of a Llama MLP block with its residual add much faster at prefill
+(measured: docs/benchmarks.md, "gpu_linear: qfuse inside Inductor's generated code, as a user sees it")
+and changed no single linear by more than 2%. Tiles:
 
     default mode   one choice: `pick_config`'s tile for M (a dynamic M guarded on its bucket, `ir.rows_at_most`)
     max-autotune   every tile of `AUTOTUNE_TILES` and `pick_config`'s; Inductor benchmarks them
@@ -205,11 +206,10 @@ def why_not_persistent(a2d, b, rows) -> str:
 
 #: Up to this M, where the tile's column blocks leave multiprocessors idle, K is split (`k_splits`)
 #: until the grid holds SPLIT_K_PROGRAMS_PER_SM programs a multiprocessor, each range at least
-#: SPLIT_K_MIN_STEPS K steps deep. Measured by `python benchmarks/explorations/gpu_split_k.py` on an H200 (GPU time,
-#: CUDA graph): at N = 4096, K = 14336 the 64 x 64 x 256 tile's 64 column blocks took 38 / 42 µs (int8,
-#: M = 32 / 128) and 36 / 39 µs (fp8) whole, 28 / 35 and 28 / 34 in two ranges; at N = K = 4096 (16
-#: steps) a split gained at most 13% and lost up to 22%; the decode tiles, whose column blocks already
-#: fill the GPU, and every N = 14336 tile lost 5-37% split in two.
+#: SPLIT_K_MIN_STEPS K steps deep. Split, the 64 x 64 x 256 tile at N = 4096, K = 14336 (few column
+#: blocks, a deep K) is faster; at N = K = 4096 a split gained in some cases and lost in others, and the
+#: decode tiles, whose column blocks already fill the GPU, and every N = 14336 tile lost
+#: (`benchmarks/explorations/gpu_split_k.py`; measured: docs/benchmarks.md, "Small M and the activation quant").
 SPLIT_K_MAX_ROWS = 128
 SPLIT_K_PROGRAMS_PER_SM = 1
 SPLIT_K_MIN_STEPS = 16

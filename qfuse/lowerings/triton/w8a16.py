@@ -18,7 +18,7 @@ the weight times its scale in float32, rounded once to x's dtype (as the templat
 Inductor's GEMM (cuBLAS, or its autotuned templates under max-autotune), with a bias of x's dtype in
 the GEMM (addmm). That is what Inductor compiles from a model that dequantizes its weight, so a
 prefill linear costs what it cost before qfuse took it (a float32 result cast back to bf16 after
-the GEMM, an earlier version, cost 7% at M = 1024 on an H100).
+the GEMM, an earlier version, was slower; measured: docs/benchmarks.md, "W8A16: fp8 weights, bf16 activations").
 
 Prefill lowers on any device (tests run it on the CPU); the template needs CUDA. Stays an extern
 call of the op: a weight zero point (the kernel takes none: the registry does not pick it then),

@@ -5,9 +5,10 @@ Inductor's post-grad lowering patterns (`torch._inductor.fx_passes.quantization`
 linear, `F.linear(x, w.to(bf16)) * s`), into one node that lowers to `aten._weight_int8pack_mm`.
 They run before a `post_grad_custom_post_pass`, on CPU, CUDA and XPU. What that costs a user:
 
-- on CUDA, ATen's `_weight_int8pack_mm` is a kernel whose time grows with every row: on an H100
-  at N = K = 4096, 617 µs at M = 16 and 4.8 ms at M = 128, where the bf16 matmul takes 17 µs
-  (docs/benchmarks.md, "torchao's int8 weight-only on the GPU");
+- on CUDA, ATen's `_weight_int8pack_mm` is a kernel whose time grows with every row, many times the
+  bf16 matmul's from the first rows on
+  (measured: docs/benchmarks.md, "torchao's int8 weight-only on the GPU, and W8A16 batched decode";
+  on an H100 at N = K = 4096 it also took 4.8 ms at M = 128, a row that section lacks);
 - where the kernel's checks fail, the compiled model does, though eager runs: on CPU K not a
   multiple of 16 crashes the process, a per-tensor scale raises.
 

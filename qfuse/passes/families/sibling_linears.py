@@ -17,8 +17,9 @@ activation node, its scale and zero point, the settings) are siblings. They beco
   every call (torchao's bf16 linears cast their float32 scale in the forward) would make stale.
 
 One launch then reads the activation once and streams every weight: at decode k and v of a GQA
-model (N = 1024 each) leave most of an H100's multiprocessors idle in launches of their own
-(docs/benchmarks.md, "Sibling linears"). A group that stays apart says why in its records' notes.
+model (N = 1024 each) leave many of the GPU's multiprocessors idle in launches of their own
+(measured: docs/benchmarks.md, "Sibling linears: one launch for the linears that read one activation").
+A group that stays apart says why in its records' notes.
 Not under freezing: there the lowerings take constant weights one by one (the CPU int4pack), which
 a sibling call would give up.
 """

@@ -1,10 +1,11 @@
 """triton_quantizer: on CUDA, hand a fused linear's activation quant to qfuse's Triton quantizer.
 
 Inductor generates the per-token quant as a reduction (amax, then a second pass to quantize) that
-runs at 60-90% of the HBM floor; qfuse's one-pass kernel runs at the floor (1.08-1.87x on an H100,
-docs/benchmarks.md). So on CUDA, for a `qfuse::scaled_mm` whose kernel does not quantize by itself,
-a dynamic per-token quant that qfuse's quantizer computes exactly (`quant_forms.fold_verdict`: bounds,
-rounding, eps, the scale's dtype), computed in float32, is replaced by
+runs well short of the HBM floor; qfuse's one-pass kernel runs at the floor
+(measured: docs/benchmarks.md, "The activation quant on qfuse's Triton quantizers, inside Inductor's code").
+So on CUDA, for a `qfuse::scaled_mm` whose kernel does not quantize by itself, a dynamic per-token
+quant that qfuse's quantizer computes exactly (`quant_forms.fold_verdict`: bounds, rounding, eps, the
+scale's dtype), computed in float32, is replaced by
 
     qfuse::dynamic_quant(x, ..., kernel="triton")           x a graph input, a GEMM's or attention's
                                                             output: nothing for Inductor to fuse
@@ -17,14 +18,14 @@ whose lowerings launch the kernels from the generated code (`qfuse.lowerings.tri
 dynamic or at least `MIN_ROWS` (a smaller static M saves less GPU time than the launch costs). An x made
 by another pointwise op (RMSNorm's scaling, a residual add), or a SiLU * mul whose gate or up is a
 GEMM epilogue in Inductor's pointwise code (the `torch` kernel's), keeps Inductor's fused reduction,
-which reads its inputs once: there qfuse's kernel would first make those a buffer (an fp8 Llama MLP
-at 4096 rows lost 69 µs that way on an H100). The new q and scale equal the old ones bit for bit, so
-every use of the old ones (the GEMM, its epilogue, another GEMM reading the same activation) reads the
-new ones, and Inductor drops the old quant. For `silu_mul_quant` the roundings are eager's but the SiLU's exp and
-division are the GPU's fast ones (as in Inductor's own code), so q may sit one step apart where the
-product lies within float32 error of a bf16 rounding boundary. Only a quant computed in float32 is
-taken (as vLLM's torch fallbacks write it: `x.float() / s`), since the kernel divides in float32. The
-record's note says which quantizer took the quant, or why none did.
+which reads its inputs once: there qfuse's kernel would first make those a buffer, and an fp8 Llama
+MLP lost time that way at prefill (measured in the same section). The new q and scale equal the old
+ones bit for bit, so every use of the old ones (the GEMM, its epilogue, another GEMM reading the same
+activation) reads the new ones, and Inductor drops the old quant. For `silu_mul_quant` the roundings
+are eager's but the SiLU's exp and division are the GPU's fast ones (as in Inductor's own code), so q
+may sit one step apart where the product lies within float32 error of a bf16 rounding boundary. Only
+a quant computed in float32 is taken (as vLLM's torch fallbacks write it: `x.float() / s`), since the
+kernel divides in float32. The record's note says which quantizer took the quant, or why none did.
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ from qfuse.platform import current_platform
 
 PATTERN = "activation quant on qfuse's Triton quantizer"
 UPCAST_SOURCES = (torch.bfloat16, torch.float16, torch.float32)  # read as they are, upcast to float32 exactly
-# The least static M each quantizer is taken at. H100, default mode: launching a user kernel from the
-# wrapper costs about 8 µs more host time than one of Inductor's own (int8 1024 x 4096 x 4096: 131.5
-# against 123.1 µs a call, alternated 12 times), and fp8's unit-scale form adds a pointwise kernel for
-# the scale's product (118.8 against 98.5). The quant alone saves 2.6-4.7 µs of GPU time at 1024 rows and
-# 8.7-10.4 at 4096; silu(gate) * up saves 35 µs at 1024 rows of a Llama MLP (docs/benchmarks.md).
+# The least static M each quantizer is taken at. In default mode a user kernel launched from the wrapper
+# costs more host time than one of Inductor's own (and fp8's unit-scale form adds a pointwise kernel for
+# the scale's product), which the quant alone saves back in GPU time only at large M; silu(gate) * up
+# saves more, so it is taken from fewer rows
+# (measured: docs/benchmarks.md, "The activation quant on qfuse's Triton quantizers, inside Inductor's code").
 MIN_ROWS = {torch.ops.qfuse.dynamic_quant.default: 2048, torch.ops.qfuse.silu_mul_quant.default: 256}
 QUANTIZER_NOTES = {
     torch.ops.qfuse.dynamic_quant.default:
@@ -147,7 +148,8 @@ def too_few_rows(target, shape) -> str:
     if rows >= least:
         return ""
     return (f"M = {rows}: below {least} rows the quantizer saves less GPU time than its launch costs on the host "
-            f"(about 8 µs more than Inductor's own kernel, H100)")
+            f"(measured on an H100: docs/benchmarks.md, \"The activation quant on qfuse's Triton quantizers, "
+            f"inside Inductor's code\")")
 
 
 def _quantized_by_qfuse(a: Node) -> Node | None:
