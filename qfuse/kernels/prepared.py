@@ -138,12 +138,6 @@ class _Entry:
     build: Callable[..., PreparedWeight]  # holds no source tensor (a kernel's method, a closure over settings)
     versions: tuple
     prepared: PreparedWeight | None  # None: the kernel uses the weight as given (rebuilt from the call's inputs)
-    sources: tuple  # the key's source keys, whose storages it was made from
-
-    def is_of_a_freed_weight(self) -> bool:
-        """Whether a storage it was made from is freed: a new tensor at the same address (its key equal) is
-        another weight, which must not find this entry before the next eviction."""
-        return any(source is not None and source.storage.expired() for source in self.sources)
 
 
 _CACHE: dict[tuple, _Entry] = {}  # key: (label, *source keys)
@@ -170,11 +164,9 @@ def built_once(label: tuple, sources: tuple[torch.Tensor | None, ...], build) ->
     key = (label, *(_SourceKey.of(source) for source in sources))
     versions = _versions(sources)
     entry = _CACHE.get(key)
-    if entry is None or entry.versions != versions or entry.is_of_a_freed_weight():
+    if entry is None or entry.versions != versions:
         with _LOCK:  # another thread may have made it meanwhile: look again
             entry = _CACHE.get(key)
-            if entry is not None and entry.is_of_a_freed_weight():
-                entry = None  # (its memory may still be a dropped model's graph's: not refilled)
             if entry is None or entry.versions != versions:
                 return _prepared_entry(key, sources, versions, build, entry)
     return build(*sources) if entry.prepared is None else entry.prepared
@@ -186,7 +178,7 @@ def _prepared_entry(key: tuple, sources: tuple, versions: tuple, build, stale: _
     prepared = _rebuilt(stale and stale.prepared, build, sources)
     opaque = prepared.data.layout != torch.strided  # e.g. a packed MKLDNN tensor: never an input
     as_given = not opaque and _storage(prepared.data) in _storages(sources)
-    entry = _Entry(build, versions, None if as_given else prepared, key[1:])
+    entry = _Entry(build, versions, None if as_given else prepared)
     _evict_expired()
     _CACHE[key] = entry
     return prepared
@@ -337,7 +329,7 @@ def outside_cuda_graph_pools(build, weight: torch.Tensor):
 
 def _evict_expired() -> None:
     """Drop the entries of freed weights (under the lock)."""
-    for key in [key for key, entry in _CACHE.items() if entry.is_of_a_freed_weight()]:
+    for key in [key for key in _CACHE if any(part and part.storage.expired() for part in key[1:])]:  # key[0]: the label
         del _CACHE[key]
 
 
