@@ -131,6 +131,10 @@ def test_bad_input_is_named_before_any_launch():
                                  scale=torch.ones(2, 2))  # the scale a call attaches (read per call)
     with pytest.raises(ValueError, match="block scales"):
         cuda.apply(torch.zeros(1, 256, dtype=FP8_DTYPE), blocks, None, None, None, torch.bfloat16)
+    as_many_as_columns = dataclasses.replace(cuda.prepare_weight(torch.zeros(16384, 256, dtype=torch.int8), None, None),
+                                             scale=torch.ones(128, 2))  # [K / 128, N / 128]: 256 values, N of them
+    with pytest.raises(ValueError, match="block scales"):
+        cuda.apply(torch.zeros(1, 16384, dtype=torch.int8), as_many_as_columns, None, None, None, torch.bfloat16)
     weight = cuda.prepare_weight(torch.zeros(64, 32, dtype=torch.int8), torch.ones(1, 32), None)
     with pytest.raises(ValueError, match="W8A16 GEMM takes a bf16 or fp16 activation, not fp32"):
         cuda.weight_only_apply(torch.zeros(1, 64, dtype=torch.float32), weight, None, torch.bfloat16)

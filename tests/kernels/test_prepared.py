@@ -182,3 +182,20 @@ def test_a_field_of_a_kernels_own_weight_type_that_cannot_be_refilled_replaces_t
     weight.add_(1)
     again = prepare_once(kernel, weight, None, None)
     assert again.packed == ("opaque", 64.0) and first.packed == ("opaque", 32.0)
+
+
+@pytest.mark.parametrize("kernel_name, k", [("triton", 40), ("cuda", 64)])
+def test_a_scale_made_on_every_call_reuses_one_preparation(kernel_name, k):
+    """Kernels that read the weight scale per call (`reads_weight_scale_per_call`) prepare the weight once
+    however the scale comes: torchao's bf16 linears cast theirs in the forward, a new tensor each call. Keyed
+    by the scale, the triton kernel prepared (padded, K = 40) the weight again on every call and kept an entry
+    per call, holding that call's scale (found by review, session 28)."""
+    from qfuse.kernels import get_kernel
+
+    kernel = get_kernel(kernel_name)
+    assert kernel.reads_weight_scale_per_call
+    weight, stored_scale = torch.randint(-128, 128, (k, 32), dtype=torch.int8), torch.rand(1, 32)
+    count = cached_weight_count()
+    prepared = [prepare_once(kernel, weight, stored_scale.to(torch.bfloat16), None) for _ in range(3)]
+    assert all(each.data is prepared[0].data for each in prepared) and cached_weight_count() == count + 1
+    assert all(torch.equal(each.scale, stored_scale.to(torch.bfloat16)) for each in prepared)

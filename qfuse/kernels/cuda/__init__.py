@@ -137,7 +137,7 @@ class CudaKernel(Kernel):
             raise ValueError(f"the cuda kernel's 8-bit GEMM takes an activation of {dtype_name(weight_dtype)} (its "
                              f"weight's dtype), bf16 or fp16, not {dtype_name(x.dtype)}")
         scale_b = weight.scale
-        if scale_b is not None and scale_b.numel() not in (1, weight.n):
+        if scale_b is not None and (scale_b.numel() not in (1, weight.n) or scale_b.dim() > 1 and scale_b.shape[0] != 1):
             raise ValueError("the cuda kernel's 8-bit GEMM takes one weight scale or one a column, not 128 x 128 "
                              "block scales")
         if scale_b is not None and scale_b.dtype not in w8_mma.DTYPE_CODES:

@@ -77,6 +77,7 @@ class TritonKernel(Kernel):
     #: left to Inductor's reduction
     quant_max_row = 32768
     prepares_weight = True
+    reads_weight_scale_per_call = True  # `prepare_weight` pads the weight and keeps the scale as it is
     capabilities = (
         Capability("int8 W8A8 dot", ("cuda",), (torch.int8,), (torch.int8,), _ALL_ACTIVATION_SCALES,
                    _ALL_WEIGHT_SCALES, min_capability=80),
