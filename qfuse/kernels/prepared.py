@@ -81,8 +81,6 @@ class PreparedWeight:
     input_order: torch.Tensor | None = None  # the activation's K columns in the order of `data`'s rows
 
 
-
-
 def dense_int4_weight(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, why: str,
                       group: torch.Tensor | None = None) -> PreparedWeight:
     """The `Packing.DENSE` weight w[k, n] = (values[k, n] - zero_point[group[k], n]) * scale[group[k], n] of an
