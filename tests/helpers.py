@@ -101,10 +101,10 @@ def eager_on_cpu(model, x):
     return copy.deepcopy(model).cpu()(x.cpu()).to(x.device)
 
 
-def record_under_cuda_graphs(model, x, eager=None):
-    """The record of `model`'s one linear compiled with mode="reduce-overhead", run three times (warm-up,
-    capture, replay), its output checked against eager (`eager(x)` where given: e.g. `model` run on the CPU,
-    where the GPU's eager cannot run it)."""
+def records_under_cuda_graphs(model, x, eager=None):
+    """The fused records of `model` compiled with mode="reduce-overhead", run three times (warm-up, capture,
+    replay), its output checked against eager (`eager(x)` where given: e.g. `model` run on the CPU, where the
+    GPU's eager cannot run it)."""
     compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
     marker = qfuse.graphs_compiled()
     torch._dynamo.reset()
@@ -112,5 +112,10 @@ def record_under_cuda_graphs(model, x, eager=None):
         for _ in range(3):
             out = compiled(x)
         assert_close_to_eager(out.clone(), eager or model, x)
-    (record,) = qfuse.reports_since(marker)[-1].fused
+    return qfuse.reports_since(marker)[-1].fused
+
+
+def record_under_cuda_graphs(model, x, eager=None):
+    """The record of `model`'s one linear, as `records_under_cuda_graphs` makes it."""
+    (record,) = records_under_cuda_graphs(model, x, eager)
     return record

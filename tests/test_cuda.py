@@ -235,19 +235,12 @@ def test_siblings_under_cuda_graphs_run_as_one_cuda_call(form, lead):
     """Linears that read one activation run as one call of the `cuda` kernel on their weights concatenated along
     N (`qfuse::<op>_siblings`), captured and replayed, with eager's numerics; linears whose activations are
     quantized with scales of their own (vLLM's static fp8) read three activations and stay apart."""
-    from tests.helpers import assert_close_to_eager
+    from tests.helpers import records_under_cuda_graphs
 
     model, eager_on_gpu = _sibling_forms()[form]
     model = model.cuda().eval()
     x = torch.randn(*lead, 512, device="cuda", dtype=torch.float32 if "hand-written" in form else torch.bfloat16)
-    marker = qfuse.graphs_compiled()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
-    with torch.no_grad():
-        for _ in range(3):
-            out = compiled(x)
-        assert_close_to_eager(out.clone(), model if eager_on_gpu else functools.partial(eager_on_cpu, model), x)
-    records = qfuse.reports_since(marker)[-1].fused
+    records = records_under_cuda_graphs(model, x, None if eager_on_gpu else functools.partial(eager_on_cpu, model))
     assert [record.kernel for record in records] == ["cuda"] * 3, [(r.kernel, r.note) for r in records]
     if "static" in form:  # each linear quantizes x with its own static scale: three activations, no siblings
         assert not any("siblings" in record.note for record in records), records[0].note
@@ -271,7 +264,7 @@ def test_torchao_linears_under_cuda_graphs(config):
     and the siblings stay apart, saying why (their joined weight is made once). torchao's int8 dynamic linear on
     CUDA expands its per-row scale to [M, N] before the product (left unfused, and failing in `_int_mm` at M <= 16,
     until session 28's H200 run found it)."""
-    from tests.helpers import assert_close_to_eager
+    from tests.helpers import records_under_cuda_graphs
     from tests.peers import torchao_models
 
     available, why = torchao_models.available()
@@ -281,14 +274,7 @@ def test_torchao_linears_under_cuda_graphs(config):
                                           device="cuda")[0][0] for n in (144, 48, 48)]
     model = Siblings(linears).eval()
     x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
-    marker = qfuse.graphs_compiled()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="qfuse", mode="reduce-overhead")
-    with torch.no_grad():
-        for _ in range(3):
-            out = compiled(x)
-        assert_close_to_eager(out.clone(), functools.partial(eager_on_cpu, model) if config == "int8_dynamic" else model, x)
-    records = qfuse.reports_since(marker)[-1].fused
+    records = records_under_cuda_graphs(model, x, functools.partial(eager_on_cpu, model) if config == "int8_dynamic" else None)
     assert len(records) == 3 and all(record.kernel == "cuda" for record in records), [(r.kernel, r.note) for r in records]
     assert all("computed on every call" in record.note or "one call with its siblings" in record.note
                for record in records), records[0].note
