@@ -37,6 +37,7 @@ is the GPU's); in default mode it includes the host's launch time, which moves b
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 from pathlib import Path
 
@@ -108,16 +109,23 @@ class W8A8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], -1)
 
 
+@functools.cache
+def _load_gemlite_configs() -> None:
+    """GemLite's H100 launch configs on an H200 (it ships none for it), once a run."""
+    import gemlite
+
+    if gemlite.core.get_default_cache_config() is None and "H200" in torch.cuda.get_device_name():
+        gemlite.load_config(str(Path(gemlite.__file__).with_name("configs") / "h100.json"))
+
+
 def gemlite_linear(form: str, n: int, k: int, generator: torch.Generator) -> nn.Module:
     """GemLite's own module (its Triton kernels; for A8W8 its own activation quant) on the same random weights as
     qfuse's forms: A16W4 g128 (values + 8 with zero points 8, as HQQ stores them), A16W8 int8 weight-only,
     A8W8 fp8 dynamic per token, per-channel scales. GemLite ships tuned launch configs per GPU; one made for the
     H100 is loaded on an H200, the same Hopper chip, where it has none (else it would autotune)."""
-    import gemlite
     from gemlite.helper import A8W8_fp8_dynamic, A16W8_INT8, A16Wn
 
-    if gemlite.core.get_default_cache_config() is None and "H200" in torch.cuda.get_device_name():
-        gemlite.load_config(str(Path(gemlite.__file__).with_name("configs") / "h100.json"))
+    _load_gemlite_configs()
     if form == "gemlite_int4":
         values = torch.randint(0, 16, (n, k), device="cuda", generator=generator, dtype=torch.uint8)
         scale = (torch.rand(n, k // GROUP, device="cuda", generator=generator) / (8 * k**0.5)).to(torch.bfloat16)
