@@ -37,7 +37,7 @@ from qfuse.kernels import KernelRequest
 from qfuse.ops import RECORD_KEY, SIBLING_ARGUMENTS, SIBLING_FORMS
 from qfuse.ops.siblings import SiblingForm
 from qfuse.passes.core.fused_linear import PassContext
-from qfuse.passes.core.graph_utils import aten, fake_value, insert_call
+from qfuse.passes.core.graph_utils import VIEW_OPS, aten, fake_value, insert_call
 from qfuse.passes.core.report import LinearRecord
 from qfuse.platform import current_platform
 from qfuse.schemes import Granularity
@@ -123,9 +123,8 @@ def _merged_request(form: SiblingForm, records: list[LinearRecord], widths: list
 
 #: ATen calls whose result is a view of their first argument: a weight-side input made of a graph input by
 #: these alone is the same memory on every call
-_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.permute.default, aten.t.default,
-          aten.transpose.int, aten.expand.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default,
-          aten.squeeze.dim, aten.squeeze.default, aten.alias.default}
+_VIEWS = {*VIEW_OPS, aten.permute.default, aten.t.default, aten.transpose.int, aten.expand.default, aten.slice.Tensor,
+          aten.select.int, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default, aten.alias.default}
 
 
 def _computed_per_call(value) -> Node | None:
