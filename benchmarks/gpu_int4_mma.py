@@ -63,8 +63,8 @@ class Int4Weight:
 def candidates(weight: Int4Weight, x: torch.Tensor, sms: int) -> dict:
     calls = {"cuda mma (launch rule)": lambda: int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16)}
     calls.update({f"cuda mma ({warps} warps, unroll {unroll})":
-                  lambda warps=warps, unroll=unroll: int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16, warps, unroll)
-                  for warps, unroll in VARIANTS})
+                  lambda shape=shape: int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16, shape)
+                  for shape in VARIANTS for warps, unroll in [shape]})
     calls["triton planes"] = lambda: triton_int4_planes_mm(x, weight.words, None, weight.scales_nk, weight.zeros_packed,
                                                            None, GROUP, torch.bfloat16, sms)
     if weight.tinygemm is not None:

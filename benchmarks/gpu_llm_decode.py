@@ -26,9 +26,10 @@ layers, without the embedding and the LM head (the same bf16 matmul in every var
 GemLite and torchao travel to the GPU machine as wheels (docs/benchmarks.md says how); a variant whose
 package is missing, or which cannot run a batch (`CANNOT_RUN`), is left out with the reason.
 
-`--profile` instead profiles three decode steps of each variant in each of `--modes` (torch.profiler, CUDA
-activity: every kernel's GPU time, a CUDA graph's replay split into its kernels) and prints the largest kernels
-and the sum, per step. `--variants` picks variants by name (a comma-separated list of substrings). A step decodes one token for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in
+`--profile` instead profiles three decode steps of each variant in each of `--modes` (torch.profiler: every
+kernel's GPU time, a CUDA graph's replay split into its kernels; the host's events by their own CPU time) and
+prints the largest kernels and their sum, the host's time until a step returns (20 steps timed without the
+profiler: above the GPU's sum a step is host-bound) and its largest events, per step. `--variants` picks variants by name (a comma-separated list of substrings). A step decodes one token for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in
 turns with the others, five rounds; the median step time gives tokens/s = batch / step time. The ratio to
 the bf16 model is from the same run. Under mode="reduce-overhead" a step is one CUDA-graph replay (its time
 is the GPU's); in default mode it includes the host's launch time, which moves between runs.
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -254,6 +256,7 @@ VARIANTS = {  # name -> (linear form, backend[, qfuse options])
     "gptq int4 (Inductor)": ("gptq", "inductor"),
     "gptq int4 (qfuse)": ("gptq", "qfuse"),
     "gptq int4 (qfuse, siblings apart)": ("gptq", "qfuse", SIBLINGS_APART),
+    "gptq int4 (qfuse, no cuda kernel)": ("gptq", "qfuse", {"disabled_kernels": ["cuda"]}),
     "fp8 W8A8 (Inductor)": ("fp8", "inductor"),
     "fp8 W8A8 (qfuse)": ("fp8", "qfuse"),
     "fp8 W8A8 (qfuse, siblings apart)": ("fp8", "qfuse", SIBLINGS_APART),
@@ -344,9 +347,13 @@ def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) ->
     return rows
 
 
+_NOT_THE_STEPS = ("cudaDeviceSynchronize", "Activity Buffer Request")  # host events of the profile, not of a step
+
+
 def profile_rows(layers: int, batches, variants: dict, mode: str, top: int = 12) -> list[dict]:
-    """The `top` kernels of a decode step by GPU time (µs a step, launches a step) and their sum, per variant,
-    compiled in `mode` (the profiler sees the kernels of a CUDA graph's replay too)."""
+    """Per variant compiled in `mode`: the `top` kernels of a decode step by GPU time (µs a step, launches a step)
+    and their sum (the profiler sees the kernels of a CUDA graph's replay too); the host's time a step until the
+    call returns (timed without the profiler), and the `top` host events by their own CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
     torch._dynamo.config.recompile_limit = 64
@@ -354,24 +361,37 @@ def profile_rows(layers: int, batches, variants: dict, mode: str, top: int = 12)
     rows = []
     for batch in batches:
         inputs = [(torch.randn(batch, 1, DIM, device="cuda", dtype=torch.bfloat16) * 0.1,
-                   torch.tensor([START + i], device="cuda")) for i in range(6)]
+                   torch.tensor([START + i], device="cuda")) for i in range(26)]
         for name, (form, backend, *qfuse_options) in variants.items():
             progress(f"batch {batch}: profiling {name}")
             step = torch.compile(build(form, layers, batch), backend=backend,
                                  **compile_options(mode, *qfuse_options))
+            row = dict(batch=batch, mode=mode, variant=name)
             with torch.no_grad():
                 for i in range(3):
                     step(*inputs[i])
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for i in range(3, 6):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for i in range(3, 23):
+                    step(*inputs[i])
+                host_us = (time.perf_counter() - start) / 20 * 1e6
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for i in range(23, 26):
                         step(*inputs[i])
                     torch.cuda.synchronize()
-            events = sorted(prof.key_averages(), key=lambda event: -event.device_time_total)
-            total = sum(event.device_time_total for event in events) / 3
-            rows.append(dict(batch=batch, mode=mode, variant=name, kernel="(all kernels)", us_per_step=round(total, 1),
-                             launches_per_step=sum(event.count for event in events) // 3))
-            rows += [dict(batch=batch, mode=mode, variant=name, kernel=event.key[:100], us_per_step=round(event.device_time_total / 3, 1),
-                          launches_per_step=event.count // 3) for event in events[:top]]
+            events = prof.key_averages()
+            on_gpu = [event for event in events if event.device_type == torch.autograd.DeviceType.CUDA]
+            kernels = sorted(on_gpu, key=lambda event: -event.device_time_total)
+            rows.append(dict(row, kernel="(all kernels)", us_per_step=round(sum(e.device_time_total for e in kernels) / 3, 1),
+                             launches_per_step=sum(event.count for event in kernels) // 3))
+            rows += [dict(row, kernel=event.key[:100], us_per_step=round(event.device_time_total / 3, 1),
+                          launches_per_step=event.count // 3) for event in kernels[:top]]
+            rows.append(dict(row, kernel="(host, until a step returns)", us_per_step=round(host_us, 1), launches_per_step=""))
+            host = sorted((event for event in events if event.device_type == torch.autograd.DeviceType.CPU
+                           and event.self_cpu_time_total > 0 and event.key not in _NOT_THE_STEPS),
+                          key=lambda event: -event.self_cpu_time_total)
+            rows += [dict(row, kernel=f"host: {event.key[:94]}", us_per_step=round(event.self_cpu_time_total / 3, 1),
+                          launches_per_step=event.count // 3) for event in host[:top]]
             torch._dynamo.reset()
     return rows
 
@@ -382,7 +402,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--modes", default="default,reduce-overhead")
     parser.add_argument("--variants", default="", help="substrings of the variants to run (the bf16 model always runs)")
-    parser.add_argument("--profile", action="store_true", help="the largest kernels of a step, per variant")
+    parser.add_argument("--profile", action="store_true",
+                        help="the largest kernels of a step and the host's time a step, per variant")
     add_output_arguments(parser, "gpu_llm_decode", quick="2 layers, batch 1, reduce-overhead only")
     args = parser.parse_args()
     layers, batches, modes = args.layers, [int(b) for b in args.batches.split(",")], args.modes.split(",")

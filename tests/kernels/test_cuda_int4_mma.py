@@ -4,7 +4,8 @@ read the way the kernel's lanes read them into mma.m16n8k16's A and B fragments 
 The emulation follows the PTX fragment layout of mma.m16n8k16 (lane l = 4 g + t: A rows g and g + 8, k slots
 2t, 2t + 1, 2t + 8, 2t + 9; B column g, the same slots) and the .cu file's dequantize: nibble pairs
 (bits 0 / 16, 4 / 20, 8 / 24, 12 / 28) to a0, a1, a2, a3, lane t's B for step s at k = 16 t + 4 s + 0..3.
-The kernel itself runs on the GPU machine (tests/lowerings/test_int4_template.py's GPU cases)."""
+The kernel itself runs on the GPU machine: below against eager's dequantize and matmul, every number of 8-column
+tiles (M up to 64 a launch, and past it), and in tests/lowerings/test_int4_template.py's compiled cases."""
 
 import pytest
 import torch
@@ -81,5 +82,59 @@ def test_bad_input_is_named_before_any_launch():
     assert weight.packing == "int4_mma_bf16"
     with pytest.raises(ValueError, match="prepared for int4_mma_bf16, and x is torch.float16"):
         get_kernel("cuda").weight_only_apply(torch.zeros(1, 128, dtype=torch.float16), weight, None, torch.float16)
-    with pytest.raises(ValueError, match="at most 16 rows"):
-        int4_mma(torch.zeros(17, 128, dtype=torch.bfloat16), weight.data, weight.scale, None, 128, torch.bfloat16)
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        int4_mma(torch.zeros(65, 128, dtype=torch.bfloat16), weight.data, weight.scale, None, 128, torch.bfloat16)
+    with pytest.raises(ValueError, match="16 warps' partial sums of 8 tiles take 65536 bytes of shared memory"):
+        int4_mma(torch.zeros(64, 128, dtype=torch.bfloat16), weight.data, weight.scale, None, 128, torch.bfloat16, (16, 2))
+
+
+@pytest.mark.parametrize("m, n, k, shape", [(1, 4096, 4096, (16, 2)), (1, 28672, 4096, (4, 4)), (16, 4096, 14336, (8, 2)),
+                                            (32, 6144, 4096, (4, 4)), (32, 4096, 4096, (8, 4)), (32, 28672, 4096, (4, 2)),
+                                            (64, 4096, 4096, (8, 4))])
+def test_the_launch_rule(m, n, k, shape):
+    """Above 16 rows half the warps (their loads of x bound the launch; 2 chunks ahead on more than 1024 tiles), and
+    no more than the partial sums of 8 tiles of B fit in shared memory (8 at M = 64)."""
+    from qfuse.kernels.cuda.int4_mma import launch_shape
+
+    assert launch_shape(m, n, k) == shape
+
+
+@pytest.mark.parametrize("m, tiles", [(1, 1), (8, 1), (9, 2), (16, 2), (17, 4), (32, 4), (33, 8), (64, 8)])
+def test_a_launch_computes_the_tiles_of_its_rows(m, tiles):
+    from qfuse.kernels.cuda.int4_mma import column_tiles
+
+    assert column_tiles(m) == tiles
+
+
+# --- on the GPU machine: the kernel against eager's math (skipped without CUDA) --------------------------------
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+ROUNDING = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}  # float32: the sums' order
+
+
+@GPU
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 64, 70])
+@pytest.mark.parametrize("dtype, zero_points, bias, out_f32", [
+    (torch.bfloat16, False, False, False), (torch.bfloat16, True, True, False), (torch.float16, True, False, True),
+    (torch.float16, False, True, False)], ids=["bf16", "bf16-zero-points-bias", "fp16-zero-points-f32", "fp16-bias"])
+def test_on_the_gpu_it_is_eagers_linear(m, dtype, zero_points, bias, out_f32):
+    """Every number of 8-column tiles of B (1, 2, 4, 8) and two launches past 64 rows: within two roundings of the
+    output dtype of the float product of x and eager's dequantized weight ((q - z) * s rounded to x's dtype)."""
+    from qfuse.kernels import get_kernel
+
+    torch.manual_seed(m)
+    n, k, group_size = 272, 1024, 128
+    values = torch.randint(-8, 8, (k, n), device="cuda", dtype=torch.int8)
+    scale = (torch.rand(k // group_size, n, device="cuda") / 16).to(dtype)
+    zero = torch.randint(-8, 8, (k // group_size, n), device="cuda", dtype=torch.int8) if zero_points else None
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=dtype) if bias else None
+    out_dtype = torch.float32 if out_f32 else dtype
+    cuda = get_kernel("cuda")
+    out = cuda.weight_only_apply(x, cuda.prepare_int4_weight(values, scale, zero), b, out_dtype)
+    group = torch.arange(k, device="cuda") // group_size
+    z = zero.to(torch.int32)[group] if zero_points else 0
+    w = (values.to(torch.int32) - z).to(dtype) * scale[group]  # [K, N], eager's rounding
+    expected = x.double() @ w.double() + (0 if b is None else b.double())
+    assert out.dtype == out_dtype and out.shape == (m, n)
+    assert (out.double() - expected).abs().max().item() <= 2 * ROUNDING[out_dtype] * expected.abs().max().item()

@@ -146,8 +146,10 @@ def test_bad_input_is_named_before_any_launch():
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP8_CAPABLE = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
-#: (M, N, K): decode rows, two launches (M > 16), one and two row tiles a block (8192: two; 16400, 1025 tiles: one), Llama's shapes
-SIZES = [(1, 16, 32), (5, 48, 96), (9, 64, 4096), (16, 4096, 4096), (17, 1024, 14336), (40, 32, 256), (3, 16400, 64), (2, 8192, 64)]
+#: (M, N, K): each number of 8-column tiles of B (1, 2, 4, 8), two launches (M > 64), one and two row tiles a block
+#: (8192: two; 16400, 1025 tiles: one), Llama's shapes
+SIZES = [(1, 16, 32), (5, 48, 96), (9, 64, 4096), (16, 4096, 4096), (17, 1024, 14336), (40, 32, 256), (64, 4096, 512),
+         (70, 48, 128), (3, 16400, 64), (2, 8192, 64)]
 ROUNDING = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}
 
 

@@ -71,7 +71,9 @@ class CudaKernel(Kernel):
             return ("it runs as the op's extern call, whose Python costs more per call than the Triton templates' GPU "
                     "time in Inductor's code; it is faster under CUDA graphs (mode='reduce-overhead') only")
         if key.m is not None and key.m > DECODE_ROWS:
-            return f"at M = {key.m}: a decode kernel (M <= {DECODE_ROWS}); the Triton templates take batched decode"
+            return (f"at M = {key.m}: a decode kernel (M <= {DECODE_ROWS}); the Triton templates take batched decode "
+                    "(at 32 rows, where its loads of x bound it, it won on some shapes and lost on others, and a decoder "
+                    "ran no faster: docs/benchmarks.md, \"Batched decode on the CUDA kernels\")")
         if key.m is not None and key.m > W8A8_ROWS and not key.scheme.is_weight_only:
             return (f"at M = {key.m} (> {W8A8_ROWS}) the Triton W8A8 template streams the weight as fast or faster "
                     "(measured on an H100: docs/benchmarks.md, \"The CUDA 8-bit decode kernel\")")
@@ -99,7 +101,7 @@ class CudaKernel(Kernel):
         return PreparedWeight(w8_mma.repack(b), scale_b, None, k, n, packing=w8_mma.PACKINGS[b.dtype])
 
     def weight_only_apply(self, x, weight, bias, out_dtype):
-        """x @ w + bias, 16 rows a launch (any M is correct; kernel choice sends it M <= 16). An int4 weight's
+        """x @ w + bias, 64 rows a launch (any M is correct; kernel choice sends it M <= 16). An int4 weight's
         sums, plus a bias of x's dtype, are rounded once to the output dtype; another bias is added to the
         float32 sums. An 8-bit weight's epilogue takes any bias and output dtype."""
         if weight.packing in w8_mma.PACKINGS.values():
@@ -121,7 +123,7 @@ class CudaKernel(Kernel):
         return out.to(out_dtype)
 
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
-        """((a * scale_a) @ w) * scale_b + bias, 16 rows a launch (any M is correct; kernel choice sends it M <= 16)."""
+        """((a * scale_a) @ w) * scale_b + bias, 64 rows a launch (any M is correct; kernel choice sends it M <= 8)."""
         if azp_a is not None:
             raise ValueError("the cuda kernel's W8A8 GEMM takes symmetric activations; use kernel='torch' for an "
                              "activation zero point")

@@ -1,4 +1,4 @@
-// qfuse's W4A16 decode GEMM: out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]), M <= 16, on tensor cores.
+// qfuse's W4A16 decode GEMM: out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]), M <= 64, on tensor cores.
 //
 //   w[n, k] = (u[n, k] - 8 - z[n, k / G]) * s[n, k / G]       u the stored nibble (0..15), rounded once
 //                                                             to the activation's dtype, as eager's
@@ -18,14 +18,17 @@
 // Dequantize, two values a register: (w >> 4 j) & 0x000F000F | MAGIC is the pair MAGIC + u (MAGIC the
 // half float whose ulp is 1: 128 in bf16, 1024 in fp16), then fma(., 1, -(MAGIC + 8 + z)) = u - 8 - z
 // exactly, then fma(., s, -0) rounds (u - 8 - z) * s once. `sz` holds the pair (s, -(MAGIC + 8 + z)) per
-// row and group, [K / G, N]. 3 shifts, 4 lop3 and 8 fma for 8 values, then 4 MMAs.
+// row and group, [K / G, N]. 3 shifts, 4 lop3 and 8 fma for 8 values; a chunk's 16 A registers are made once,
+// then each 8-column tile of B takes its x and its 4 MMAs.
 //
 // A block is one tile of 16 rows; its WARPS warps split K and add their sums through shared memory, so
 // the output is written once, bias and cast included, with no second launch. Column m of B is x's row
-// min(m, M - 1): columns past M compute values nobody stores.
+// min(m, M - 1): columns past M compute values nobody stores. Every warp loads x's rows for its chunks from L1,
+// M_TILES times 1 KiB a chunk of 512 weight bytes: at M > 16 that traffic, not the weight's, bounds a launch
+// (docs/benchmarks.md, "Batched decode on the CUDA kernels").
 //
-// Compiled by NVRTC at first use with -DHALF_BF16 (or fp16), -DM_TILES=1|2 (M <= 8 | 16), -DWARPS=w,
-// -DOUT_F32 for a float32 output, -DUNROLL=u for the chunks a warp loads ahead.
+// Compiled by NVRTC at first use with -DHALF_BF16 (or fp16), -DM_TILES=1|2|4|8 (the 8-column tiles of B: M <= 8,
+// 16, 32, 64), -DWARPS=w, -DOUT_F32 for a float32 output, -DUNROLL=u for the chunks a warp loads ahead.
 
 #ifdef HALF_BF16
 #define MAGIC 0x43004300u
@@ -78,9 +81,11 @@ qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, con
     const int row = tile * 16 + g;
     const int row_words = K >> 3;  // 16-byte words (8 halves) per row of x
     const Words* x_rows[M_TILES];
+#pragma unroll
     for (int i = 0; i < M_TILES; ++i) x_rows[i] = x + (long long)imin(g + 8 * i, M - 1) * row_words + 2 * t;
     const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
     float acc[M_TILES][4];
+#pragma unroll
     for (int i = 0; i < M_TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
     // chunk c's group and its (s, z) pairs, counted on from `begin`: no integer division in the loop
@@ -101,25 +106,21 @@ qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, con
             }
             const unsigned s_g = low_pair(pair_g), z_g = high_pair(pair_g);
             const unsigned s_h = low_pair(pair_h), z_h = high_pair(pair_h);
-            Words xv[M_TILES][2];
-#pragma unroll
-            for (int i = 0; i < M_TILES; ++i) {
-                xv[i][0] = x_rows[i][8 * c];
-                xv[i][1] = x_rows[i][8 * c + 1];
-            }
             const unsigned ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+            unsigned a[4][4];  // the chunk's A operands, step s
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
-                const unsigned v = ws[s];
-                const unsigned a0 = pair_value(v, z_g, s_g);
-                const unsigned a1 = pair_value(v >> 4, z_h, s_h);
-                const unsigned a2 = pair_value(v >> 8, z_g, s_g);
-                const unsigned a3 = pair_value(v >> 12, z_h, s_h);
+                a[s][0] = pair_value(ws[s], z_g, s_g);
+                a[s][1] = pair_value(ws[s] >> 4, z_h, s_h);
+                a[s][2] = pair_value(ws[s] >> 8, z_g, s_g);
+                a[s][3] = pair_value(ws[s] >> 12, z_h, s_h);
+            }
 #pragma unroll
-                for (int i = 0; i < M_TILES; ++i) {
-                    const unsigned* xs = reinterpret_cast<const unsigned*>(&xv[i][0]);  // 8 pairs, k = 16 t + 2 p
-                    mma(acc[i], a0, a1, a2, a3, xs[2 * s], xs[2 * s + 1]);
-                }
+            for (int i = 0; i < M_TILES; ++i) {  // one tile's x live at a time, whatever M_TILES is
+                const Words xv[2] = {x_rows[i][8 * c], x_rows[i][8 * c + 1]};
+                const unsigned* xs = reinterpret_cast<const unsigned*>(xv);  // 8 pairs, k = 16 t + 2 p
+#pragma unroll
+                for (int s = 0; s < 4; ++s) mma(acc[i], a[s][0], a[s][1], a[s][2], a[s][3], xs[2 * s], xs[2 * s + 1]);
             }
         }
     }

@@ -1,14 +1,14 @@
 """W4A16 decode on tensor cores in CUDA C++ (`int4_mma.cu`), compiled by NVRTC at first use.
 
     out [M, N] = x [M, K] @ w^T + bias,   w[n, k] = (v[n, k] - z[n, k / G]) * s[n, k / G]  in x's dtype
-    M <= 16, N a multiple of 16, K a multiple of 64, G a multiple of 64 (or K: per channel)
+    M <= 64, N a multiple of 16, K a multiple of 64, G a multiple of 64 (or K: per channel)
 
 `repack` puts qfuse's int4 convention (values v in [-8, 7] as int8 [K, N], scales and zero points
 [K / G, N]) once into the kernel's layout: words [N / 16, K / 64, 32, 4] int32, a 16-byte load per lane
 holding the A operand of four mma.m16n8k16 (the .cu file's header gives the order), and the pairs
 (s, -(MAGIC + 8 + z)) [K / G, N]. The kernel dequantizes each value once, exactly as eager rounds it,
-into the MMA's registers; a block's warps split K and add their sums in shared memory, so one launch
-writes the output with its bias and cast.
+into the MMA's registers, and uses it for every row of x (8 a tile of the MMA's B); a block's warps split K
+and add their sums in shared memory, so one launch writes the output with its bias and cast.
 
 The launch goes through `torch.cuda._compile_kernel` (NVRTC, then the driver's cuLaunchKernel on the
 current stream, so a CUDA graph captures it): Python on every eager call, none in a graph's replay.
@@ -27,7 +27,9 @@ SOURCE = Path(__file__).with_name("int4_mma.cu")
 COMMON = Path(__file__).with_name("common.cuh")  # what qfuse's CUDA kernels share, prepended to the source
 ROWS_PER_TILE = 16
 K_PER_CHUNK = 64
-MAX_ROWS = 16
+MAX_ROWS = 64
+COLUMNS_PER_TILE = 8  # rows of x a tile of the MMA's B: its 8 columns
+SHARED_BYTES = 48 * 2**10  # a block's static shared memory, at most
 _MAGIC = {torch.bfloat16: 128, torch.float16: 1024}  # the half float whose ulp is 1
 # the nibble of (row half h, k offset e) in a word: bits 4 j, j = h + 2 (e >> 1) + 4 (e & 1) (the .cu header)
 _NIBBLE_SHIFTS = [[4 * (h + 2 * (e >> 1) + 4 * (e & 1)) for e in range(4)] for h in range(2)]
@@ -62,6 +64,26 @@ def repack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor |
     return words.contiguous(), pairs.contiguous()
 
 
+def column_tiles(m: int) -> int:
+    """The 8-column tiles of B a launch of `m` rows computes: 1, 2, 4 or 8 (a compiled kernel each)."""
+    return 1 << max(0, (m - 1) // COLUMNS_PER_TILE).bit_length()
+
+
+def why_not_launch(m_tiles: int, warps: int, partials_a_tile: int) -> str:
+    """Why a block of `warps` warps cannot add up its 4-byte partial sums (`partials_a_tile` a lane and tile of
+    B) in static shared memory, or ''."""
+    need = warps * 32 * partials_a_tile * m_tiles * 4
+    return f"{warps} warps' partial sums of {m_tiles} tiles take {need} bytes of shared memory" if need > SHARED_BYTES else ""
+
+
+def most_warps(m_tiles: int, partials_a_tile: int) -> int:
+    """The most warps (a power of two, at most 16) whose partial sums fit a block's shared memory."""
+    warps = 16
+    while warps > 1 and why_not_launch(m_tiles, warps, partials_a_tile):
+        warps //= 2
+    return warps
+
+
 @functools.cache
 def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, out_f32: bool, device_index: int):
     options = [f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}"]
@@ -78,27 +100,34 @@ TARGET_WARPS = 4096
 
 def launch_shape(m: int, n: int, k: int) -> tuple[int, int]:
     """(warps a block, chunks a warp loads ahead). A block is 16 rows, so warps split K until the grid holds
-    about TARGET_WARPS (4 to 16 a block; 8 at most for M > 8 rows, whose two accumulators and loads of x
-    hold more registers); a warp loads 4 chunks ahead, 2 where it has only 4 (its whole share) or M > 8.
-    Measured at M = 1 and 16 on an H100 and an H200 (docs/benchmarks.md, "The CUDA W4A16 decode kernel" and
-    "The int4 decode kernel on an H200")."""
+    about TARGET_WARPS (4 to 16 a block; 8 at most for M > 8 rows, whose accumulators and loads of x hold more
+    registers); a warp loads 4 chunks ahead, 2 where it has only 4 (its whole share) or M > 8. Above 16 rows
+    half as many warps, 4 chunks ahead (2 on more than 1024 tiles): each warp's loads of x, not the weight, bound
+    those launches. Measured at
+    M = 1, 16 and 32 on an H100 and an H200 (docs/benchmarks.md, "The CUDA W4A16 decode kernel", "The int4
+    decode kernel on an H200" and "Batched decode on the CUDA kernels")."""
     tiles = n // ROWS_PER_TILE
-    warps = min(16 if m <= 8 else 8, max(4, 1 << max(0, (TARGET_WARPS // max(tiles, 1)).bit_length() - 1)))
+    target = TARGET_WARPS if m <= 16 else TARGET_WARPS // 2
+    warps = min(16 if m <= 8 else 8, max(4, 1 << max(0, (target // max(tiles, 1)).bit_length() - 1)))
+    warps = min(warps, most_warps(column_tiles(m), 4))
     chunks_per_warp = k // K_PER_CHUNK // warps
+    if m > 16:
+        return warps, 2 if tiles > 1024 else 4
     unroll = 2 if chunks_per_warp <= 4 or m > 8 else 4
     return warps, unroll
 
 
 def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: torch.Tensor | None,
-             group_size: int, out_dtype: torch.dtype, warps: int | None = None, unroll: int | None = None) -> torch.Tensor:
-    """x [M, K] (1 <= M <= 16, bf16 / fp16) @ w^T + bias, w from `repack`, as `out_dtype` (x's dtype or float32);
-    `warps` and `unroll` by `launch_shape` unless given."""
+             group_size: int, out_dtype: torch.dtype, shape: tuple[int, int] | None = None) -> torch.Tensor:
+    """x [M, K] (M <= 64, bf16 / fp16) @ w^T + bias, w from `repack`, as `out_dtype` (x's dtype or float32);
+    `shape` (warps, unroll) by `launch_shape` unless given."""
     m, k = x.shape
     n = pairs.shape[1]
     if m > MAX_ROWS:
         raise ValueError(f"int4_mma takes at most {MAX_ROWS} rows a launch, got {m}")
-    picked = launch_shape(m, n, k)
-    warps, unroll = warps or picked[0], unroll or picked[1]
+    warps, unroll = shape or launch_shape(m, n, k)
+    if reason := why_not_launch(column_tiles(m), warps, 4):
+        raise ValueError(f"int4_mma cannot launch {m} rows on {warps} warps: {reason}")
     out = torch.empty(m, n, device=x.device, dtype=out_dtype)
     if m == 0:
         return out
@@ -106,7 +135,7 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     if x.data_ptr() % 16:  # the kernel reads x in 16-byte vectors
         x = x.clone()
     bias = None if bias is None else bias.contiguous()  # read as bias[n]
-    kernel = _compiled(x.dtype, 1 if m <= 8 else 2, warps, unroll, out_dtype == torch.float32, x.device.index or 0)
+    kernel = _compiled(x.dtype, column_tiles(m), warps, unroll, out_dtype == torch.float32, x.device.index or 0)
     with torch.cuda.device(x.device):  # the module is loaded in x's device's context
         kernel(grid=(n // ROWS_PER_TILE, 1, 1), block=(32 * warps, 1, 1),
                args=[words, x, pairs, bias if bias is not None else pairs, out, m, n, k, group_size // K_PER_CHUNK,

@@ -1,4 +1,4 @@
-// qfuse's 8-bit weight decode GEMM on tensor cores, M <= 16: a stream of the weight, one launch a linear.
+// qfuse's 8-bit weight decode GEMM on tensor cores, M <= 64: a stream of the weight, one launch a linear.
 //
 //   W8A8   x int8 / fp8 e4m3 (quantized by the model's own quantizer, in its producer's kernel), w the same:
 //          mma.m16n8k32 (int8: exact int32 sums), out[m, n] = sum_k x[m, k] w[n, k] * sa[m] * sb[n] + bias[n]
@@ -25,7 +25,7 @@
 // row min(m, M - 1): columns past M compute values nobody stores.
 //
 // -D options: W8A8 (else W8A16), WEIGHT_FP8 (else int8), HALF_BF16 (W8A16's x: else fp16), M_TILES 1 | 2
-// (M <= 8 | 16), ROW_TILES 1 | 2, WARPS, UNROLL (chunks a warp loads ahead), and the dtype codes of
+// | 4 | 8 (M <= 8 | 16 | 32 | 64), ROW_TILES 1 | 2, WARPS, UNROLL (chunks a warp loads ahead), and the dtype codes of
 // common.cuh: SCALE_A (W8A8; 0: no activation scale), SCALE_B (0: none), BIAS (0: none), OUT.
 
 #ifdef W8A8

@@ -2,7 +2,7 @@
 
     W8A8   out [M, N] = (a [M, K] @ w^T) * scale_a * scale_b + bias    a int8 / fp8 e4m3, w the same dtype
     W8A16  out [M, N] = (x [M, K] @ w^T) * scale_b + bias              x bf16 / fp16, w int8 / fp8 e4m3
-    M <= 16 a launch, N a multiple of 16, K a multiple of 32; scale_a one value or one a row, scale_b one
+    M <= 64 a launch, N a multiple of 16, K a multiple of 32; scale_a one value or one a row, scale_b one
     value or one a column (each float32, bf16 or fp16, read as the call gives it: a scale the model computes
     on every call, a cast of a stored one say, costs no preparation)
 
@@ -26,14 +26,14 @@ from pathlib import Path
 
 import torch
 
-from qfuse.kernels.cuda.int4_mma import COMMON, TARGET_WARPS
+from qfuse.kernels.cuda.int4_mma import COMMON, TARGET_WARPS, column_tiles, most_warps, why_not_launch
 from qfuse.kernels.prepared import Packing
 from qfuse.schemes import FP8_DTYPE
 
 SOURCE = Path(__file__).with_name("w8_mma.cu")
 ROWS_PER_TILE = 16
 K_PER_CHUNK = 32
-MAX_ROWS = 16
+MAX_ROWS = 64
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 #: common.cuh's dtype codes
 DTYPE_CODES = {None: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
@@ -77,7 +77,8 @@ def launch_shape(m: int, n: int) -> tuple[int, int, int]:
     """(row tiles a block, warps a block, chunks a warp loads ahead). Two 16-row tiles share a block's loads
     of x where N is large (TWO_TILES_FROM tiles), one elsewhere; warps split K until the grid holds about
     TARGET_WARPS (4 to 16 a block), as the int4 kernel's rule (`int4_mma.launch_shape`), half as many for
-    M > 8 rows on two tiles (their accumulators and x's loads); 16 warps load 2 chunks ahead, fewer warps 4.
+    M > 8 rows on two tiles (their accumulators and x's loads), and no more than their partial sums' shared
+    memory takes (above 16 rows); 16 warps load 2 chunks ahead, fewer warps 4.
     Measured on an H100 against 7 other launch shapes at M = 1 and 16, N x K = 4096 x 4096, 14336 x 4096 and
     4096 x 14336, in each form (docs/benchmarks.md, "The CUDA 8-bit decode kernel"): the fastest of them, or
     within 4%, in all 24 cases."""
@@ -87,13 +88,14 @@ def launch_shape(m: int, n: int) -> tuple[int, int, int]:
     warps = min(16, max(4, 1 << max(0, (TARGET_WARPS // max(blocks, 1)).bit_length() - 1)))
     if m > 8 and row_tiles == 2:
         warps = max(4, warps // 2)
+    warps = min(warps, most_warps(column_tiles(m), 4 * row_tiles))
     return row_tiles, warps, 2 if warps == 16 else 4
 
 
 def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scale_a: torch.Tensor | None,
            scale_b: torch.Tensor | None, bias: torch.Tensor | None, out_dtype: torch.dtype,
            shape: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """out [M, N] of the module docstring, for M <= 16: `x` int8 / fp8 (W8A8, `scale_a` one value, [M, 1] or
+    """out [M, N] of the module docstring, for M <= 64: `x` int8 / fp8 (W8A8, `scale_a` one value, [M, 1] or
     None) or bf16 / fp16 (W8A16, `scale_a` None); `words` from `repack` of a weight of `weight_dtype`;
     `scale_b` one value, N values ([N] or [1, N]) or None; `shape` (row tiles, warps, unroll) by `launch_shape`
     unless given."""
@@ -109,9 +111,11 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
         x = x.clone()
     weight_only = x.dtype in HALF_DTYPES
     row_tiles, warps, unroll = shape or launch_shape(m, n)
+    if reason := why_not_launch(column_tiles(m), warps, 4 * row_tiles):
+        raise ValueError(f"w8_mma cannot launch {m} rows on {row_tiles} row tiles and {warps} warps: {reason}")
     sa_stride = 0 if scale_a is None or scale_a.numel() == 1 else 1
     sb_stride = 0 if scale_b is None or scale_b.numel() == 1 else 1
-    options = [f"-DM_TILES={1 if m <= 8 else 2}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}",
+    options = [f"-DM_TILES={column_tiles(m)}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}",
                f"-DSCALE_A={DTYPE_CODES[None if scale_a is None else scale_a.dtype]}",
                f"-DSCALE_B={DTYPE_CODES[None if scale_b is None else scale_b.dtype]}",
                f"-DBIAS={DTYPE_CODES[None if bias is None else bias.dtype]}", f"-DOUT={DTYPE_CODES[out_dtype]}"]
