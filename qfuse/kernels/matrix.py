@@ -14,6 +14,7 @@ import torch
 
 from qfuse.kernels.base import GemmKey
 from qfuse.kernels.capabilities import Capability
+from qfuse.kernels.reference import ReferenceKernel
 from qfuse.kernels.registry import KERNELS, choose_kernel, why_not_implemented
 from qfuse.platform import OPTIONAL_LIBRARIES, Platform, current_platform
 from qfuse.tables import format_table
@@ -44,7 +45,7 @@ _TARGETS = {
 }
 _SIZE = 4096  # K and N of the matrix's linears: aligned for every kernel
 #: The kernels in the matrix: `reference` (slow emulation, only when forced) takes everything.
-MATRIX_KERNELS = tuple(name for name in KERNELS if name != "reference")
+MATRIX_KERNELS = tuple(name for name in KERNELS if name != ReferenceKernel.name)
 
 
 def _key(scheme: QuantScheme, device: str) -> GemmKey:

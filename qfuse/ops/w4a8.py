@@ -12,9 +12,9 @@ whatever it writes. `b` the int4 weight as a [K, N] int8 matrix of values in [-8
 (`qfuse.kernels.prepared`). `group_size` g > 0 with `scale_b` [K / g, N] (g divides K), or g = -1
 for per-channel scales, `scale_b` [N] or [1, N]. `bias` [N].
 
-Kernels: `xpu` (oneDNN's int4 x int8 matmul) and `reference`. The reference kernel's math reads a
-weight scale per element, per row / column or per 128-block, so the op expands a g-group scale to
-one per element for it. This is a separate op because `qfuse::scaled_mm` takes int8 / fp8 weights
+Kernels: those whose capability table has an int8-activation, int4-weight row (`W4A8_KERNELS`: `xpu`,
+oneDNN's int4 x int8 matmul, and `reference`, which expands a g-group scale to one per value as it
+prepares the weight). This is a separate op because `qfuse::scaled_mm` takes int8 / fp8 weights
 whose block scales are 128 x 128; int4 values with any group size do not fit that contract.
 """
 
@@ -23,11 +23,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from qfuse.kernels.registry import KERNELS
 from qfuse.ops.arguments import op_arguments
 from qfuse.ops.scaled_mm import OUT_DTYPES, prepared_kernel
+from qfuse.schemes import INT4_DTYPE
 
 PER_CHANNEL = -1  # group_size for one scale per output channel
-W4A8_KERNELS = ("xpu", "reference")
+#: The kernels that compute W4A8: a capability row of int8 activations and int4 weights
+W4A8_KERNELS = tuple(name for name, kernel in KERNELS.items()
+                     if any(INT4_DTYPE in row.weight_dtypes and torch.int8 in row.activation_dtypes
+                            for row in kernel.capabilities))
 _OP = "qfuse::w4a8_scaled_mm"
 
 
@@ -72,9 +77,7 @@ def w4a8_scaled_mm(a: Tensor, scale_a: Tensor, b: Tensor, scale_b: Tensor, bias:
                    out_dtype: torch.dtype, kernel: str) -> Tensor:
     _check_operands(a, scale_a, b, scale_b, bias, out_dtype, kernel)
     (k, n), out_shape = b.shape, (*a.shape[:-1], b.shape[1])
-    scale, group = _group_scale(scale_b, k, n, group_size)
-    if kernel == "reference":
-        scale = scale.repeat_interleave(group, dim=0)  # [K, N]: one scale per weight element
+    scale, _ = _group_scale(scale_b, k, n, group_size)
     implementation, weight = prepared_kernel(kernel, b, scale, None)
     token_scale = scale_a.reshape(1, 1) if scale_a.numel() == 1 else scale_a.reshape(-1, 1)
     out = implementation.apply(a.reshape(-1, k), weight, token_scale, bias, None, out_dtype)
