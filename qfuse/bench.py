@@ -132,8 +132,8 @@ def graph_ms_per_call(calls: Sequence[Callable[[], object]]) -> float:
     call its own buffers (enough weights that together they are several times the L2): one graph
     of them has no launch gaps and no cache hits. `do_bench` instead writes 256 MB to empty the
     L2 before each run, and a short kernel timed right after it reads slowly (likely behind the
-    write-back of the dirty lines it evicts): on an H200 a read-only pass over a 16.8 MB weight
-    measured 37-40% of HBM bandwidth under do_bench and 62-67% in the graph.
+    write-back of the dirty lines it evicts): a read-only pass over a weight reads well below the
+    graph's bandwidth under do_bench (measured: docs/benchmarks.md, "Measurements first quoted in code comments").
     """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -14,13 +14,12 @@ exception is torchao's int8 storage, whose zero points are looked at when the we
 those that fold into the values (all zero, for its symmetric default) leave no zero point, and a
 weight with others is dequantized once in bf16 / fp16 (`Packing.DENSE`, exact, twice the int8 weight's memory).
 
-Measured against Inductor's own code for the GPTQ form on this project's CPU (Zen 4, 2 threads,
-K = N = 4096, bf16, groups of 128; benchmarks/cpu_weight_only.py, docs/benchmarks.md), qfuse's
-compiled op: 23.5x at M = 1, 6.6x at M = 16, 2.3x at M = 64, 1.5x at M = 128, 0.85x at M = 256.
-So a static M above `MAX_ROWS` is left to Inductor (`TorchKernel.can_implement`); a dynamic M runs
-here at every M. In float32 the kernel is far slower (same machine and script, torchao's intx form,
-groups of 32): 15 ms at M = 1 against Inductor's 27.6 (1.7x), then about 15 ms a row (59 ms at M = 4,
-239 at M = 16 against Inductor's 30 and 36), so float32 runs here at a static M = 1 only.
+Against Inductor's own code for the GPTQ form (bf16) the compiled op is far faster at decode, its lead
+shrinking with M until Inductor's dequantize + mm is faster at 256 rows (measured: docs/benchmarks.md,
+"qfuse's int4 weight-only linear"). So a static M above `MAX_ROWS` is left to Inductor
+(`TorchKernel.can_implement`); a dynamic M runs here at every M. In float32 the kernel's time grows by about
+its one-row time with every row (docs/benchmarks.md, "torchao's int4 \"intx\" form"), so float32 runs here at a
+static M = 1 only.
 """
 
 from __future__ import annotations

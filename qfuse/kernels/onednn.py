@@ -15,8 +15,9 @@ the rest, each tested):
                  (qlinear ignores w_zero_point: wrong results);
                  no per-group / 128x128 block scales; out fp32 / bf16 / fp16; any M, K, N
     fp8 W8A8     rejected: torch's fp8 qlinear has no oneDNN brgemm behind it (no primitive in
-                 ONEDNN_VERBOSE) and is 1.6-2x slower than the torch kernel's bf16 upcast, measured
-                 on this AVX-512 VNNI CPU and on an AMX Xeon (torch 2.11): the torch kernel runs it
+                 ONEDNN_VERBOSE) and is slower than the torch kernel's bf16 upcast on AVX-512 VNNI and
+                 AMX (measured: docs/benchmarks.md, "Measurements first quoted in code comments"): the
+                 torch kernel runs it
     fp8 W8A16    weight fp8 e4m3fn with 128x128 block scales (vLLM's CPU kernel: K blocks of 128,
                  N blocks a multiple of 32); activation bf16 only (the weight is prepared once as
                  bf16; fp16 / fp32 would need another copy or a lossy cast); out bf16 or fp32
@@ -32,8 +33,8 @@ What runs where:
                (mkldnn._reorder_linear_weight, the bf16 layout Inductor's CPU freezing uses)
     apply, per call:
         a + 128 as uint8 (one xor): oneDNN's brgemm takes uint8 activations on AVX-512 VNNI; int8
-        ones fall to its reference kernel (`ref_int8`), 150x slower at M = 1 and 2000x at M = 32
-        (K = N = 1024) here; AMX runs both at one speed.
+        ones fall to its reference kernel (`ref_int8`), orders of magnitude slower (docs/benchmarks.md,
+        "Measurements first quoted in code comments"); AMX runs both at one speed.
         One value of scale_a and azp_a: one qlinear call does it all (zero point azp_a + 128,
         scales, fp32 bias, out dtype). qlinear takes one activation scale and zero point, so with a
         per-token scale or per-row zero point it runs with scale 1, zero point 128, no bias, fp32
@@ -89,8 +90,8 @@ VLLM_PACK_N_MULTIPLE = 16
 VLLM_PACK_K_MULTIPLE = 2
 
 FP8_W8A8_REASON = (
-    "fp8 W8A8 is not onednn's: torch's fp8 qlinear has no oneDNN brgemm behind it and is 1.6-2x slower "
-    "than the torch kernel's bf16 upcast (measured on AVX-512 VNNI and on AMX)"
+    "fp8 W8A8 is not onednn's: torch's fp8 qlinear has no oneDNN brgemm behind it and is slower than the "
+    "torch kernel's bf16 upcast (measured on AVX-512 VNNI and on AMX: docs/benchmarks.md)"
 )
 
 
@@ -134,7 +135,7 @@ class OneDnnKernel(Kernel):
         Capability("fp8 W8A16", ("cpu",), W8A16_ACTIVATION_DTYPES, (FP8_DTYPE,), (Granularity.PER_TENSOR,),
                    (Granularity.BLOCK,), activation_scale_kinds=(STATIC,), out_dtypes=W8A16_OUT_DTYPES),
     )
-    min_weight_elements = 1 << 23  # measured on AVX-512 VNNI (Zen 4, 2 threads): 1.2-2.5x Inductor at 4096 x 4096, a tie at 1024 x 4096, slower at 1024 x 1024
+    min_weight_elements = 1 << 23  # a tie with Inductor at 1024 x 4096 (docs/benchmarks.md, "Measurements first quoted in code comments")
 
     def describe(self, platform: Platform) -> str:
         return f"oneDNN int8 GEMM on {int8_engine(platform)}"

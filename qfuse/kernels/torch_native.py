@@ -47,9 +47,8 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, Granul
 
 #: torch 2.13's CPU _weight_int8pack_mm crashes (segmentation fault) with bf16 and K not a multiple of this.
 BF16_INT8PACK_K_MULTIPLE = 16
-#: Above this many rows the weight-only GEMM dequantizes the weight and runs a bf16 mm instead:
-#: _weight_int8pack_mm measured 2.09x / 1.20x / 0.82x / 0.56x Inductor's own code at M = 32 / 64 /
-#: 128 / 256 (bf16, K = N = 4096, Zen 4; benchmarks/cpu_weight_only.py).
+#: Above this many rows the weight-only GEMM dequantizes the weight and runs a bf16 mm instead: there
+#: _weight_int8pack_mm is slower than Inductor's own code (measured: docs/benchmarks.md, "Measurements first quoted in code comments").
 INT8PACK_MAX_ROWS = 64
 _INT8_ACTIVATIONS = (torch.int8, torch.uint8)  # uint8 arrives shifted to int8 (the passes do it)
 _INT8_ROW = dict(activation_dtypes=_INT8_ACTIVATIONS, weight_dtypes=(torch.int8,), activation_zero_point=True,
@@ -79,7 +78,8 @@ class TorchKernel(Kernel):
         Capability("fp8 upcast + torch.mm", ("cpu",), **_FP8_ROW),
         Capability("fp8 torch._scaled_mm (cuBLASLt)", ("cuda",), **_FP8_ROW, k_multiple=16, n_multiple=16,
                    min_capability=89, rocm=False),
-        # bf16 only: fp32 runs 4x slower than Inductor's own code at M = 16 (benchmarks/cpu_weight_only.py);
+        # bf16 only: fp32 is several times slower than Inductor's own code (docs/benchmarks.md, "qfuse on the
+        # hand-written int8 form");
         # K a multiple of 16: torch 2.13's bf16 kernel crashes on other K.
         Capability("int8 weight-only torch._weight_int8pack_mm", ("cpu",), (torch.bfloat16,), (torch.int8,),
                    weight_zero_point=True, k_multiple=BF16_INT8PACK_K_MULTIPLE),
@@ -117,12 +117,13 @@ class TorchKernel(Kernel):
         if scheme.weight_dtype != INT4_DTYPE or key.device_type != "cpu":
             return ""
         if scheme.activation_dtype == torch.float32 and key.m != 1:
-            return ("in float32 _weight_int4pack_mm_for_cpu takes about 15 ms a row at K = N = 4096 (0.5x "
-                    "Inductor's own dequantize + mm at M = 4, 0.15x at M = 16; kernels/int4_cpu.py): taken at "
-                    f"a static M = 1 only, not at {'a dynamic M' if key.m is None else f'M = {key.m}'}")
+            return ("in float32 _weight_int4pack_mm_for_cpu's time grows by its one-row time with every row, "
+                    "slower than Inductor's own dequantize + mm from a few rows on (docs/benchmarks.md, torchao's "
+                    f"int4 \"intx\" form): taken at a static M = 1 only, not at "
+                    f"{'a dynamic M' if key.m is None else f'M = {key.m}'}")
         if key.m is not None and key.m > int4_cpu.MAX_ROWS:
             return (f"at M = {key.m} _weight_int4pack_mm_for_cpu is slower than Inductor's own dequantize + "
-                    f"mm (0.85x at M = 256, 1.5x at M = 128; kernels/int4_cpu.py)")
+                    "mm (above 128 rows; docs/benchmarks.md, \"qfuse's int4 weight-only linear\")")
         return ""
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:

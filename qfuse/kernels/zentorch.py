@@ -78,8 +78,8 @@ included; median ms of calls interleaved with the other candidates, so weights c
     2        32      1.66     2.03      4.36         11.0      4.81
     2        256     9.97    11.6      17.2          53.2     21.6
 
-Not used: zentorch's int4 weight-only GEMM (`zentorch_woq_linear`, issue #14; 2.2x Inductor at M =
-256 where ATen's int4pack is 0.9x, benchmarks/cpu_weight_only.py). Its reordered weights are cached
+Not used: zentorch's int4 weight-only GEMM (`zentorch_woq_linear`, issue #14; faster than Inductor at
+M = 256 where ATen's int4pack is not: docs/benchmarks.md, "qfuse's int4 weight-only linear"). Its reordered weights are cached
 by ZenDNN in a way `zentorch_clear_weight_cache()` does not reset: in one process, calls on new int4
 weights made after others were freed returned nan or wrong results (relative error about 1) for 14
 of 36 shape / group / zero-point combinations, with the clear before every call (this EPYC, zentorch
@@ -157,7 +157,7 @@ def split_for_exact_requant(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     the rest: -1 where a was -128, or one value (minus what was added) on such a short row.
     lo is None when no row needs it (the rows of a symmetric dynamic quantizer never do).
     """
-    wide = a.to(torch.int32)  # abs(-128) overflows int8; int16 reductions are 100x slower on CPU (torch 2.13)
+    wide = a.to(torch.int32)  # abs(-128) overflows int8; int16 reductions are far slower on CPU (Measurements first quoted in code comments)
     row_max, peak_index = wide.abs().max(dim=-1, keepdim=True)
     short = (row_max > 0) & (row_max < QMAX)
     if not (short | (row_max > QMAX)).any():
@@ -178,7 +178,7 @@ class ZentorchKernel(Kernel):
     name = "zentorch"
     fuses_activation_quant = True  # zentorch_dynamic_qlinear takes the float activation
     prepares_weight = True  # a private [N, K] copy (see the module docstring), float32 [N] scales
-    min_weight_elements = 1 << 22  # measured (Zen 4, 2 threads): 1.1-1.3x Inductor at 1024 x 4096, slower at 1024 x 1024
+    min_weight_elements = 1 << 22  # faster than Inductor from 1024 x 4096 (docs/benchmarks.md, "Measurements first quoted in code comments")
 
     capabilities = (
         Capability("zentorch_dynamic_qlinear", ("cpu",), (QUANT_DTYPE,), (QUANT_DTYPE,), (Granularity.PER_TOKEN,),

@@ -10,11 +10,9 @@ Both run as the op's extern call, whose Python costs more than their GPU time on
 choice takes them under CUDA graphs (mode="reduce-overhead"), whose replays run no Python, at decode
 (M <= 16; a dynamic M per bucket). Elsewhere the Triton templates, which enter Inductor's code, stay faster.
 
-Measured on an H100 (GPU time per linear in one CUDA graph, `benchmarks/gpu_int4_mma.py`, docs/benchmarks.md
-"A Llama decoder's tokens/s, and the CUDA W4A16 decode kernel"): M = 1, N x K = 4096 x 4096 / 14336 x 4096 /
-4096 x 14336, 6.1 / 15.6 / 15.6 µs, 2.93 / 2.90 / 3.03x the bf16 matmul, where ATen's tinygemm took 7.1 / 19.4 /
-19.7 and the nibble-plane Triton template 14.0 / 25.4 / 25.2 (its eager launch); an 8-layer Llama-shaped
-decoder at batch 1 under CUDA graphs ran 2.17x the bf16 model's tokens/s (tinygemm 1.96x).
+Per linear at decode faster than ATen's tinygemm and the nibble-plane template, and a Llama-shaped decoder
+under CUDA graphs faster than with either (measured: docs/benchmarks.md, "A Llama decoder's tokens/s, and the
+CUDA W4A16 decode kernel", and the H200 sections after it).
 """
 
 from __future__ import annotations

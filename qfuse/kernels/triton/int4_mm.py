@@ -66,18 +66,17 @@ from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, bat
 
 PREFILL_TILE = Tile(128, 256, 128, 8, 8, 3)
 # M <= 16: one tile, K split until there are DECODE_PROGRAMS_PER_SM programs a multiprocessor. The
-# best of 24 (tile, split) pairs at each of the three shapes on an H100 (benchmarks/gpu_weight_only.py
-# --tune): 18.6 / 39.8 / 46.9 µs a linear at N x K = 4096 x 4096 / 14336 x 4096 / 4096 x 14336.
+# best of 24 (tile, split) pairs at each of the three Llama shapes
+# (measured: docs/benchmarks.md, "Measurements first quoted in code comments").
 DECODE_TILE = Tile(DECODE_ROWS, 64, 256, 1, 4, 3)
 # Extra decode tiles Inductor benchmarks under max-autotune.
 AUTOTUNE_TILES = (Tile(16, 32, 256, 1, 4, 3), Tile(16, 64, 128, 1, 4, 3), Tile(16, 128, 128, 1, 8, 3),
                   Tile(16, 64, 512, 1, 8, 3))
 # Batched decode (16 < M <= 128) on words packed along N (AWQ) and on int8 storage (torchao's intx), by M
 # bucket; K split while the programs stay within BATCHED_PROGRAMS_PER_SM a multiprocessor
-# (`weight_stream.batched_split_k`). Each the fastest of 24 (tile, split) pairs at the three Llama shapes
-# on an H100 (`python benchmarks/gpu_weight_only.py --tune --form awq --ms 32,64,128`): 22.0 / 60.0 /
-# 49.8 µs at M = 32 where Inductor's dequantize + mm took 40.5 / 136.9 / 159.0 (docs/benchmarks.md). The
-# same tune on intx found them the fastest at 64 and 128 rows and 13-18% behind at 32. Words packed along
+# (`weight_stream.batched_split_k`). Each the fastest of 24 (tile, split) pairs at the three Llama shapes,
+# about twice Inductor's dequantize + mm at M = 32, on intx too but behind the best at 32 rows
+# (measured: docs/benchmarks.md, "Measurements first quoted in code comments"). Words packed along
 # K that do not take the plane template (groups of 32 or 64) were not measured there: they keep the
 # template at decode only.
 BATCHED_TILES = {32: Tile(32, 64, 256, 1, 4, 3), 64: Tile(64, 64, 128, 1, 4, 3), 128: Tile(128, 64, 128, 1, 4, 3)}

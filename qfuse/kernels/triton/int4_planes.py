@@ -60,8 +60,8 @@ _STEP = tl.constexpr(PLANE_STEP)
 # Tiles by M bucket: the tile for M up to the key.
 # Decode (M <= 16): the best 64-wide tile of a sweep
 # (measured: docs/benchmarks.md, "W4A16 decode: num_stages, and the nibble-plane loop"); with one dot a
-# step, a sweep of 8 tiles in the eager launch found none faster by more than 4% at the split
-# `plane_splits` picks.
+# step no other tile of a sweep was faster at the split `plane_splits` picks
+# (docs/benchmarks.md, "Measurements first quoted in code comments").
 # Batched decode (16 < M <= 128): one row block covers M, so each weight tile is read and dequantized
 # once for every row; BLOCK_M is the MMA's N. Each the best tile in the eager launch at the three Llama
 # shapes, or close to it. Up to PLANE_MAX_ROWS the template beat Inductor's dequantize + mm on the GPU
@@ -189,7 +189,8 @@ def _shifted_plane(words, scale, minus_zero, shift):
 @triton.jit
 def _value_shifts(SHIFTS, NIBBLE_ORDER: tl.constexpr):
     """The shifts of the values' 8 nibbles: 4 i in nibble order, else the stored table SHIFTS[i] (loaded
-    where it is used: a table read once before the K loop measured 15-20% slower, session 17)."""
+    where it is used: a table read once before the K loop was slower; docs/benchmarks.md, "Measurements
+    first quoted in code comments")."""
     if NIBBLE_ORDER:
         return (0, 4, 8, 12, 16, 20, 24, 28)
     return (tl.load(SHIFTS + 0), tl.load(SHIFTS + 1), tl.load(SHIFTS + 2), tl.load(SHIFTS + 3),

@@ -18,8 +18,8 @@ Python number, is a multiplication by its float32 reciprocal, as eager computes 
 Inductor on every device (on a CPU eager divides: one float32 step apart, at times). A nan in a row
 makes its scale and its values nan, as eager's amax and clamp do.
 
-On an H100 the per-token kernel runs at the HBM floor (bf16 rows of 4096 and 14336, 1024 and 4096
-rows: 1.15-1.55x Inductor's generated reduction; docs/benchmarks.md): one reduction (a maximum that
+The per-token kernel runs at the HBM floor, faster than Inductor's generated reduction (measured:
+docs/benchmarks.md, "Measurements first quoted in code comments"): one reduction (a maximum that
 keeps nan), `rint` for the rounding and three instructions a value for the division. Under the
 interpreter (INTERPRETED) portable spellings replace the first two.
 
@@ -163,15 +163,14 @@ def _silu_mul_quant_kernel(
 
 def silu_mul_quant_warps(block: int) -> int:
     """Warps a program for a row of `block` values of the SiLU * mul quant: two inputs held in registers.
-    H100 at 14336 (16384 a block), 1024 and 4096 rows: 16 warps run at the HBM floor, 8 lose 1.2-1.5x
-    (the exact-math variant; scratch sweep 2026-11-26). Other widths are scaled to that, unmeasured."""
+    16 warps reach the HBM floor at Llama's 14336 where 8 do not (measured: docs/benchmarks.md, "Measurements first quoted in code comments");
+    other widths are scaled to that, unmeasured."""
     return max(4, min(16, block // 1024))
 
 
 def dynamic_quant_warps(block: int) -> int:
-    """Warps a program for a row (or group) of `block` values. H100, bf16 rows of 4096 and 14336
-    (scratch sweep 2026-11-26): 4 to 8 warps run at the HBM floor; 16 and 32 lose up to 1.9x at
-    4096, where fewer, larger programs fill the machine worse."""
+    """Warps a program for a row (or group) of `block` values: 4 to 8 reach the HBM floor, more leave fewer,
+    larger programs that fill the machine worse (measured: docs/benchmarks.md, "Measurements first quoted in code comments")."""
     return 4 if block > 8192 else max(1, min(8, block // 512))
 
 

@@ -61,10 +61,8 @@ AUTOTUNE_TILES: tuple[Tile, ...] = (
 # M <= 16 (decode) reads the weight once and does little else: the time is how fast the column
 # blocks pull the weight from HBM, so the grid must reach every multiprocessor. BLOCK_N is the widest
 # tile whose column blocks cover GRID_FILL of the multiprocessors (else the narrowest), with
-# (BLOCK_K, num_warps, num_stages) per dtype. Measured by `python benchmarks/gpu_decode.py` on an
-# H200 (CUDA-graph replays over weights 4x the L2): at N = 4096, 32-wide tiles (128 blocks) read
-# 44-66% of HBM bandwidth against 29-60% for 64-wide ones (64 blocks); at N = 14336, 128-wide
-# tiles (112 blocks) read 76-80%.
+# (BLOCK_K, num_warps, num_stages) per dtype: more blocks read more of HBM's bandwidth at N = 4096
+# (measured: docs/benchmarks.md, "Measurements first quoted in code comments").
 DECODE_M = DECODE_ROWS
 GRID_FILL = 0.75
 DECODE_TILES: dict[int, dict[str, tuple[int, int, int]]] = {
@@ -242,9 +240,8 @@ def promote_every(dtype: torch.dtype, out_dtype: torch.dtype, block_k: int) -> i
     """K steps of `block_k` between promotions of the fp8 tensor-core accumulator into the float32 sum.
 
     Hopper accumulates fp8 products in reduced precision. Promoting every step (1) is as exact as
-    cuBLAS's default; every 512 of K (4 steps of 128) is 1.15-1.2x faster on an H200 with a relative
-    error near 1e-3, below what a bf16 / fp16 output rounds away anyway (benchmarks/explorations/fp8_promotion.py,
-    docs/benchmarks.md). The interval is kept in K, so a deeper tile promotes after fewer steps.
+    cuBLAS's default; every 512 of K (4 steps of 128) is faster, with a relative error below what a bf16 /
+    fp16 output rounds away anyway (measured: docs/benchmarks.md, "Measurements first quoted in code comments"). The interval is kept in K, so a deeper tile promotes after fewer steps.
     int8 accumulates exactly in int32 and needs no promotion; block scales promote every step."""
     if dtype == torch.float8_e4m3fn and out_dtype in (torch.bfloat16, torch.float16):
         return max(1, PROMOTE_K // block_k)

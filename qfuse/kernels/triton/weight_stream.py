@@ -115,8 +115,8 @@ def batched_split_k(rows: int, n: int, k: int, tile, programs_per_sm: float, mul
                     min_steps_per_split: int = 1) -> int:
     """K splits at batched decode (`rows`: M, or the bound of M's bucket): a power of two while the grid's
     programs (row blocks x column blocks x splits) stay within `programs_per_sm` a multiprocessor, rounded
-    down (splits that only reach it rounded up, two at N = 14336, took 1.5x as long on an H100:
-    docs/benchmarks.md); at most MAX_SPLIT_K, each split at least `min_steps_per_split` of `tile`'s K steps."""
+    down (rounded up, the splits took longer: docs/benchmarks.md, "Measurements first quoted in code
+    comments"); at most MAX_SPLIT_K, each split at least `min_steps_per_split` of `tile`'s K steps."""
     block_m, block_n, block_k, *_ = tile
     wanted = int(programs_per_sm * multiprocessor_count) // (triton.cdiv(rows, block_m) * triton.cdiv(n, block_n))
     splits = 1

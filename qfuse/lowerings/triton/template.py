@@ -1,7 +1,7 @@
 """The `triton` kernel inside Inductor's generated code: the eager kernel's math as an Inductor template.
 
-An opaque custom op costs a Python call on every run (about 190 us of host time on an H100, more
-than most GEMMs of a model take on the GPU) and hides the epilogue from Inductor. As a template the
+An opaque custom op costs a Python call on every run (more host time than most GEMMs of a model take on
+the GPU) and hides the epilogue from Inductor. As a template the
 kernel is launched by Inductor's own wrapper, and what follows the linear joins its store:
 
     out = template(A [M, K], B [K, N], scales, bias)   float32: (A @ B) * scale_a * scale_b + bias
@@ -11,13 +11,13 @@ The template calls the eager kernel's own pieces (`qfuse.kernels.triton.scaled_m
 the main loop with block scales; `scale_and_bias`, the per-row / per-column epilogue), imported by
 the generated module, so both share one statement of the math. The scales and the bias are applied
 inside the template from [BLOCK_M] / [BLOCK_N] vectors: as Inductor epilogue loads they would be
-broadcast [BLOCK_M, BLOCK_N] tiles, 169 registers a thread against 115, half the occupancy and
-1.45x the time (H100, int8, 4096 x 14336 x 4096; benchmarks/explorations/template_code.py). For the same reason
+broadcast [BLOCK_M, BLOCK_N] tiles, more registers a thread, half the occupancy and a slower kernel
+(measured: docs/benchmarks.md, "Measurements first quoted in code comments"). For the same reason
 the store runs in two [BLOCK_M, BLOCK_N / 2] halves (from `EPILOGUE_SPLIT_MIN_N` columns): a fused
 epilogue that loads another [M, N] tile (a residual add) then holds half of it at a time. That made
 the int8 down projection of a Llama MLP block with its residual add much faster at prefill
 (measured: docs/benchmarks.md, "gpu_linear: qfuse inside Inductor's generated code, as a user sees it")
-and changed no single linear by more than 2%. Tiles:
+and changed no single linear's time beyond noise. Tiles:
 
     default mode   one choice: `pick_config`'s tile for M (a dynamic M guarded on its bucket, `ir.rows_at_most`)
     max-autotune   every tile of `AUTOTUNE_TILES` and `pick_config`'s; Inductor benchmarks them

@@ -7,8 +7,8 @@ They run before a `post_grad_custom_post_pass`, on CPU, CUDA and XPU. What that 
 
 - on CUDA, ATen's `_weight_int8pack_mm` is a kernel whose time grows with every row, many times the
   bf16 matmul's from the first rows on
-  (measured: docs/benchmarks.md, "torchao's int8 weight-only on the GPU, and W8A16 batched decode";
-  on an H100 at N = K = 4096 it also took 4.8 ms at M = 128, a row that section lacks);
+  (measured: docs/benchmarks.md, "torchao's int8 weight-only on the GPU, and W8A16 batched decode", and
+  "Measurements first quoted in code comments" for M = 128);
 - where the kernel's checks fail, the compiled model does, though eager runs: on CPU K not a
   multiple of 16 crashes the process, a per-tensor scale raises.
 
