@@ -43,24 +43,7 @@ What runs where:
         mkldnn._linear_pointwise(x, packed bf16 weight, fp32 bias); an fp32 output is the bf16 GEMM
         result widened, plus the bias in fp32.
 
-Measured, median ms, K = N = 4096, torch 2.13, this CPU (AMD EPYC Zen 4, AVX-512 VNNI + BF16, no
-AMX, 2 threads), caches flushed before each call: `.venv/bin/python benchmarks/cpu_w8a16.py --w8a8 --runs 9`
-
-    M     onednn int8   onednn int8     torch kernel    int8 as int8   fp8 qlinear   torch kernel
-          per-tensor    per-token       (torch._int_mm) (ref_int8)                   fp8 (bf16 mm)
-    1       1.20          1.14            0.97            178            65.9          43.1
-    32      2.09          2.23            4.48             -             81.3          49.0
-    256    10.3          10.9            13.4              -            123            64.9
-
-    M     W8A16: bf16 once,   bf16 once,   bf16 once,     fp32 once,   dequantize
-          oneDNN pack (used)  F.linear     mm [K, N]      F.linear     per call + mm
-    1       1.79               1.95         2.69           3.65         155
-    32      3.35               3.83         4.79          10.9          155
-    256    19.9               20.1         21.2           52.9          173
-
-On an AMX Xeon (the GPU machine's host, 16 threads, torch 2.11, warm caches) qlinear took 0.07 /
-0.12 / 0.28 ms at M = 1 / 32 / 256 against torch._int_mm's 0.13 / 0.16 / 0.34, for int8 and
-uint8 activations alike, and fp8 qlinear 13-15 ms against 7-8 ms for the bf16 upcast.
+What each way costs, on a Zen 4 (AVX-512 VNNI) and an AMX Xeon: docs/benchmarks.md, "The oneDNN tables".
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@
           out = acc * scale_a * scale_b + bias
     fp8   CUDA (capability >= 89): torch._scaled_mm, tensor-wise or row-wise scales fused;
           CPU: a and b upcast and torch.mm: to bf16 for a bf16 output (fp8 values are exact in
-          bf16; the bf16 accumulator output adds at most one bf16 rounding), else to fp32.
-          Measured on the development CPU (AMD EPYC, AVX-512, 2 cores, M=256 K=1024 N=2048):
-          torch._scaled_mm 14.1 ms, upcast-to-bf16 mm 7.3 ms, upcast-to-fp32 mm 9.7 ms.
+          bf16; the bf16 accumulator output adds at most one bf16 rounding), else to fp32: faster than
+          CPU torch._scaled_mm (docs/benchmarks.md, "Measurements first quoted in code comments").
 
 What it takes is the capability table `TorchKernel.capabilities`: per-tensor / per-token x
 per-tensor / per-channel scales, zero points on both sides (int8), any sizes on CPU and the sizes

@@ -52,8 +52,8 @@ copy, float32 [N] scales, and `zentorch_clear_weight_cache()`. Why, from what wa
 - The prepacked path (`zentorch_weight_prepack_for_dynamic_qlinear` + is_weight_prepacked=True)
   is not used: its results are wrong (relative error ~5) for K > 2048 with N >= 128, on this Zen 4
   CPU, for float32 and bfloat16, any M and any ZENDNNL_MATMUL_ALGO / ZENDNNL_DYNAMIC_QUANT_ALGO.
-- Without ZenDNN's cache (ZENDNNL_MATMUL_WEIGHT_CACHE=0) the reorder runs on every call: 9.9 ms
-  instead of 0.28 ms at M=1, N=K=4096, one thread.
+- Without ZenDNN's cache (ZENDNNL_MATMUL_WEIGHT_CACHE=0) the reorder runs on every call, many times the
+  GEMM's own time (docs/benchmarks.md, "Measurements first quoted in code comments").
 Tensors created under torch.inference_mode have no version counter and are prepared on every call:
 a copy, a clear and a reorder each time (slow, but correct).
 
