@@ -32,8 +32,9 @@ into ATen's int4pack layout at compile time (`lowerings.frozen`) and the kernel 
 
     out = (aten._weight_int4pack_mm_for_cpu(x2d[:, order]?, packed, g, scales_and_zeros) + bias).to(out_dtype)
 
-Without freezing the op's extern call repacks once and calls the kernel, with 0.4-0.5 ms of Python a
-call more than the bare kernel at M = 1 (docs/benchmarks.md, the AMX host's freezing run).
+Without freezing the op's extern call repacks once and calls the kernel, with Python on every call that
+costs more than the bare kernel at M = 1 (docs/benchmarks.md, "Again with freezing, qfuse in the joint-graph
+stage": the AMX host).
 """
 
 from __future__ import annotations
