@@ -84,6 +84,9 @@ class Kernel(abc.ABC):
     #: prepared once even where the model computes its scale on every call (torchao's bf16 linears cast a float32
     #: scale in the forward), which a preparation keyed by the scale would repeat on every call.
     reads_weight_scale_per_call: ClassVar[bool] = False
+    #: Whether the W4A8 GEMM reads an int4 weight's [K / g, N] group scale as it is (any g); else the W4A8 op
+    #: gives it one scale a value, [K, N] (the reference math reads scales per value, row, column or 128-block).
+    reads_group_scales: ClassVar[bool] = False
     #: Below this many weight elements (K * N) the kernel's per-call cost (an opaque op: Python,
     #: weight lookup, activation shift) outweighs its faster GEMM, and Inductor's own GEMM (the
     #: `torch` kernel, lowered into the generated code) wins: the registry passes it over unless it

@@ -33,14 +33,6 @@ class ReferenceKernel(Kernel):
     def is_supported(self, platform: Platform) -> Verdict:
         return OK
 
-    def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
-        """The [K, N] weight as it is; a [K / g, N] group scale (W4A8's, any g) expanded to [K, N], one per value:
-        the reference math reads a scale per value, per row / column or per 128-block."""
-        k, n = b.shape
-        if scale_b is not None and scale_b.dim() == 2 and scale_b.shape[1] == n and 1 < scale_b.shape[0] < k:
-            scale_b = scale_b.repeat_interleave(k // scale_b.shape[0], dim=0)
-        return PreparedWeight(b, scale_b, azp_b, k, n)
-
     def apply(self, a, weight, scale_a, bias, azp_a, out_dtype):
         return reference_math.scaled_mm(a, weight.data, scale_a, weight.scale, bias, azp_a, weight.zero_point, out_dtype)
 

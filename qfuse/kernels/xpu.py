@@ -71,6 +71,7 @@ class XpuKernel(Kernel):
     name = "xpu"
     fuses_activation_quant = False  # the op takes the graph's int8 activation and its scale
     prepares_weight = True  # int4 values -> packed int32
+    reads_group_scales = True  # oneDNN takes [K / g, N] and g
     capabilities = (
         Capability("W4A8 int4_gemm_w4a8", ("xpu",), (torch.int8,), (INT4_DTYPE,),
                    (Granularity.PER_TENSOR, Granularity.PER_TOKEN),  # one value is expanded to every token

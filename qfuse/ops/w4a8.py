@@ -13,8 +13,9 @@ whatever it writes. `b` the int4 weight as a [K, N] int8 matrix of values in [-8
 for per-channel scales, `scale_b` [N] or [1, N]. `bias` [N].
 
 Kernels: those whose capability table has an int8-activation, int4-weight row (`W4A8_KERNELS`: `xpu`,
-oneDNN's int4 x int8 matmul, and `reference`, which expands a g-group scale to one per value as it
-prepares the weight). This is a separate op because `qfuse::scaled_mm` takes int8 / fp8 weights
+oneDNN's int4 x int8 matmul, and `reference`). A kernel that does not read a g-group scale as it is
+(`Kernel.reads_group_scales`: the reference math reads a scale per value, row, column or 128-block) gets
+it expanded to one per value. This is a separate op because `qfuse::scaled_mm` takes int8 / fp8 weights
 whose block scales are 128 x 128; int4 values with any group size do not fit that contract.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qfuse.kernels.registry import KERNELS
+from qfuse.kernels.registry import KERNELS, get_kernel
 from qfuse.ops.arguments import op_arguments
 from qfuse.ops.scaled_mm import OUT_DTYPES, prepared_kernel
 from qfuse.schemes import INT4_DTYPE
@@ -77,7 +78,9 @@ def w4a8_scaled_mm(a: Tensor, scale_a: Tensor, b: Tensor, scale_b: Tensor, bias:
                    out_dtype: torch.dtype, kernel: str) -> Tensor:
     _check_operands(a, scale_a, b, scale_b, bias, out_dtype, kernel)
     (k, n), out_shape = b.shape, (*a.shape[:-1], b.shape[1])
-    scale, _ = _group_scale(scale_b, k, n, group_size)
+    scale, group = _group_scale(scale_b, k, n, group_size)
+    if not get_kernel(kernel).reads_group_scales:
+        scale = scale.repeat_interleave(group, dim=0)  # [K, N]: one scale a weight value
     implementation, weight = prepared_kernel(kernel, b, scale, None)
     token_scale = scale_a.reshape(1, 1) if scale_a.numel() == 1 else scale_a.reshape(-1, 1)
     out = implementation.apply(a.reshape(-1, k), weight, token_scale, bias, None, out_dtype)

@@ -133,7 +133,8 @@ def test_scaled_mm_int8_zero_points(kernel, zero_points, out_dtype):
 
 
 @pytest.mark.parametrize("quant_dtype", [torch.int8, FP8])
-@pytest.mark.parametrize("m, k, n", [(3, 256, 256), (17, 200, 300), (1, 384, 33)])
+# (2, 200, 1): a block scale [2, 1] of one column, shaped like a group scale of 100 rows, is still 128-blocks
+@pytest.mark.parametrize("m, k, n", [(3, 256, 256), (17, 200, 300), (1, 384, 33), (2, 200, 1)])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_scaled_mm_reference_group_and_block_scales(quant_dtype, m, k, n, out_dtype):
     a, b = quantized((m, k), quant_dtype, 12), weight(k, n, quant_dtype, "transposed")
