@@ -18,7 +18,7 @@ import torch
 
 from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
 from qfuse.kernels import int4_tinygemm
-from qfuse.kernels.cuda.int4_mma import int4_mma, repack
+from qfuse.kernels.cuda.int4_mma import column_tiles, int4_mma, repack, why_not_launch
 from qfuse.kernels.int4_words import pack_int4
 from qfuse.kernels.triton.int4_planes import triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
@@ -26,7 +26,13 @@ from qfuse.kernels.triton.scaled_mm import multiprocessors
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))  # N x K: Llama-3-8B's q / o, gate / up, down
 GROUP = 128
 STACK_BYTES = 192 * 2**20  # the weights of one graph: several times the 50 MB L2
+DECODER_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))  # q/k/v joined, o, gate/up joined, down
 VARIANTS = [(4, 4), (8, 4), (16, 4), (4, 8), (8, 8), (16, 2)]  # (warps a block, chunks a warp loads ahead)
+
+
+def stack_size(weight_bytes: int) -> int:
+    """How many weights of `weight_bytes` one graph cycles through: past the L2, 2 to 16 of them."""
+    return max(2, min(16, STACK_BYTES // weight_bytes))
 
 
 def copy_bandwidth() -> float:
@@ -63,8 +69,8 @@ class Int4Weight:
 def candidates(weight: Int4Weight, x: torch.Tensor, sms: int) -> dict:
     calls = {"cuda mma (launch rule)": lambda: int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16)}
     calls.update({f"cuda mma ({warps} warps, unroll {unroll})":
-                  lambda shape=shape: int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16, shape)
-                  for shape in VARIANTS for warps, unroll in [shape]})
+                  lambda shape=(warps, unroll): int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16, shape)
+                  for warps, unroll in VARIANTS if not why_not_launch(column_tiles(x.shape[0]), warps, 4)})
     calls["triton planes"] = lambda: triton_int4_planes_mm(x, weight.words, None, weight.scales_nk, weight.zeros_packed,
                                                            None, GROUP, torch.bfloat16, sms)
     if weight.tinygemm is not None:
@@ -94,7 +100,7 @@ def run(ms, shapes, zero_points_options) -> list[dict]:
     rows = []
     for zero_points in zero_points_options:
         for n, k in shapes:
-            layers = max(2, min(16, STACK_BYTES // (n * k // 2)))
+            layers = stack_size(n * k // 2)
             weights = [Int4Weight(n, k, zero_points, generator) for _ in range(layers)]
             dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(max(2, layers // 4))]
             for m in ms:

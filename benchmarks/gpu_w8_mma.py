@@ -21,10 +21,11 @@ import argparse
 
 import torch
 
-from gpu_int4_mma import SHAPES, STACK_BYTES, copy_bandwidth, timed_rows
+from gpu_int4_mma import SHAPES, STACK_BYTES, copy_bandwidth, stack_size, timed_rows
 from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
 from qfuse.kernels import get_kernel, reference_math
 from qfuse.kernels.cuda import w8_mma
+from qfuse.kernels.cuda.int4_mma import column_tiles, why_not_launch
 from qfuse.kernels.prepared import PreparedWeight
 
 FP8 = torch.float8_e4m3fn
@@ -59,7 +60,7 @@ def candidates(form: str, weight: Weight, x: torch.Tensor, scale_a: torch.Tensor
     weight_dtype = FORMS[form][1]
     calls = {"cuda (launch rule)": lambda: w8_mma.w8_mma(x, weight.cuda.data, weight_dtype, scale_a, weight.scale,
                                                          None, out)}
-    for shape in variants:
+    for shape in (shape for shape in variants if not why_not_launch(column_tiles(x.shape[0]), shape[1], 4 * shape[0])):
         calls[f"cuda {shape}"] = lambda shape=shape: w8_mma.w8_mma(x, weight.cuda.data, weight_dtype, scale_a,
                                                                    weight.scale, None, out, shape)
     if scale_a is None:
@@ -89,7 +90,7 @@ def run(ms, shapes, forms, variants) -> list[dict]:
         dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(max(2, STACK_BYTES // (2 * n * k)))]
         for form in forms:
             activation_dtype, weight_dtype = FORMS[form]
-            weights = [Weight(n, k, weight_dtype, generator) for _ in range(max(2, min(16, STACK_BYTES // (n * k))))]
+            weights = [Weight(n, k, weight_dtype, generator) for _ in range(stack_size(n * k))]
             for m in ms:
                 x = random_values(m, k, activation_dtype, generator)
                 scale_a = None if activation_dtype == torch.bfloat16 else torch.rand(m, 1, device="cuda") / 100

@@ -28,7 +28,7 @@ import argparse
 
 import torch
 
-from gpu_int4_mma import GROUP, STACK_BYTES, Int4Weight, copy_bandwidth
+from gpu_int4_mma import DECODER_SHAPES, GROUP, STACK_BYTES, Int4Weight, copy_bandwidth, stack_size
 from gpu_w8_mma import FORMS, Weight, random_values, reference
 from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
 from qfuse.kernels import get_kernel, int4_tinygemm
@@ -37,7 +37,6 @@ from qfuse.kernels.cuda.int4_mma import column_tiles, int4_mma, launch_shape, wh
 from qfuse.kernels.triton.int4_planes import triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
 
-SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))  # q/k/v joined, o, gate/up joined, down
 INT4_SHAPES = [(warps, unroll) for warps in (4, 8, 16) for unroll in (1, 2, 4, 8)]
 W8_SHAPES = [(1, 4, 2), (1, 4, 4), (1, 8, 2), (1, 8, 4), (1, 16, 2), (2, 4, 4), (2, 8, 4), (2, 8, 2), (1, 8, 8),
              (2, 4, 8)]
@@ -57,7 +56,7 @@ def bf16_row(n: int, k: int, m: int, bandwidth: float) -> dict:
 
 
 def int4_rows(n: int, k: int, ms, generator, bandwidth: float) -> list[dict]:
-    weights = [Int4Weight(n, k, False, generator) for _ in range(max(2, min(16, STACK_BYTES // (n * k // 2))))]
+    weights = [Int4Weight(n, k, False, generator) for _ in range(stack_size(n * k // 2))]
     sms = multiprocessors(torch.device("cuda"))
     rows = []
     for m in ms:
@@ -70,7 +69,7 @@ def int4_rows(n: int, k: int, ms, generator, bandwidth: float) -> list[dict]:
             error = ((call(weights[0]).float() - expected).norm() / expected.norm()).item()
             us = graph_ms_per_call([lambda weight=weight: call(weight) for weight in weights]) * 1e3
             rule = " (launch rule)" if shape == launch_shape(m, n, k) else ""
-            rows.append(_row("int4", n, k, m, f"{shape}{rule}", us, weights[0].bytes, bandwidth, error))
+            rows.append(_row("int4", n, k, m, f"w{shape[0]} u{shape[1]}{rule}", us, weights[0].bytes, bandwidth, error))
         others = {"tinygemm": lambda weight: int4_tinygemm.int4pack_mm(x, weight.tinygemm, None, torch.bfloat16),
                   "triton planes": lambda weight: triton_int4_planes_mm(x, weight.words, None, weight.scales_nk, None,
                                                                         None, GROUP, torch.bfloat16, sms)}
@@ -84,7 +83,7 @@ def int4_rows(n: int, k: int, ms, generator, bandwidth: float) -> list[dict]:
 
 def w8_rows(form: str, n: int, k: int, ms, generator, bandwidth: float) -> list[dict]:
     activation_dtype, weight_dtype = FORMS[form]
-    weights = [Weight(n, k, weight_dtype, generator) for _ in range(max(2, min(16, STACK_BYTES // (n * k))))]
+    weights = [Weight(n, k, weight_dtype, generator) for _ in range(stack_size(n * k))]
     triton = get_kernel("triton")
     rows = []
     for m in ms:
@@ -121,7 +120,7 @@ def main() -> None:
     copy_bandwidth()  # once to bring the clocks up
     bandwidth = copy_bandwidth()
     rows = []
-    for n, k in SHAPES[2:3] if args.quick else SHAPES:
+    for n, k in DECODER_SHAPES[2:3] if args.quick else DECODER_SHAPES:
         rows += int4_rows(n, k, ms, generator, bandwidth)
         for form in filter(None, args.forms.split(",")):
             rows += w8_rows(form, n, k, ms, generator, bandwidth)

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import torch
 
-from gpu_int4_mma import GROUP, STACK_BYTES, Int4Weight
+from gpu_int4_mma import DECODER_SHAPES, GROUP, Int4Weight, stack_size
 from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
 from qfuse.kernels.cuda import int4_mma as current
 
-SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))  # q/k/v joined, o, gate/up joined, down
 
 
 def load_before(folder: Path):
@@ -42,8 +41,8 @@ def main() -> None:
     before = load_before(args.before)
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for n, k in SHAPES[2:3] if args.quick else SHAPES:
-        weights = [Int4Weight(n, k, False, generator) for _ in range(max(2, min(16, STACK_BYTES // (n * k // 2))))]
+    for n, k in DECODER_SHAPES[2:3] if args.quick else DECODER_SHAPES:
+        weights = [Int4Weight(n, k, False, generator) for _ in range(stack_size(n * k // 2))]
         earlier = [before.repack(weight.values, weight.scale, weight.zero) for weight in weights]
         for m in (1, 8, 16, 32):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -74,7 +74,8 @@ VLLM_PACK_K_MULTIPLE = 2
 
 FP8_W8A8_REASON = (
     "fp8 W8A8 is not onednn's: torch's fp8 qlinear has no oneDNN brgemm behind it and is slower than the "
-    "torch kernel's bf16 upcast (measured on AVX-512 VNNI and on AMX: docs/benchmarks.md)"
+    "torch kernel's bf16 upcast (measured on AVX-512 VNNI and on AMX: docs/benchmarks.md, \"Measurements first "
+    "quoted in code comments\")"
 )
 
 

@@ -117,8 +117,8 @@ class TorchKernel(Kernel):
             return ""
         if scheme.activation_dtype == torch.float32 and key.m != 1:
             return ("in float32 _weight_int4pack_mm_for_cpu's time grows by its one-row time with every row, "
-                    "slower than Inductor's own dequantize + mm from a few rows on (docs/benchmarks.md, torchao's "
-                    f"int4 \"intx\" form): taken at a static M = 1 only, not at "
+                    "slower than Inductor's own dequantize + mm from a few rows on (docs/benchmarks.md, \"torchao's "
+                    f"int4 'intx' form\"): taken at a static M = 1 only, not at "
                     f"{'a dynamic M' if key.m is None else f'M = {key.m}'}")
         if key.m is not None and key.m > int4_cpu.MAX_ROWS:
             return (f"at M = {key.m} _weight_int4pack_mm_for_cpu is slower than Inductor's own dequantize + "

@@ -157,7 +157,7 @@ def split_for_exact_requant(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     the rest: -1 where a was -128, or one value (minus what was added) on such a short row.
     lo is None when no row needs it (the rows of a symmetric dynamic quantizer never do).
     """
-    wide = a.to(torch.int32)  # abs(-128) overflows int8; int16 reductions are far slower on CPU (Measurements first quoted in code comments)
+    wide = a.to(torch.int32)  # abs(-128) overflows int8; int16 reductions are far slower on CPU (docs/benchmarks.md)
     row_max, peak_index = wide.abs().max(dim=-1, keepdim=True)
     short = (row_max > 0) & (row_max < QMAX)
     if not (short | (row_max > QMAX)).any():

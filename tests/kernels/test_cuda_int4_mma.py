@@ -90,13 +90,25 @@ def test_bad_input_is_named_before_any_launch():
 
 @pytest.mark.parametrize("m, n, k, shape", [(1, 4096, 4096, (16, 2)), (1, 28672, 4096, (4, 4)), (16, 4096, 14336, (8, 2)),
                                             (32, 6144, 4096, (4, 4)), (32, 4096, 4096, (8, 4)), (32, 28672, 4096, (4, 2)),
-                                            (64, 4096, 4096, (8, 4))])
+                                            (64, 4096, 4096, (4, 8))])
 def test_the_launch_rule(m, n, k, shape):
-    """Above 16 rows half the warps (their loads of x bound the launch; 2 chunks ahead on more than 1024 tiles), and
-    no more than the partial sums of 8 tiles of B fit in shared memory (8 at M = 64)."""
+    """Above 16 rows (each warp's loads of x bound the launch) half the warps up to 32 rows (2 chunks ahead on more
+    than 1024 tiles), 4 warps 8 chunks ahead above."""
     from qfuse.kernels.cuda.int4_mma import launch_shape
 
     assert launch_shape(m, n, k) == shape
+
+
+def test_every_launch_rule_pick_fits_shared_memory():
+    from qfuse.kernels.cuda import w8_mma
+    from qfuse.kernels.cuda.int4_mma import column_tiles, launch_shape, why_not_launch
+
+    for m in range(1, 65):
+        for n in (16, 48, 4096, 6144, 8192, 8208, 14336, 28672):
+            warps, _ = launch_shape(m, n, 4096)
+            assert not why_not_launch(column_tiles(m), warps, 4), (m, n)
+            row_tiles, warps, _ = w8_mma.launch_shape(m, n)
+            assert not why_not_launch(column_tiles(m), warps, 4 * row_tiles) and (n // 16) % row_tiles == 0, (m, n)
 
 
 @pytest.mark.parametrize("m, tiles", [(1, 1), (8, 1), (9, 2), (16, 2), (17, 4), (32, 4), (33, 8), (64, 8)])

@@ -94,10 +94,12 @@ def test_the_shapes_it_takes(n, k, reason):
 
 
 @pytest.mark.parametrize("m, n, shape", [(1, 4096, (1, 16, 2)), (16, 4096, (1, 16, 2)), (1, 14336, (2, 8, 4)),
-                                         (16, 14336, (2, 4, 4)), (1, 8208, (1, 4, 4))])
+                                         (16, 14336, (2, 4, 4)), (1, 8208, (1, 4, 4)), (32, 4096, (1, 8, 2)),
+                                         (32, 28672, (1, 4, 2)), (64, 4096, (2, 4, 4)), (64, 8208, (1, 4, 4))])
 def test_the_launch_rule(m, n, shape):
     """Two row tiles a block only for an even number of at least 512 tiles (N = 8208 has 513: one tile a block,
-    or its last 16 rows would have no block)."""
+    or its last 16 rows would have no block); above 16 rows one tile on 8 warps (4 past 1024 tiles), above 32
+    two tiles (an even number) on 4."""
     from qfuse.kernels.cuda.w8_mma import launch_shape
 
     assert launch_shape(m, n) == shape
@@ -147,9 +149,9 @@ def test_bad_input_is_named_before_any_launch():
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP8_CAPABLE = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 #: (M, N, K): each number of 8-column tiles of B (1, 2, 4, 8), two launches (M > 64), one and two row tiles a block
-#: (8192: two; 16400, 1025 tiles: one), Llama's shapes
+#: (8192: two; 16400, 1025 tiles, and 8208, 513: one; at 64 rows too), Llama's shapes
 SIZES = [(1, 16, 32), (5, 48, 96), (9, 64, 4096), (16, 4096, 4096), (17, 1024, 14336), (40, 32, 256), (64, 4096, 512),
-         (70, 48, 128), (3, 16400, 64), (2, 8192, 64)]
+         (70, 48, 128), (3, 16400, 64), (2, 8192, 64), (64, 8192, 64), (64, 8208, 64)]
 ROUNDING = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}
 
 

@@ -76,14 +76,6 @@ def why_not_launch(m_tiles: int, warps: int, partials_a_tile: int) -> str:
     return f"{warps} warps' partial sums of {m_tiles} tiles take {need} bytes of shared memory" if need > SHARED_BYTES else ""
 
 
-def most_warps(m_tiles: int, partials_a_tile: int) -> int:
-    """The most warps (a power of two, at most 16) whose partial sums fit a block's shared memory."""
-    warps = 16
-    while warps > 1 and why_not_launch(m_tiles, warps, partials_a_tile):
-        warps //= 2
-    return warps
-
-
 @functools.cache
 def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, out_f32: bool, device_index: int):
     options = [f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}"]
@@ -94,27 +86,32 @@ def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, out_f32
 
 
 #: Warps a launch aims for, all blocks together: 27-31 a multiprocessor of an H100 were the fastest
-#: (docs/benchmarks.md, "The CUDA W4A16 decode kernel")
+#: (docs/benchmarks.md, "A Llama decoder's tokens/s, and the CUDA W4A16 decode kernel")
 TARGET_WARPS = 4096
+
+
+def warps_for(blocks: int, target: int = TARGET_WARPS) -> int:
+    """Warps a block (a power of two, 4 at least) that bring `blocks` blocks to about `target` warps."""
+    return max(4, 1 << max(0, (target // max(blocks, 1)).bit_length() - 1))
 
 
 def launch_shape(m: int, n: int, k: int) -> tuple[int, int]:
     """(warps a block, chunks a warp loads ahead). A block is 16 rows, so warps split K until the grid holds
     about TARGET_WARPS (4 to 16 a block; 8 at most for M > 8 rows, whose accumulators and loads of x hold more
-    registers); a warp loads 4 chunks ahead, 2 where it has only 4 (its whole share) or M > 8. Above 16 rows
-    half as many warps, 4 chunks ahead (2 on more than 1024 tiles): each warp's loads of x, not the weight, bound
-    those launches. Measured at
-    M = 1, 16 and 32 on an H100 and an H200 (docs/benchmarks.md, "The CUDA W4A16 decode kernel", "The int4
+    registers); a warp loads 4 chunks ahead, 2 where it has only 4 (its whole share) or M > 8. Above 16 rows,
+    where each warp's loads of x, not the weight, bound a launch: up to 32 rows the grid aims at half as many
+    warps, 4 chunks ahead (2 on more than 1024 tiles); above 32, 4 warps, 8 chunks ahead. Measured at M = 1 and
+    16 on an H100 and an H200, and at 32 and 64 on an H200, where one launch beat two or four of 16 rows in 7 of
+    8 cases (docs/benchmarks.md, "A Llama decoder's tokens/s, and the CUDA W4A16 decode kernel", "The int4
     decode kernel on an H200" and "Batched decode on the CUDA kernels")."""
     tiles = n // ROWS_PER_TILE
-    target = TARGET_WARPS if m <= 16 else TARGET_WARPS // 2
-    warps = min(16 if m <= 8 else 8, max(4, 1 << max(0, (target // max(tiles, 1)).bit_length() - 1)))
-    warps = min(warps, most_warps(column_tiles(m), 4))
-    chunks_per_warp = k // K_PER_CHUNK // warps
+    if m > 32:
+        return 4, 8
+    warps = min(16 if m <= 8 else 8, warps_for(tiles, TARGET_WARPS if m <= 16 else TARGET_WARPS // 2))
     if m > 16:
         return warps, 2 if tiles > 1024 else 4
-    unroll = 2 if chunks_per_warp <= 4 or m > 8 else 4
-    return warps, unroll
+    chunks_per_warp = k // K_PER_CHUNK // warps
+    return warps, 2 if chunks_per_warp <= 4 or m > 8 else 4
 
 
 def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: torch.Tensor | None,

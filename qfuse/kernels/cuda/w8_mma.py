@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from qfuse.kernels.cuda.int4_mma import COMMON, TARGET_WARPS, column_tiles, most_warps, why_not_launch
+from qfuse.kernels.cuda.int4_mma import COMMON, column_tiles, warps_for, why_not_launch
 from qfuse.kernels.prepared import Packing
 from qfuse.schemes import FP8_DTYPE
 
@@ -77,18 +77,22 @@ def launch_shape(m: int, n: int) -> tuple[int, int, int]:
     """(row tiles a block, warps a block, chunks a warp loads ahead). Two 16-row tiles share a block's loads
     of x where N is large (TWO_TILES_FROM tiles), one elsewhere; warps split K until the grid holds about
     TARGET_WARPS (4 to 16 a block), as the int4 kernel's rule (`int4_mma.launch_shape`), half as many for
-    M > 8 rows on two tiles (their accumulators and x's loads), and no more than their partial sums' shared
-    memory takes (above 16 rows); 16 warps load 2 chunks ahead, fewer warps 4.
+    M > 8 rows on two tiles (their accumulators and x's loads); 16 warps load 2 chunks ahead, fewer warps 4.
     Measured on an H100 against 7 other launch shapes at M = 1 and 16, N x K = 4096 x 4096, 14336 x 4096 and
     4096 x 14336, in each form (docs/benchmarks.md, "The CUDA 8-bit decode kernel"): the fastest of them, or
-    within 4%, in all 24 cases."""
+    within 4%, in all 24 cases. Above 16 rows, where each warp's loads of x bound a launch: one tile, 8 warps
+    (4 on more than 1024 tiles), 2 chunks ahead up to 32 rows; above, two tiles (an even number of them) on 4
+    warps, 4 chunks ahead. Measured on an H200 at 32 and 64 rows: one launch faster than two or four of 16 rows
+    in all 16 cases (docs/benchmarks.md, "Batched decode on the CUDA kernels")."""
     tiles = n // ROWS_PER_TILE
+    if m > 32:
+        return (2 if tiles % 2 == 0 else 1), 4, 4
+    if m > 16:
+        return 1, (4 if tiles > 1024 else 8), 2
     row_tiles = 2 if tiles >= TWO_TILES_FROM and tiles % 2 == 0 else 1
-    blocks = n // (ROWS_PER_TILE * row_tiles)
-    warps = min(16, max(4, 1 << max(0, (TARGET_WARPS // max(blocks, 1)).bit_length() - 1)))
+    warps = min(16, warps_for(tiles // row_tiles))
     if m > 8 and row_tiles == 2:
         warps = max(4, warps // 2)
-    warps = min(warps, most_warps(column_tiles(m), 4 * row_tiles))
     return row_tiles, warps, 2 if warps == 16 else 4
 
 

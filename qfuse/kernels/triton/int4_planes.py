@@ -60,7 +60,7 @@ _STEP = tl.constexpr(PLANE_STEP)
 # Tiles by M bucket: the tile for M up to the key.
 # Decode (M <= 16): the best 64-wide tile of a sweep
 # (measured: docs/benchmarks.md, "W4A16 decode: num_stages, and the nibble-plane loop"); with one dot a
-# step no other tile of a sweep was faster at the split `plane_splits` picks
+# step no other tile of a sweep was faster by more than 4% at the split `plane_splits` picks
 # (docs/benchmarks.md, "Measurements first quoted in code comments").
 # Batched decode (16 < M <= 128): one row block covers M, so each weight tile is read and dequantized
 # once for every row; BLOCK_M is the MMA's N. Each the best tile in the eager launch at the three Llama
