@@ -18,7 +18,7 @@ import torch
 
 from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
 from qfuse.kernels import int4_tinygemm
-from qfuse.kernels.cuda.int4_mma import column_tiles, int4_mma, repack, why_not_launch
+from qfuse.kernels.cuda.int4_mma import int4_mma, repack, why_not_launch
 from qfuse.kernels.int4_words import pack_int4
 from qfuse.kernels.triton.int4_planes import triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
@@ -70,7 +70,7 @@ def candidates(weight: Int4Weight, x: torch.Tensor, sms: int) -> dict:
     calls = {"cuda mma (launch rule)": lambda: int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16)}
     calls.update({f"cuda mma ({warps} warps, unroll {unroll})":
                   lambda shape=(warps, unroll): int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16, shape)
-                  for warps, unroll in VARIANTS if not why_not_launch(column_tiles(x.shape[0]), warps, 4)})
+                  for warps, unroll in VARIANTS if not why_not_launch(x.shape[0], warps)})
     calls["triton planes"] = lambda: triton_int4_planes_mm(x, weight.words, None, weight.scales_nk, weight.zeros_packed,
                                                            None, GROUP, torch.bfloat16, sms)
     if weight.tinygemm is not None:

@@ -29,8 +29,9 @@ package is missing, or which cannot run a batch (`CANNOT_RUN`), is left out with
 `--profile` instead profiles three decode steps of each variant in each of `--modes` (torch.profiler: every
 kernel's GPU time, a CUDA graph's replay split into its kernels; the host's events by their own CPU time) and
 prints the largest kernels and their sum, the host's time until a step returns (20 steps timed without the
-profiler: above the GPU's sum a step is host-bound) and its largest events, per step. `--variants` picks variants by name (a comma-separated list of substrings). A step decodes one token for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in
-turns with the others, five rounds; the median step time gives tokens/s = batch / step time. The ratio to
+profiler: above the GPU's sum a step is host-bound) and its largest events, per step. `--variants` picks
+variants by name (a comma-separated list of substrings). A step decodes one token for each of `batch` sequences
+at position 64 + step. Each variant runs 40 steps in turns with the others, five rounds; the median step time gives tokens/s = batch / step time. The ratio to
 the bf16 model is from the same run. Under mode="reduce-overhead" a step is one CUDA-graph replay (its time
 is the GPU's); in default mode it includes the host's launch time, which moves between runs.
 """

@@ -25,7 +25,7 @@ from gpu_int4_mma import SHAPES, STACK_BYTES, copy_bandwidth, stack_size, timed_
 from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
 from qfuse.kernels import get_kernel, reference_math
 from qfuse.kernels.cuda import w8_mma
-from qfuse.kernels.cuda.int4_mma import column_tiles, why_not_launch
+from qfuse.kernels.cuda.int4_mma import why_not_launch
 from qfuse.kernels.prepared import PreparedWeight
 
 FP8 = torch.float8_e4m3fn
@@ -60,7 +60,7 @@ def candidates(form: str, weight: Weight, x: torch.Tensor, scale_a: torch.Tensor
     weight_dtype = FORMS[form][1]
     calls = {"cuda (launch rule)": lambda: w8_mma.w8_mma(x, weight.cuda.data, weight_dtype, scale_a, weight.scale,
                                                          None, out)}
-    for shape in (shape for shape in variants if not why_not_launch(column_tiles(x.shape[0]), shape[1], 4 * shape[0])):
+    for shape in (shape for shape in variants if not why_not_launch(x.shape[0], shape[1], shape[0])):
         calls[f"cuda {shape}"] = lambda shape=shape: w8_mma.w8_mma(x, weight.cuda.data, weight_dtype, scale_a,
                                                                    weight.scale, None, out, shape)
     if scale_a is None:

@@ -33,7 +33,7 @@ from gpu_w8_mma import FORMS, Weight, random_values, reference
 from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
 from qfuse.kernels import get_kernel, int4_tinygemm
 from qfuse.kernels.cuda import w8_mma
-from qfuse.kernels.cuda.int4_mma import column_tiles, int4_mma, launch_shape, why_not_launch
+from qfuse.kernels.cuda.int4_mma import int4_mma, launch_shape, why_not_launch
 from qfuse.kernels.triton.int4_planes import triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
 
@@ -62,7 +62,7 @@ def int4_rows(n: int, k: int, ms, generator, bandwidth: float) -> list[dict]:
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         expected = x.float() @ weights[0].dequantized().float()
-        shapes = [shape for shape in INT4_SHAPES if not why_not_launch(column_tiles(m), shape[0], 4)]
+        shapes = [shape for shape in INT4_SHAPES if not why_not_launch(m, shape[0])]
         for shape in [launch_shape(m, n, k), *shapes]:
             def call(weight, shape=shape):
                 return int4_mma(x, *weight.mma, None, GROUP, torch.bfloat16, shape)
@@ -90,7 +90,7 @@ def w8_rows(form: str, n: int, k: int, ms, generator, bandwidth: float) -> list[
         x = random_values(m, k, activation_dtype, generator)
         scale_a = None if activation_dtype == torch.bfloat16 else torch.rand(m, 1, device="cuda") / 100
         expected = reference(form, weights[0], x, scale_a)
-        shapes = [shape for shape in W8_SHAPES if not why_not_launch(column_tiles(m), shape[1], 4 * shape[0])]
+        shapes = [shape for shape in W8_SHAPES if not why_not_launch(m, shape[1], shape[0])]
         for shape in [w8_mma.launch_shape(m, n), *shapes]:
             def call(weight, shape=shape):
                 return w8_mma.w8_mma(x, weight.cuda.data, weight_dtype, scale_a, weight.scale, None, torch.bfloat16, shape)

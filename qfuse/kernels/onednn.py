@@ -119,7 +119,8 @@ class OneDnnKernel(Kernel):
         Capability("fp8 W8A16", ("cpu",), W8A16_ACTIVATION_DTYPES, (FP8_DTYPE,), (Granularity.PER_TENSOR,),
                    (Granularity.BLOCK,), activation_scale_kinds=(STATIC,), out_dtypes=W8A16_OUT_DTYPES),
     )
-    min_weight_elements = 1 << 23  # a tie with Inductor at 1024 x 4096 (docs/benchmarks.md, "Measurements first quoted in code comments")
+    #: a tie with Inductor at 1024 x 4096 (docs/benchmarks.md, "Measurements first quoted in code comments")
+    min_weight_elements = 1 << 23
 
     def describe(self, platform: Platform) -> str:
         return f"oneDNN int8 GEMM on {int8_engine(platform)}"

@@ -48,12 +48,12 @@ KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (
 #: First kernel that can run a linear wins. Vendor kernels first, then qfuse's CUDA C++ (int4 decode under
 #: CUDA graphs), Triton as the portable GPU fallback, torch last (it covers zero points and everything
 #: cuBLAS / ATen can take).
-PRIORITY: dict[str, tuple[str, ...]] = {platform: tuple(kernel.name for kernel in kernels) for platform, kernels in {
-    "cpu": (ZentorchKernel, OneDnnKernel, TorchKernel),
-    "cuda": (CutlassKernel, CudaKernel, TritonKernel, TorchKernel),
-    "rocm": (AiterKernel, TritonKernel, TorchKernel),
-    "xpu": (XpuKernel, TritonKernel),
-}.items()}
+PRIORITY: dict[str, tuple[str, ...]] = {
+    "cpu": (ZentorchKernel.name, OneDnnKernel.name, TorchKernel.name),
+    "cuda": (CutlassKernel.name, CudaKernel.name, TritonKernel.name, TorchKernel.name),
+    "rocm": (AiterKernel.name, TritonKernel.name, TorchKernel.name),
+    "xpu": (XpuKernel.name, TritonKernel.name),
+}
 
 
 class KernelUnavailableError(QfuseUserError):

@@ -47,7 +47,8 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, Granul
 #: torch 2.13's CPU _weight_int8pack_mm crashes (segmentation fault) with bf16 and K not a multiple of this.
 BF16_INT8PACK_K_MULTIPLE = 16
 #: Above this many rows the weight-only GEMM dequantizes the weight and runs a bf16 mm instead: there
-#: _weight_int8pack_mm is slower than Inductor's own code (measured: docs/benchmarks.md, "Measurements first quoted in code comments").
+#: _weight_int8pack_mm is slower than Inductor's own code (measured: docs/benchmarks.md, "Measurements first
+#: quoted in code comments").
 INT8PACK_MAX_ROWS = 64
 _INT8_ACTIVATIONS = (torch.int8, torch.uint8)  # uint8 arrives shifted to int8 (the passes do it)
 _INT8_ROW = dict(activation_dtypes=_INT8_ACTIVATIONS, weight_dtypes=(torch.int8,), activation_zero_point=True,

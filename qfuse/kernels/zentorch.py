@@ -66,21 +66,11 @@ float32 tolerance (1e-3); 3.0e-3 instead of 1.6e-3 (one bfloat16 rounding) for b
 torch.compile backend and edits Inductor's config (its AOTI shim table and cache-key ignore list);
 it patches no aten op.
 
-Measured with benchmarks/cpu_gemm_backends.py (AMD EPYC Zen 4, 2 cores shared with other work,
-torch 2.13.0, zentorch 2.13.0.2; N = K = 4096, bfloat16 activations, activation quantization
-included; median ms of calls interleaved with the other candidates, so weights come from memory):
-
-    threads  M     zentorch  onednn  torch kernel  fp32 mm  bf16 mm
-    1        1       0.88     1.51      0.98          3.10     4.64
-    1        32      2.85     3.41      8.45         17.5      8.88
-    1        256    19.5     21.4      26.8          90.7     41.8
-    2        1       0.80     1.15      0.72          3.25     2.61
-    2        32      1.66     2.03      4.36         11.0      4.81
-    2        256     9.97    11.6      17.2          53.2     21.6
+What it costs against oneDNN, the torch kernel and float matmuls: docs/benchmarks.md, "The zentorch table".
 
 Not used: zentorch's int4 weight-only GEMM (`zentorch_woq_linear`, issue #14; faster than Inductor at
-M = 256 where ATen's int4pack is not: docs/benchmarks.md, "qfuse's int4 weight-only linear"). Its reordered weights are cached
-by ZenDNN in a way `zentorch_clear_weight_cache()` does not reset: in one process, calls on new int4
+M = 256 where ATen's int4pack is not: docs/benchmarks.md, "qfuse's int4 weight-only linear"). Its reordered
+weights are cached by ZenDNN in a way `zentorch_clear_weight_cache()` does not reset: in one process, calls on new int4
 weights made after others were freed returned nan or wrong results (relative error about 1) for 14
 of 36 shape / group / zero-point combinations, with the clear before every call (this EPYC, zentorch
 2.13.0.2, scratch test, 2026-11-25); with every weight kept alive, all of them were right, and each
@@ -178,7 +168,8 @@ class ZentorchKernel(Kernel):
     name = "zentorch"
     fuses_activation_quant = True  # zentorch_dynamic_qlinear takes the float activation
     prepares_weight = True  # a private [N, K] copy (see the module docstring), float32 [N] scales
-    min_weight_elements = 1 << 22  # faster than Inductor from 1024 x 4096 (docs/benchmarks.md, "Measurements first quoted in code comments")
+    #: faster than Inductor from 1024 x 4096 (docs/benchmarks.md, "Measurements first quoted in code comments")
+    min_weight_elements = 1 << 22
 
     capabilities = (
         Capability("zentorch_dynamic_qlinear", ("cpu",), (QUANT_DTYPE,), (QUANT_DTYPE,), (Granularity.PER_TOKEN,),

@@ -24,9 +24,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from qfuse.kernels.prepared import prepare_once
 from qfuse.kernels.registry import KERNELS, get_kernel
 from qfuse.ops.arguments import op_arguments
-from qfuse.ops.scaled_mm import OUT_DTYPES, prepared_kernel
+from qfuse.ops.scaled_mm import OUT_DTYPES
 from qfuse.schemes import INT4_DTYPE
 
 PER_CHANNEL = -1  # group_size for one scale per output channel
@@ -79,9 +80,10 @@ def w4a8_scaled_mm(a: Tensor, scale_a: Tensor, b: Tensor, scale_b: Tensor, bias:
     _check_operands(a, scale_a, b, scale_b, bias, out_dtype, kernel)
     (k, n), out_shape = b.shape, (*a.shape[:-1], b.shape[1])
     scale, group = _group_scale(scale_b, k, n, group_size)
-    if not get_kernel(kernel).reads_group_scales:
+    implementation = get_kernel(kernel)
+    if not implementation.reads_group_scales:
         scale = scale.repeat_interleave(group, dim=0)  # [K, N]: one scale a weight value
-    implementation, weight = prepared_kernel(kernel, b, scale, None)
+    weight = prepare_once(implementation, b, scale, None)
     token_scale = scale_a.reshape(1, 1) if scale_a.numel() == 1 else scale_a.reshape(-1, 1)
     out = implementation.apply(a.reshape(-1, k), weight, token_scale, bias, None, out_dtype)
     return out.reshape(out_shape)

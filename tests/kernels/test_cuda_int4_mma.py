@@ -101,14 +101,14 @@ def test_the_launch_rule(m, n, k, shape):
 
 def test_every_launch_rule_pick_fits_shared_memory():
     from qfuse.kernels.cuda import w8_mma
-    from qfuse.kernels.cuda.int4_mma import column_tiles, launch_shape, why_not_launch
+    from qfuse.kernels.cuda.int4_mma import launch_shape, why_not_launch
 
     for m in range(1, 65):
         for n in (16, 48, 4096, 6144, 8192, 8208, 14336, 28672):
             warps, _ = launch_shape(m, n, 4096)
-            assert not why_not_launch(column_tiles(m), warps, 4), (m, n)
+            assert not why_not_launch(m, warps), (m, n)
             row_tiles, warps, _ = w8_mma.launch_shape(m, n)
-            assert not why_not_launch(column_tiles(m), warps, 4 * row_tiles) and (n // 16) % row_tiles == 0, (m, n)
+            assert not why_not_launch(m, warps, row_tiles) and (n // 16) % row_tiles == 0, (m, n)
 
 
 @pytest.mark.parametrize("m, tiles", [(1, 1), (8, 1), (9, 2), (16, 2), (17, 4), (32, 4), (33, 8), (64, 8)])

@@ -69,10 +69,11 @@ def column_tiles(m: int) -> int:
     return 1 << max(0, (m - 1) // COLUMNS_PER_TILE).bit_length()
 
 
-def why_not_launch(m_tiles: int, warps: int, partials_a_tile: int) -> str:
-    """Why a block of `warps` warps cannot add up its 4-byte partial sums (`partials_a_tile` a lane and tile of
-    B) in static shared memory, or ''."""
-    need = warps * 32 * partials_a_tile * m_tiles * 4
+def why_not_launch(m: int, warps: int, row_tiles: int = 1) -> str:
+    """Why a block of `warps` warps on `row_tiles` 16-row tiles cannot add up the 4-byte partial sums of `m` rows
+    (4 a lane, row tile and tile of B) in static shared memory, or ''."""
+    m_tiles = column_tiles(m)
+    need = warps * 32 * 4 * row_tiles * m_tiles * 4
     return f"{warps} warps' partial sums of {m_tiles} tiles take {need} bytes of shared memory" if need > SHARED_BYTES else ""
 
 
@@ -123,7 +124,7 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     if m > MAX_ROWS:
         raise ValueError(f"int4_mma takes at most {MAX_ROWS} rows a launch, got {m}")
     warps, unroll = shape or launch_shape(m, n, k)
-    if reason := why_not_launch(column_tiles(m), warps, 4):
+    if reason := why_not_launch(m, warps):
         raise ValueError(f"int4_mma cannot launch {m} rows on {warps} warps: {reason}")
     out = torch.empty(m, n, device=x.device, dtype=out_dtype)
     if m == 0:

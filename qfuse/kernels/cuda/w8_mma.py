@@ -115,7 +115,7 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
         x = x.clone()
     weight_only = x.dtype in HALF_DTYPES
     row_tiles, warps, unroll = shape or launch_shape(m, n)
-    if reason := why_not_launch(column_tiles(m), warps, 4 * row_tiles):
+    if reason := why_not_launch(m, warps, row_tiles):
         raise ValueError(f"w8_mma cannot launch {m} rows on {row_tiles} row tiles and {warps} warps: {reason}")
     sa_stride = 0 if scale_a is None or scale_a.numel() == 1 else 1
     sb_stride = 0 if scale_b is None or scale_b.numel() == 1 else 1

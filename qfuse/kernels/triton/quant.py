@@ -163,14 +163,15 @@ def _silu_mul_quant_kernel(
 
 def silu_mul_quant_warps(block: int) -> int:
     """Warps a program for a row of `block` values of the SiLU * mul quant: two inputs held in registers.
-    16 warps reach the HBM floor at Llama's 14336 where 8 do not (measured: docs/benchmarks.md, "Measurements first quoted in code comments");
-    other widths are scaled to that, unmeasured."""
+    16 warps reach the HBM floor at Llama's 14336 where 8 do not (measured: docs/benchmarks.md, "Measurements
+    first quoted in code comments"); other widths are scaled to that, unmeasured."""
     return max(4, min(16, block // 1024))
 
 
 def dynamic_quant_warps(block: int) -> int:
     """Warps a program for a row (or group) of `block` values: 4 to 8 reach the HBM floor, more leave fewer,
-    larger programs that fill the machine worse (measured: docs/benchmarks.md, "Measurements first quoted in code comments")."""
+    larger programs that fill the machine worse (measured: docs/benchmarks.md, "Measurements first quoted in
+    code comments")."""
     return 4 if block > 8192 else max(1, min(8, block // 512))
 
 

@@ -241,7 +241,8 @@ def promote_every(dtype: torch.dtype, out_dtype: torch.dtype, block_k: int) -> i
 
     Hopper accumulates fp8 products in reduced precision. Promoting every step (1) is as exact as
     cuBLAS's default; every 512 of K (4 steps of 128) is faster, with a relative error below what a bf16 /
-    fp16 output rounds away anyway (measured: docs/benchmarks.md, "Measurements first quoted in code comments"). The interval is kept in K, so a deeper tile promotes after fewer steps.
+    fp16 output rounds away anyway (measured: docs/benchmarks.md, "Measurements first quoted in code
+    comments"). The interval is kept in K, so a deeper tile promotes after fewer steps.
     int8 accumulates exactly in int32 and needs no promotion; block scales promote every step."""
     if dtype == torch.float8_e4m3fn and out_dtype in (torch.bfloat16, torch.float16):
         return max(1, PROMOTE_K // block_k)
