@@ -73,8 +73,10 @@ def _importable_libraries() -> frozenset[str]:
 
 def _runtime_libraries(device_type: str) -> frozenset[str]:
     """Runtime libraries a kernel can need besides Python packages, found by loading them: "nvrtc", CUDA's
-    runtime compiler (through torch's own loader), for qfuse's CUDA C++ kernels (`qfuse.kernels.cuda`)."""
-    if device_type != "cuda" or torch.version.cuda is None or not hasattr(torch.cuda, "_compile_kernel"):
+    runtime compiler (through torch's own loader), with torch's static CUDA launcher, for qfuse's CUDA C++
+    kernels (`qfuse.kernels.cuda.launch`)."""
+    if (device_type != "cuda" or torch.version.cuda is None or not hasattr(torch.cuda, "_compile_kernel")
+            or not hasattr(torch._C, "_StaticCudaLauncher")):
         return frozenset()
     try:
         from torch.cuda._utils import _get_nvrtc_library

@@ -22,6 +22,7 @@ import torch
 from gpu_int4_mma import DECODER_SHAPES, GROUP, Int4Weight, stack_size
 from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
 from qfuse.kernels.cuda import int4_mma as current
+from qfuse.kernels.cuda import launch
 
 
 
@@ -29,7 +30,7 @@ def load_before(folder: Path):
     spec = importlib.util.spec_from_file_location("int4_mma_before", folder / "int4_mma.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.SOURCE, module.COMMON = folder / "int4_mma.cu", current.COMMON
+    module.SOURCE, module.COMMON = folder / "int4_mma.cu", launch.COMMON  # (COMMON: a version before `launch`)
     return module
 
 

@@ -10,21 +10,21 @@ holding the A operand of four mma.m16n8k16 (the .cu file's header gives the orde
 into the MMA's registers, and uses it for every row of x (8 a tile of the MMA's B); a block's warps split K
 and add their sums in shared memory, so one launch writes the output with its bias and cast.
 
-The launch goes through `torch.cuda._compile_kernel` (NVRTC, then the driver's cuLaunchKernel on the
-current stream, so a CUDA graph captures it): Python on every eager call, none in a graph's replay.
+Compiled and launched by `launch` (NVRTC, the static CUDA launcher on the current stream, so a CUDA graph
+captures it): a few µs of host time a call, none in a graph's replay.
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
 
+from qfuse.kernels.cuda import launch
 from qfuse.kernels.prepared import Packing
 
 SOURCE = Path(__file__).with_name("int4_mma.cu")
-COMMON = Path(__file__).with_name("common.cuh")  # what qfuse's CUDA kernels share, prepended to the source
+ARGUMENT_TYPES = "OOOOOiiiii"  # words, x, pairs, bias, out; M, N, K, a group's chunks, has_bias
 ROWS_PER_TILE = 16
 K_PER_CHUNK = 64
 MAX_ROWS = 64
@@ -77,13 +77,12 @@ def why_not_launch(m: int, warps: int, row_tiles: int = 1) -> str:
     return f"{warps} warps' partial sums of {m_tiles} tiles take {need} bytes of shared memory" if need > SHARED_BYTES else ""
 
 
-@functools.cache
-def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, out_f32: bool, device_index: int):
+def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, out_f32: bool,
+              device_index: int) -> launch.CompiledKernel:
     options = [f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}"]
     options += ["-DHALF_BF16"] if dtype == torch.bfloat16 else []
     options += ["-DOUT_F32"] if out_f32 else []
-    with torch.cuda.device(device_index):
-        return torch.cuda._compile_kernel(COMMON.read_text() + SOURCE.read_text(), "qfuse_int4_mma", nvcc_options=options)
+    return launch.compiled(SOURCE, "qfuse_int4_mma", tuple(options), ARGUMENT_TYPES, device_index)
 
 
 #: Warps a launch aims for, all blocks together: 27-31 a multiprocessor of an H100 were the fastest
@@ -116,9 +115,10 @@ def launch_shape(m: int, n: int, k: int) -> tuple[int, int]:
 
 
 def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: torch.Tensor | None,
-             group_size: int, out_dtype: torch.dtype, shape: tuple[int, int] | None = None) -> torch.Tensor:
-    """x [M, K] (M <= 64, bf16 / fp16) @ w^T + bias, w from `repack`, as `out_dtype` (x's dtype or float32);
-    `shape` (warps, unroll) by `launch_shape` unless given."""
+             group_size: int, out_dtype: torch.dtype, shape: tuple[int, int] | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (M <= 64, bf16 / fp16) @ w^T + bias, w from `repack`, as `out_dtype` (x's dtype or float32),
+    into `out` (contiguous [M, N]) where given; `shape` (warps, unroll) by `launch_shape` unless given."""
     m, k = x.shape
     n = pairs.shape[1]
     if m > MAX_ROWS:
@@ -126,7 +126,8 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     warps, unroll = shape or launch_shape(m, n, k)
     if reason := why_not_launch(m, warps):
         raise ValueError(f"int4_mma cannot launch {m} rows on {warps} warps: {reason}")
-    out = torch.empty(m, n, device=x.device, dtype=out_dtype)
+    if out is None:
+        out = torch.empty(m, n, device=x.device, dtype=out_dtype)
     if m == 0:
         return out
     x = x.contiguous()
@@ -134,8 +135,6 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
         x = x.clone()
     bias = None if bias is None else bias.contiguous()  # read as bias[n]
     kernel = _compiled(x.dtype, column_tiles(m), warps, unroll, out_dtype == torch.float32, x.device.index or 0)
-    with torch.cuda.device(x.device):  # the module is loaded in x's device's context
-        kernel(grid=(n // ROWS_PER_TILE, 1, 1), block=(32 * warps, 1, 1),
-               args=[words, x, pairs, bias if bias is not None else pairs, out, m, n, k, group_size // K_PER_CHUNK,
-                     int(bias is not None)], stream=torch.cuda.current_stream(x.device))
+    kernel.launch(n // ROWS_PER_TILE, warps, (words, x, pairs, bias if bias is not None else pairs, out, m, n, k,
+                                              group_size // K_PER_CHUNK, int(bias is not None)), x.device)
     return out

@@ -15,18 +15,17 @@ A W8A8 activation arrives quantized: the model's own quantizer runs in Inductor'
 kernel that produces the activation (the RMSNorm, the SiLU-mul), so a decode step is one launch for the
 producer and one for the linear, as in the bf16 model.
 
-The launch goes through `torch.cuda._compile_kernel` (NVRTC, then cuLaunchKernel on the current stream, so a
-CUDA graph captures it): Python on every eager call, none in a graph's replay.
+Compiled and launched by `launch`, as the int4 kernel.
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
 
-from qfuse.kernels.cuda.int4_mma import COMMON, column_tiles, warps_for, why_not_launch
+from qfuse.kernels.cuda import launch
+from qfuse.kernels.cuda.int4_mma import column_tiles, warps_for, why_not_launch
 from qfuse.kernels.prepared import Packing
 from qfuse.schemes import FP8_DTYPE
 
@@ -62,11 +61,11 @@ def repack(b: torch.Tensor) -> torch.Tensor:
     return words.view(torch.int32).reshape(n // 16, k // 32, 32, 4)
 
 
-@functools.cache
-def _compiled(options: tuple[str, ...], device_index: int):
-    with torch.cuda.device(device_index):
-        return torch.cuda._compile_kernel(COMMON.read_text() + SOURCE.read_text(), "qfuse_w8_mma",
-                                          nvcc_options=list(options))
+ARGUMENT_TYPES = "OOOOOOiiiii"  # words, x, scale_a, scale_b, bias, out; M, N, K, the scales' strides
+
+
+def _compiled(options: tuple[str, ...], device_index: int) -> launch.CompiledKernel:
+    return launch.compiled(SOURCE, "qfuse_w8_mma", options, ARGUMENT_TYPES, device_index)
 
 
 #: Row tiles from which a block takes two (N >= 8192): fewer blocks would leave multiprocessors idle
@@ -132,9 +131,7 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
     if sb_stride and scale_b.numel() != n:
         raise ValueError(f"w8_mma takes one weight scale or one a column ({n}), not {scale_b.numel()}")
     bias = None if bias is None else bias.contiguous()
-    with torch.cuda.device(x.device):  # the module is loaded in x's device's context
-        kernel(grid=(n // (ROWS_PER_TILE * row_tiles), 1, 1), block=(32 * warps, 1, 1),
-               args=[words, x, scale_a if scale_a is not None else words, scale_b if scale_b is not None else words,
-                     bias if bias is not None else words, out, m, n, k, sa_stride, sb_stride],
-               stream=torch.cuda.current_stream(x.device))
+    kernel.launch(n // (ROWS_PER_TILE * row_tiles), warps,
+                  (words, x, scale_a if scale_a is not None else words, scale_b if scale_b is not None else words,
+                   bias if bias is not None else words, out, m, n, k, sa_stride, sb_stride), x.device)
     return out

@@ -1,0 +1,60 @@
+"""Compiling and launching qfuse's CUDA C++ kernels.
+
+NVRTC compiles a kernel's source (with the shared `common.cuh` in front) to a cubin at first use, for the
+device's architecture; the driver loads it and the launch goes through Inductor's static CUDA launcher
+(`torch._C._StaticCudaLauncher`, the C++ launcher Inductor runs its Triton kernels with): the arguments are
+read in C++ by their type codes, with no Python per argument. torch.cuda's own `_compile_kernel` launcher
+builds a ctypes array a call, about ten times the host time (docs/benchmarks.md, "The CUDA kernels without
+CUDA graphs"), which is all of a decode kernel's GPU time again.
+
+Kernel choice takes these kernels where the platform has both ("nvrtc" among its runtime libraries,
+`qfuse.platform`). A launch is 1-D: `blocks` blocks of `warps` warps, no dynamic shared memory, on the current stream of the
+tensors' device (so a CUDA graph capture records it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+COMMON = Path(__file__).with_name("common.cuh")  # what qfuse's CUDA kernels share, prepended to each source
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """One compiled kernel, loaded on one device."""
+
+    function: int  # the driver's CUfunction
+    #: the static launcher's code for each argument: 'O' a tensor (its address), 'i' an int32
+    argument_types: str
+
+    def launch(self, blocks: int, warps: int, arguments: tuple, device: torch.device) -> None:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index != torch.cuda.current_device():  # the module was loaded in the device's context
+            with torch.cuda.device(index):
+                return self.launch(blocks, warps, arguments, device)
+        torch._C._StaticCudaLauncher._launch_kernel(self.function, blocks, 1, 1, warps, 0, self.argument_types,
+                                                     arguments, torch._C._cuda_getCurrentRawStream(index))
+
+
+@functools.cache
+def compiled(source: Path, name: str, options: tuple[str, ...], argument_types: str, device_index: int) -> CompiledKernel:
+    """The kernel `name` of `source`, compiled with `options` (NVRTC's -D switches) for the device, once."""
+    from torch.cuda._utils import _nvrtc_compile
+
+    with torch.cuda.device(device_index):
+        cubin, lowered_name = _nvrtc_compile(COMMON.read_text() + source.read_text(), name, None, None, list(options))
+    descriptor, path = tempfile.mkstemp(suffix=".cubin", prefix=f"qfuse_{name}_")
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(cubin)
+        loaded = torch._C._StaticCudaLauncher._load_kernel(path, lowered_name or name, 0, device_index)
+    finally:
+        os.unlink(path)
+    # (function, registers, spills), or (module, function, registers, spills) in later torch
+    return CompiledKernel(int(loaded[-3]), argument_types)
