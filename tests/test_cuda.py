@@ -246,7 +246,33 @@ def test_siblings_under_cuda_graphs_run_as_one_cuda_call(form, lead):
         assert not any("siblings" in record.note for record in records), records[0].note
         return
     assert all("one call with its siblings" in record.note for record in records), records[0].note
-    assert records[0].lowered.startswith("extern call of qfuse::") and "_siblings" in records[0].lowered
+    if "int4" in form and "bias" not in form:  # called from Inductor's code (lowerings/cuda.py)
+        assert records[0].lowered.startswith("extern_kernels.qfuse_cuda_int4_mma"), records[0].lowered
+    else:
+        assert records[0].lowered.startswith("extern call of qfuse::") and "_siblings" in records[0].lowered
+
+
+@pytest.mark.parametrize("siblings", [False, True], ids=["one linear", "siblings"])
+@pytest.mark.parametrize("lead", [(1,), (5,), (2, 3), (70,)], ids=["M1", "M5", "3D", "M70"])
+def test_int4_cuda_kernel_without_cuda_graphs_is_called_from_inductors_code(siblings, lead):
+    """In default mode a forced `cuda` kernel's int4 decode is a plain call in Inductor's generated code (no op
+    dispatch: lowerings/cuda.py), with eager's numerics, at any M (70 rows: two launches), one linear or
+    three that read one activation, a dynamic M included."""
+    from tests.helpers import assert_close_to_eager
+    from tests.peers.weight_only_models import gptq_packed_int4
+
+    widths = (144, 48, 48) if siblings else (144,)
+    linears = [gptq_packed_int4(torch.bfloat16, group_size=128, in_features=512, out_features=n, seed=n,
+                                symmetric=n != 48, bias=not siblings) for n in widths]
+    model = (Siblings(linears) if siblings else linears[0]).cuda().eval()
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="qfuse", dynamic=dynamic, options={"kernel": "cuda"})
+        x = torch.randn(*lead, 512, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            out, (code, *_) = run_and_get_code(compiled, x)
+            assert_close_to_eager(out, model, x)
+        assert code.count("extern_kernels.qfuse_cuda_int4_mma(") == 1 and "torch.ops.qfuse.int4_weight_only_mm" not in code
 
 
 @pytest.mark.parametrize("config", [

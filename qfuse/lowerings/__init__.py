@@ -1,5 +1,5 @@
 """Inductor lowerings of qfuse ops, one module per kernel beside the kernel's own (`qfuse.kernels`):
-`torch_native`, `cutlass`, `onednn`, `triton`. Each says, per op, what it takes (`why_not`) and how it
+`torch_native`, `cutlass`, `onednn`, `triton`, `cuda`. Each says, per op, what it takes (`why_not`) and how it
 enters Inductor's code (`lower`); `dispatch` gives Inductor one lowering per op, which finds the kernel
 of the call's M bucket and its lowering, or the op's extern call. The only place that touches
 Inductor internals beyond the pattern matcher: if those move, qfuse logs it once and the ops run as
@@ -19,9 +19,9 @@ def register_lowerings() -> bool:
     import qfuse.ops  # noqa: F401
 
     try:
-        from qfuse.lowerings import cutlass, dispatch, onednn, torch_native, triton
+        from qfuse.lowerings import cuda, cutlass, dispatch, onednn, torch_native, triton
 
-        for kernel_lowerings in (torch_native, cutlass, onednn, triton):
+        for kernel_lowerings in (torch_native, cutlass, onednn, triton, cuda):
             dispatch.add(kernel_lowerings.KERNEL, kernel_lowerings.LOWERINGS)
         dispatch.register()
     except (ImportError, AttributeError, TypeError) as error:

@@ -123,10 +123,13 @@ def _int4_why_not(call) -> str:
     return _biases_why_not(call.bias)
 
 
-def _int4_one_call(implementation, call) -> Tensor:
-    members = list(zip(call.packed, call.shifts, call.scales, call.packed_zeros))
+def prepared_int4_siblings(implementation, packed: list, shifts: list, scales: list, packed_zeros: list,
+                           group_size: int, zero_convention: str, packed_along_n: bool) -> PreparedWeight:
+    """The members' int4 weights (one entry a member in each list; no act order) concatenated along N and
+    prepared once for `implementation`."""
+    members = list(zip(packed, shifts, scales, packed_zeros))
     count = len(members)
-    settings = (call.group_size, None, call.zero_convention, call.packed_along_n)  # (no g_idx: _int4_why_not)
+    settings = (group_size, None, zero_convention, packed_along_n)
 
     def build(*sources) -> PreparedWeight:  # (holds no tensor: the cache keeps it)
         tensors = [sources[4 * i: 4 * i + 4] for i in range(count)]  # per member: packed, shifts, scales, zeros
@@ -141,8 +144,13 @@ def _int4_one_call(implementation, call) -> Tensor:
         return implementation.prepare_int4_weight(values.contiguous(), scales.contiguous(),
                                                   None if folded else zeros.contiguous())
 
-    label = ("int4 siblings", implementation.name, call.group_size, call.zero_convention, call.packed_along_n)
-    weight = built_once(label, tuple(tensor for member in members for tensor in member), build)
+    label = ("int4 siblings", implementation.name, group_size, zero_convention, packed_along_n)
+    return built_once(label, tuple(tensor for member in members for tensor in member), build)
+
+
+def _int4_one_call(implementation, call) -> Tensor:
+    weight = prepared_int4_siblings(implementation, call.packed, call.shifts, call.scales, call.packed_zeros,
+                                    call.group_size, call.zero_convention, call.packed_along_n)  # (no g_idx)
     widths = [scales.shape[0] for scales in call.scales]
     return int4_product(implementation, call.x.reshape(-1, call.x.shape[-1]), weight,
                         _concatenated_bias(call.bias, widths), call.out_dtype)

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 TEMPLATE_MARK = "from qfuse.kernels.triton.int4_"  # either int4 template: int4_mm.int4_dot, int4_planes.plane_dot
 PLANES_MARK = "from qfuse.kernels.triton.int4_planes import plane_dot"
 EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
+CUDA_CALL = "extern_kernels.qfuse_cuda_int4_mma"  # the cuda kernel called from Inductor's code (lowerings/cuda.py)
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 
@@ -227,7 +228,8 @@ def test_torchao_intx_runs_as_the_template_at_decode(dtype, zero_points, values,
 @pytest.mark.parametrize("lead", [(1,), (5,), (9,), (16,), (2, 3), (40,)], ids=["M1", "M5", "M9", "M16", "3D", "M40"])
 def test_decode_under_cuda_graphs_runs_the_cuda_kernel(dtype, form, lead):
     """Under CUDA graphs, at M <= 16, the `cuda` kernel (qfuse.kernels.cuda: tensor cores, the weight repacked
-    once) runs as the op's extern call, captured and replayed, with eager's numerics; above, the templates."""
+    once) runs, called from Inductor's code (act order: the op's extern call), captured and replayed, with
+    eager's numerics; above, the templates."""
 
     group = None if form == "per_channel" else 128
     model = gptq_packed_int4(dtype, group_size=group, symmetric=form not in ("g128", "per_channel", "act_order"),
@@ -238,12 +240,12 @@ def test_decode_under_cuda_graphs_runs_the_cuda_kernel(dtype, form, lead):
     decode = x.numel() // 512 <= 16
     assert (record.kernel == "cuda") == decode, record
     if decode:
-        assert record.lowered.startswith("extern call"), record.lowered
+        assert record.lowered.startswith("extern call" if form == "act_order" else CUDA_CALL), record.lowered
 
 
 def test_a_dynamic_m_under_cuda_graphs_runs_the_cuda_kernel_in_the_decode_bucket():
-    """The pass sees no M; the lowering asks kernel choice again for M's bucket: M <= 16 the cuda kernel's
-    extern call, above it the Triton templates (the bucket guarded: one compile each)."""
+    """The pass sees no M; the lowering asks kernel choice again for M's bucket: M <= 16 the cuda kernel,
+    above it the Triton templates (the bucket guarded: one compile each)."""
     import qfuse
 
     model = gptq_packed_int4(BF16, group_size=128, in_features=512, out_features=144).cuda()
@@ -259,5 +261,5 @@ def test_a_dynamic_m_under_cuda_graphs_runs_the_cuda_kernel_in_the_decode_bucket
     records = [report.fused[0] for report in qfuse.reports_since(marker)]
     assert len(records) == 2, [record.lowered for record in records]  # one compile a bucket
     decode, batched = records
-    assert decode.lowered.startswith("extern call"), decode.lowered
+    assert decode.lowered.startswith(CUDA_CALL), decode.lowered
     assert "M above 16 (a dynamic M, guarded) runs triton, not cuda" in batched.lowered, batched.lowered

@@ -1,4 +1,4 @@
-"""`cuda`: qfuse's own CUDA C++ kernels, compiled at first use by NVRTC (`torch.cuda._compile_kernel`).
+"""`cuda`: qfuse's own CUDA C++ kernels, compiled at first use by NVRTC and launched from C++ (`launch`).
 
 Two decode GEMMs on tensor cores, each streaming a weight repacked once so that a lane's 16-byte load is the
 A operand of its MMAs (the quantized weight on the MMA's 16-row side, the few activation rows on its 8-column
@@ -6,9 +6,12 @@ side):
 - `int4_mma` (W4A16): an int4 weight dequantized in registers exactly as eager rounds it;
 - `w8_mma` (W8A8 int8 / fp8, and W8A16 with an int8 / fp8 weight): 8-bit MMAs on the quantized activation,
   or the weight converted exactly to the activation's half dtype; scales, bias and cast in its epilogue.
-Both run as the op's extern call, whose Python costs more than their GPU time on every eager call, so kernel
-choice takes them under CUDA graphs (mode="reduce-overhead"), whose replays run no Python, at decode
-(M <= 16; a dynamic M per bucket). Elsewhere the Triton templates, which enter Inductor's code, stay faster.
+Both launch from C++ (`launch`). The int4 kernel is called from Inductor's generated code
+(`qfuse.lowerings.cuda`: no op dispatch); the 8-bit one runs as the op's extern call. Without CUDA graphs a
+decode step is host-bound, and even that call costs as much host time as the Triton templates' launches, so
+kernel choice takes them under CUDA graphs (mode="reduce-overhead"), whose replays run no Python, at decode
+(M <= 16; a dynamic M per bucket). Elsewhere the Triton templates, which enter Inductor's code, stay as fast
+or faster.
 
 Per linear at decode faster than ATen's tinygemm and the nibble-plane template, and a Llama-shaped decoder
 under CUDA graphs faster than with either (measured: docs/benchmarks.md, "A Llama decoder's tokens/s, and the
@@ -66,8 +69,9 @@ class CudaKernel(Kernel):
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
         if not key.cuda_graphs:
-            return ("it runs as the op's extern call, whose Python costs more per call than the Triton templates' GPU "
-                    "time in Inductor's code; it is faster under CUDA graphs (mode='reduce-overhead') only")
+            return ("without CUDA graphs a decode step is host-bound, and its call costs as much host time as the "
+                    "Triton templates' launches (a decoder ran no faster: docs/benchmarks.md, \"The CUDA kernels "
+                    "without CUDA graphs\"); it is faster under CUDA graphs (mode='reduce-overhead') only")
         if key.m is not None and key.m > DECODE_ROWS:
             return (f"at M = {key.m}: a decode kernel (M <= {DECODE_ROWS}); the Triton templates take batched decode "
                     "(at 32 rows, where its loads of x bound it, it won on some shapes and lost on others, and a decoder "
