@@ -22,6 +22,8 @@ layers, without the embedding and the LM head (the same bf16 matmul in every var
     torchao_*   the bf16 model after torchao's `quantize_` (`TORCHAO_CONFIGS`: int4 tile-packed, which is
                 tinygemm; int8 weight-only; fp8 row-wise dynamic; int8 dynamic), `set_inductor_config=False`
                 so that every variant compiles with the same Inductor settings      Inductor, and qfuse
+    torchao_*_unwrapped   the same after `torchao.utils.unwrap_tensor_subclass` (plain tensors at the compiled
+                boundary: none of a subclass's per-call flattening and guards)      Inductor, and qfuse
 
 GemLite and torchao travel to the GPU machine as wheels (docs/benchmarks.md says how); a variant whose
 package is missing, or which cannot run a batch (`CANNOT_RUN`), is left out with the reason.
@@ -213,16 +215,25 @@ CANNOT_RUN = {("torchao_int8", "inductor"): (16, "torchao's int8 dynamic linear 
                                                   "more than 16 rows")}
 
 
+#: a torchao form with this suffix is unwrapped after quantizing (`torchao.utils.unwrap_tensor_subclass`): the
+#: compiled model's parameters are plain tensors and the subclass is rebuilt inside the graph
+UNWRAPPED = "_unwrapped"
+
+
 def build(form: str, layers: int, batch: int) -> nn.Module:
     """The decoder with its linears in `form`; a torchao form is the bf16 model after torchao's `quantize_`."""
     model = Decoder(form, layers, batch).eval()
-    if form in TORCHAO_CONFIGS:
+    config = form.removesuffix(UNWRAPPED)
+    if config in TORCHAO_CONFIGS:
         import torchao.quantization as quantization
+        from torchao.utils import unwrap_tensor_subclass
 
-        name, keywords = TORCHAO_CONFIGS[form]
+        name, keywords = TORCHAO_CONFIGS[config]
         if keywords == "rows":
             keywords = dict(granularity=quantization.PerRow())
         quantization.quantize_(model, getattr(quantization, name)(**keywords, set_inductor_config=False))
+        if form.endswith(UNWRAPPED):
+            unwrap_tensor_subclass(model)
     return model
 
 
@@ -258,6 +269,7 @@ VARIANTS = {  # name -> (linear form, backend[, qfuse options])
     "gptq int4 (qfuse)": ("gptq", "qfuse"),
     "gptq int4 (qfuse, siblings apart)": ("gptq", "qfuse", SIBLINGS_APART),
     "gptq int4 (qfuse, no cuda kernel)": ("gptq", "qfuse", {"disabled_kernels": ["cuda"]}),
+    "gptq int4 (qfuse, cuda kernel forced)": ("gptq", "qfuse", {"kernel": "cuda"}),
     "fp8 W8A8 (Inductor)": ("fp8", "inductor"),
     "fp8 W8A8 (qfuse)": ("fp8", "qfuse"),
     "fp8 W8A8 (qfuse, siblings apart)": ("fp8", "qfuse", SIBLINGS_APART),
@@ -276,10 +288,13 @@ VARIANTS = {  # name -> (linear form, backend[, qfuse options])
     "torchao int4 tinygemm (Inductor)": ("torchao_int4", "inductor"),
     "torchao int8 weight-only (Inductor)": ("torchao_int8wo", "inductor"),
     "torchao int8 weight-only (qfuse)": ("torchao_int8wo", "qfuse"),
+    "torchao int8 weight-only unwrapped (Inductor)": ("torchao_int8wo_unwrapped", "inductor"),
+    "torchao int8 weight-only unwrapped (qfuse)": ("torchao_int8wo_unwrapped", "qfuse"),
     "torchao fp8 row-wise (Inductor)": ("torchao_fp8", "inductor"),
     "torchao fp8 row-wise (qfuse)": ("torchao_fp8", "qfuse"),
     "torchao int8 dynamic (Inductor)": ("torchao_int8", "inductor"),
     "torchao int8 dynamic (qfuse)": ("torchao_int8", "qfuse"),
+    "torchao int8 dynamic unwrapped (qfuse)": ("torchao_int8_unwrapped", "qfuse"),
 }
 
 
@@ -312,7 +327,7 @@ def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) ->
             torch._dynamo.reset()  # once: a reset between variants would make the earlier ones compile again
             compiled = {}
             for name, (form, backend, *qfuse_options) in variants.items():
-                rows_it_cannot_run, why = CANNOT_RUN.get((form, backend), (0, ""))
+                rows_it_cannot_run, why = CANNOT_RUN.get((form.removesuffix(UNWRAPPED), backend), (0, ""))
                 if batch <= rows_it_cannot_run:
                     progress(f"  {name} left out at batch {batch}: {why}")
                     continue
@@ -323,8 +338,11 @@ def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) ->
                     with torch.no_grad():
                         for i in range(3):
                             step(*inputs[i])
-                except Exception as error:  # an anchor that cannot run here (a missing package, say) is left out
-                    if backend == "qfuse" or form == "bf16":
+                except Exception as error:  # an anchor that cannot run here (a missing package, say) is left out,
+                    # and so is a model Dynamo cannot trace (an error before any backend sees a graph)
+                    in_dynamo = (isinstance(error, torch._dynamo.exc.TorchDynamoException)
+                                 and not isinstance(error, torch._dynamo.exc.BackendCompilerFailed))
+                    if (backend == "qfuse" or form == "bf16") and not in_dynamo:
                         raise
                     progress(f"  {name} left out: {type(error).__name__}: {str(error)[:300]}")
                     continue
