@@ -73,10 +73,16 @@ def _versions(sources: tuple) -> tuple:
     return tuple(None if source is None else source._version for source in sources)
 
 
+def _tracked(sources: tuple) -> bool:
+    """Whether every source has a version counter (inference tensors have none: `built_once` prepares them
+    on every call rather than risk a stale weight, and so does this lookup)."""
+    return not any(source is not None and source.is_inference() for source in sources)
+
+
 def _recent_weight(sources: tuple, settings: tuple):
     """The prepared weight of an earlier call with these very source tensors at these versions, or None."""
     recent = _RECENT.get((settings, *map(id, sources)))
-    if recent is None:
+    if recent is None or not _tracked(sources):
         return None
     references, versions, weight = recent
     alive = all(source is None or reference() is source for reference, source in zip(references, sources))
@@ -84,6 +90,8 @@ def _recent_weight(sources: tuple, settings: tuple):
 
 
 def _remember(sources: tuple, settings: tuple, weight) -> None:
+    if not _tracked(sources):
+        return
     if len(_RECENT) >= _RECENT_MOST:
         _RECENT.clear()
     references = tuple(None if source is None else weakref.ref(source) for source in sources)
