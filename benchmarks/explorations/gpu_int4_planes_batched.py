@@ -91,7 +91,7 @@ def split_rows(stack, x, n: int, k: int) -> list[dict]:
     rule = planes.plane_splits(m, n, k, tile[0], tile[1], multiprocessors(x.device))
     chosen, bounds = planes.plane_splits, dict(planes.PLANE_TILES)
     if m > max(bounds):  # above PLANE_MAX_ROWS: the largest bucket's tile, to see where the template stops winning
-        planes.PLANE_TILES[m] = tile
+        planes.PLANE_TILES.here()[m] = tile  # (the GPU's own table: a GpuTable reads, never writes)
     try:
         for splits in (1, 2, 4, 8) if n <= 4096 else (1, 2, 4):
             planes.plane_splits = lambda *args, splits=splits: splits
@@ -103,8 +103,8 @@ def split_rows(stack, x, n: int, k: int) -> list[dict]:
                          "gpu_us": per_linear_us(stack, lambda l: compiled(x, l.qweight, l.shifts, l.scales))})
     finally:
         planes.plane_splits = chosen
-        planes.PLANE_TILES.clear()
-        planes.PLANE_TILES.update(bounds)
+        planes.PLANE_TILES.here().clear()
+        planes.PLANE_TILES.here().update(bounds)
     return rows
 
 

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 import qfuse.ops  # noqa: F401, E402  (registers torch.ops.qfuse)
 from qfuse.kernels.triton.int4_mm import (BATCHED_PROGRAMS_PER_SM, BATCHED_TILES, DECODE_ROWS,  # noqa: E402
                                           pick_int4_config, triton_int4_mm)
-from qfuse.kernels.triton.int4_planes import (PLANE_TILE, paired, permute_planes, plane_splits, plane_tile,  # noqa: E402
+from qfuse.kernels.triton.int4_planes import (PLANE_STEP, paired, permute_planes, plane_splits, plane_tile,  # noqa: E402
                                               takes_planes, triton_int4_planes_mm)
 from qfuse.kernels.triton.weight_stream import batched_split_k, fit_block_k, split_k, step_meta  # noqa: E402
 from tests.helpers import slow_when_interpreted  # noqa: E402
@@ -271,7 +271,7 @@ def test_nibble_planes_take_whole_steps_in_one_group():
     assert not takes_planes(4096, 32, False, False)  # four groups a step: `int4_dot`
     assert not takes_planes(4160, 4160, False, False)  # K not whole steps
     assert not takes_planes(4096, 128, True, False) and not takes_planes(4096, 128, False, True)  # AWQ, int8 storage
-    assert PLANE_TILE[2] == 128
+    assert all(plane_tile(rows).block_k == PLANE_STEP == 128 for rows in (1, 16, 32, 256))  # one step a tile
     # splits until the grid holds 4 programs a multiprocessor at decode (H100: 132), 1 at 128 rows, each
     # split at least 8 steps deep
     shapes = ((4096, 4096), (14336, 4096), (4096, 14336))

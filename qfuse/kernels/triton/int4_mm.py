@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.kernels.triton.tile import Tile
+from qfuse.kernels.triton.tile import GpuTable, Tile
 from qfuse.kernels.int4_words import ZERO_CONVENTIONS
 from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS, takes_planes, triton_int4_planes_mm
 from qfuse.kernels.triton.scaled_mm import multiprocessors
@@ -79,7 +79,8 @@ AUTOTUNE_TILES = (Tile(16, 32, 256, 1, 4, 3), Tile(16, 64, 128, 1, 4, 3), Tile(1
 # (measured: docs/benchmarks.md, "Measurements first quoted in code comments"). Words packed along
 # K that do not take the plane template (groups of 32 or 64) were not measured there: they keep the
 # template at decode only.
-BATCHED_TILES = {32: Tile(32, 64, 256, 1, 4, 3), 64: Tile(64, 64, 128, 1, 4, 3), 128: Tile(128, 64, 128, 1, 4, 3)}
+BATCHED_TILES = GpuTable(H100={32: Tile(32, 64, 256, 1, 4, 3), 64: Tile(64, 64, 128, 1, 4, 3),
+                               128: Tile(128, 64, 128, 1, 4, 3)})
 BATCHED_PROGRAMS_PER_SM = 2
 
 

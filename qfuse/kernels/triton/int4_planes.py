@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.kernels.triton.tile import Tile
+from qfuse.kernels.triton.tile import GpuTable, Tile
 from qfuse.kernels.int4_words import ZERO_CONVENTIONS
 from qfuse.kernels.triton.weight_stream import batched_split_k, bucket_of, packed_zero_points, split_k_tile, sum_splits
 
@@ -67,18 +67,17 @@ _STEP = tl.constexpr(PLANE_STEP)
 # shapes, or close to it. Up to PLANE_MAX_ROWS the template beat Inductor's dequantize + mm on the GPU
 # clock; at 512 rows it no longer did, so it stops there
 # (measured: docs/benchmarks.md, "Batched decode: the plane template up to 256 rows").
-PLANE_TILES = {
+PLANE_TILES = GpuTable(H100={
     DECODE_ROWS: Tile(DECODE_ROWS, 64, PLANE_STEP, 1, 4, 3),
     32: Tile(32, 64, PLANE_STEP, 1, 4, 3),
     64: Tile(64, 128, PLANE_STEP, 1, 8, 3),
     128: Tile(128, 128, PLANE_STEP, 1, 8, 3),
     256: Tile(128, 128, PLANE_STEP, 1, 8, 3),
-}
+})
 PLANE_MAX_ROWS = max(PLANE_TILES)
-PLANE_TILE = PLANE_TILES[DECODE_ROWS]
 # K is split until the grid holds this many programs a multiprocessor, by BLOCK_M: the splits' float32
 # partial sums, written and read again, grow with the rows (`plane_splits`).
-PROGRAMS_PER_SM = {16: 4, 32: 4, 64: 2, 128: 1}
+PROGRAMS_PER_SM = GpuTable(H100={16: 4, 32: 4, 64: 2, 128: 1})
 MIN_STEPS_PER_SPLIT = 8
 
 # Two values a register, as the tensor cores take them: the asm gets the words of columns 2c and 2c + 1

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.kernels.triton.tile import Tile
+from qfuse.kernels.triton.tile import GpuTable, Tile
 
 # How a scale applies (host side), and the same values as globals the kernel may read.
 NO_SCALE, TENSOR_SCALE, VECTOR_SCALE, BLOCK_SCALE = 0, 1, 2, 3
@@ -37,10 +37,10 @@ _GROUP = tl.constexpr(SCALE_GROUP)
 # (measured: docs/benchmarks.md, "gpu_triton: Triton kernels on an H200").
 # fp8 tiles of 64+ rows use Hopper's wgmma, which accumulates fp8 products in reduced precision
 # (about 2**-13 relative per K block, as cuBLAS does without fast accumulation).
-CONFIGS: dict[str, dict[int, Tile]] = {
+CONFIGS = GpuTable(H200={
     "int8": {128: Tile(64, 128, 128, 8, 8, 4), 2**62: Tile(128, 128, 128, 8, 8, 3)},
     "fp8": {128: Tile(64, 128, 128, 8, 8, 4), 2**62: Tile(128, 128, 128, 8, 8, 4)},
-}
+})
 
 # 16 < M <= 128 (the table's first bucket): where the table's tile gives fewer than GRID_FILL of the
 # multiprocessors a column block (its 32 blocks at N = 4096), the narrower, deeper SKINNY_TILE, faster
@@ -65,12 +65,12 @@ AUTOTUNE_TILES: tuple[Tile, ...] = (
 # (measured: docs/benchmarks.md, "Measurements first quoted in code comments").
 DECODE_M = DECODE_ROWS
 GRID_FILL = 0.75
-DECODE_TILES: dict[int, dict[str, tuple[int, int, int]]] = {
+DECODE_TILES = GpuTable(H200={
     128: {"fp8": (256, 4, 4), "int8": (256, 4, 4)},
     64: {"fp8": (256, 4, 4), "int8": (256, 4, 4)},
     32: {"fp8": (1024, 4, 4), "int8": (512, 4, 6)},
     16: {"fp8": (512, 2, 6), "int8": (512, 2, 6)},
-}
+})
 
 
 @triton.jit

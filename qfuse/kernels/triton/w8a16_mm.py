@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from qfuse.kernels.base import DECODE_ROWS
-from qfuse.kernels.triton.tile import Tile
+from qfuse.kernels.triton.tile import GpuTable, Tile
 from qfuse.kernels.triton.scaled_mm import (BLOCK_SCALE, NO_SCALE, SCALE_GROUP, TENSOR_SCALE, VECTOR_SCALE,
                                             multiprocessors, scale_and_bias)
 from qfuse.kernels.triton.weight_stream import (accumulate, activation_tile, batched_split_k, bucket_of,
@@ -52,11 +52,11 @@ DECODE_PROGRAMS_PER_SM = 0.5
 # int8-channel --ms 32,64,128,256`). Compiled, the template beat Inductor's dequantize + mm at 64 and
 # 128 rows but not at 256 (two row blocks), so it stops at 128
 # (measured: docs/benchmarks.md, "torchao's int8 weight-only on the GPU, and W8A16 batched decode").
-BATCHED_TILES = {
+BATCHED_TILES = GpuTable(H100={
     32: (Tile(32, 32, 512, 1, 4, 3), 0.5),
     64: (Tile(64, 64, 128, 1, 4, 3), 2),
     128: (Tile(128, 64, 128, 1, 4, 3), 2),
-}
+})
 TEMPLATE_MAX_ROWS = max(BATCHED_TILES)
 PREFILL_TILE = Tile(128, 128, 64, 8, 8, 3)
 # Extra decode tiles Inductor benchmarks under max-autotune (the next best of the search).

@@ -261,7 +261,7 @@ def _planes_template(call: Int4WeightOnlyMmArgs, x2d, rows, n: int, k: int, meta
     out, how = split_k_linear(_PLANES_SOURCE, "qfuse_int4_planes", named, rows, n, splits, call.bias, tiles,
                               lambda tile: meta)
     record_lowering(how + "; the int4 words dequantized in registers by nibble plane"
-                    + (", two values a register" if is_paired else ""))
+                    + (", two values a register" if is_paired else "") + f"; its tile {PLANE_TILES.measured_here()}")
     return out
 
 
