@@ -91,7 +91,8 @@ def split_rows(stack, x, n: int, k: int) -> list[dict]:
     rule = planes.plane_splits(m, n, k, tile[0], tile[1], multiprocessors(x.device))
     chosen, bounds = planes.plane_splits, dict(planes.PLANE_TILES)
     if m > max(bounds):  # above PLANE_MAX_ROWS: the largest bucket's tile, to see where the template stops winning
-        planes.PLANE_TILES.here()[m] = tile  # (the GPU's own table: a GpuTable reads, never writes)
+        for table in planes.PLANE_TILES.by_gpu.values():  # every GPU's (a GpuTable's buckets are the same on all)
+            table[m] = tile
     try:
         for splits in (1, 2, 4, 8) if n <= 4096 else (1, 2, 4):
             planes.plane_splits = lambda *args, splits=splits: splits
@@ -103,8 +104,9 @@ def split_rows(stack, x, n: int, k: int) -> list[dict]:
                          "gpu_us": per_linear_us(stack, lambda l: compiled(x, l.qweight, l.shifts, l.scales))})
     finally:
         planes.plane_splits = chosen
-        planes.PLANE_TILES.here().clear()
-        planes.PLANE_TILES.here().update(bounds)
+        if m not in bounds:  # the bucket added above
+            for table in planes.PLANE_TILES.by_gpu.values():
+                del table[m]
     return rows
 
 

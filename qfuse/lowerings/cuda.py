@@ -62,15 +62,16 @@ def int4_mma_out(x: torch.Tensor, *tensors: torch.Tensor, has_bias: bool, presen
     return out
 
 
-#: (settings, the sources' ids) -> (weak references to the sources, their versions, to the prepared weight): a
-#: compiled graph hands each call its parameters as the same tensors, so a repeated call finds its weight here
-#: without `built_once`'s keys (a storage reference and view a source); anything else goes to `built_once`
+#: (settings, the sources' ids) -> (weak references to the sources, their addresses and versions, a weak reference
+#: to the prepared weight): a compiled graph hands each call its parameters as the same tensors, so a repeated call
+#: finds its weight here without `built_once`'s keys (a storage reference and view a source). A source changed in
+#: place (its version), given new memory (`param.data = ...`: its address) or gone misses, and goes to `built_once`
 _RECENT: dict[tuple, tuple] = {}
 _RECENT_MOST = 4096  # entries of dropped models' tensors are cleared past this many
 
 
-def _versions(sources: tuple) -> tuple:
-    return tuple(None if source is None else source._version for source in sources)
+def _state(sources: tuple) -> tuple:
+    return tuple(None if source is None else (source.data_ptr(), source._version) for source in sources)
 
 
 def _tracked(sources: tuple) -> bool:
@@ -84,9 +85,9 @@ def _recent_weight(sources: tuple, settings: tuple):
     recent = _RECENT.get((settings, *map(id, sources)))
     if recent is None or not _tracked(sources):
         return None
-    references, versions, weight = recent
+    references, state, weight = recent
     alive = all(source is None or reference() is source for reference, source in zip(references, sources))
-    return weight() if alive and versions == _versions(sources) else None
+    return weight() if alive and state == _state(sources) else None
 
 
 def _remember(sources: tuple, settings: tuple, weight) -> None:
@@ -96,7 +97,7 @@ def _remember(sources: tuple, settings: tuple, weight) -> None:
         _RECENT.clear()
     references = tuple(None if source is None else weakref.ref(source) for source in sources)
     # the weight by weak reference too: the prepared-weight cache owns it (and drops it with the model)
-    _RECENT[(settings, *map(id, sources))] = (references, _versions(sources), weakref.ref(weight))
+    _RECENT[(settings, *map(id, sources))] = (references, _state(sources), weakref.ref(weight))
 
 
 if not hasattr(extern_kernels, EXTERN_NAME):

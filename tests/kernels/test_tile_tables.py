@@ -20,6 +20,7 @@ def test_a_gpu_reads_its_own_table_and_others_the_first(monkeypatch):
         assert table.measured_here().startswith(f"measured on an {gpu}")
         assert ("none on this" in table.measured_here()) == (device_name.startswith("NVIDIA A100"))
     assert list(table) == [16, 32] and max(table) == 32 and len(table) == 2 and table.get(64) is None
+    assert GpuTable(H20={1: 0}, H200={1: 1}).gpu_of("NVIDIA H200") == "H200"  # the longest name that matches
 
 
 def test_every_gpu_table_has_the_same_buckets():

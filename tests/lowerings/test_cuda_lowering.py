@@ -16,14 +16,17 @@ def _weight(source):
     return PreparedWeight(source.clone(), None, None, 1, source.numel())
 
 
-def test_the_same_tensors_find_their_weight_until_one_changes_in_place():
+def test_the_same_tensors_find_their_weight_until_one_changes():
     sources = (torch.zeros(8, dtype=torch.int32), None, torch.ones(8), None)
     weight = _weight(sources[0])
     cuda._remember(sources, SETTINGS, weight)
     assert cuda._recent_weight(sources, SETTINGS) is weight
     assert cuda._recent_weight(sources, (True, *SETTINGS[1:])) is None  # other settings: another entry
-    assert cuda._recent_weight((sources[0].clone(), *sources[1:]), SETTINGS) is None  # equal values, other tensor
     sources[2].mul_(2)  # a checkpoint loaded in place: the version moves, so the prepared weight is made again
+    assert cuda._recent_weight(sources, SETTINGS) is None
+    cuda._remember(sources, SETTINGS, weight)
+    assert cuda._recent_weight(sources, SETTINGS) is weight
+    sources[2].data = torch.full((8,), 3.0)  # new memory under the same tensor (its version does not move)
     assert cuda._recent_weight(sources, SETTINGS) is None
 
 

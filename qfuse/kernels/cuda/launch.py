@@ -47,14 +47,15 @@ def compiled(source: Path, name: str, options: tuple[str, ...], argument_types: 
     """The kernel `name` of `source`, compiled with `options` (NVRTC's -D switches) for the device, once."""
     from torch.cuda._utils import _nvrtc_compile
 
-    with torch.cuda.device(device_index):
-        cubin, lowered_name = _nvrtc_compile(COMMON.read_text() + source.read_text(), name, None, None, list(options))
-    descriptor, path = tempfile.mkstemp(suffix=".cubin", prefix=f"qfuse_{name}_")
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(cubin)
-        loaded = torch._C._StaticCudaLauncher._load_kernel(path, lowered_name or name, 0, device_index)
-    finally:
-        os.unlink(path)
+    with torch.cuda.device(device_index):  # compiled for its architecture, loaded into its context
+        cubin, lowered_name = _nvrtc_compile(COMMON.read_text() + source.read_text(), name,
+                                             nvcc_options=list(options))
+        descriptor, path = tempfile.mkstemp(suffix=".cubin", prefix=f"qfuse_{name}_")
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(cubin)
+            loaded = torch._C._StaticCudaLauncher._load_kernel(path, lowered_name or name, 0, device_index)
+        finally:
+            os.unlink(path)
     # (function, registers, spills), or (module, function, registers, spills) in later torch
     return CompiledKernel(int(loaded[-3]), argument_types)

@@ -41,8 +41,10 @@ class GpuTable(Mapping):
                 raise ValueError(f"the {gpu} table's keys {list(table)} are not the first table's {list(self.first)}")
 
     def gpu_of(self, device_name: str) -> str:
-        """The GPU whose table applies on the device named `device_name` ('' for no GPU)."""
-        return next((gpu for gpu in self.by_gpu if gpu in device_name), next(iter(self.by_gpu)))
+        """The GPU whose table applies on the device named `device_name` ('' for no GPU): the longest key in
+        its name (an H200 is no H20), else the first."""
+        named = [gpu for gpu in self.by_gpu if gpu in device_name]
+        return max(named, key=len) if named else next(iter(self.by_gpu))
 
     def here(self) -> Mapping:
         """The table of the current CUDA device's GPU (the first where there is none or no table of its own)."""
