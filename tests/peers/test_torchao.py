@@ -42,6 +42,12 @@ def test_pt2e_x86_inductor_quantizer(dynamic, batch):
 def test_int8_dynamic_activation_int8_weight(dtype, batch):
     model, x = torchao_models.torchao_int8_dynamic_mlp(dtype=dtype, batch=batch)
     check(model, x, "int8 dyn-token", 1e-4 if dtype == torch.float32 else 2e-2)
+    # in bf16 torchao applies the weight's per-row scale after its cast to bf16, where the fused op stops: the
+    # record says so rather than leaving "per-tensor" unexplained
+    records = qfuse.explain(model, x).records
+    per_column = ["per-column weight scale" in record.note for record in records]
+    assert per_column == [dtype == torch.bfloat16] * 2, [(record.scheme, record.note) for record in records]
+    assert all(record.scheme.endswith("per-tensor" if dtype == torch.bfloat16 else "per-channel") for record in records)
 
 
 @pytest.mark.parametrize("batch", [None, 2], ids=["2D", "3D"])

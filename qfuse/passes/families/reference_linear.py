@@ -377,7 +377,25 @@ def analyze(anchor: Node) -> FusedLinear | None:
         anchor=anchor, family=FAMILY, pattern=f"{pattern} + dequant epilogue", a=a, b=b, scheme=scheme,
         out_dtype=out_dtype, replaces=epilogue.last, output_shape=epilogue.output_shape,
         scale_a=scale_a, scale_b=scale_b, bias=_bias_as_vector(epilogue.bias), azp_a=epilogue.azp_a,
+        note=_scale_after_the_cast(epilogue) if scale_b is None else "",
     )
+
+
+def _scale_after_the_cast(epilogue: Epilogue) -> str:
+    """Why the record names no weight scale where the model applies one after its cast to the output dtype
+    (torchao's bf16 int8 linear: `(acc * x_scale).to(bf16) * w_scale + bias`), or ''. The fused op stops at
+    the cast: eager rounds there, and a scale taken into the op would be applied before that rounding."""
+    user = single_user(epilogue.last)
+    if not epilogue.closed or user is None or user.target not in (aten.mul.Tensor, aten.div.Tensor):
+        return ""
+    (other,) = [arg for arg in user.args if arg is not epilogue.last] or [None]
+    shape, out_shape = shape_of(other) if isinstance(other, Node) else None, shape_of(epilogue.last)
+    if shape is None or not shape or not all(same_size(size, 1) for size in shape[:-1]) or out_shape is None \
+            or not same_size(shape[-1], out_shape[-1]) or same_size(shape[-1], 1):
+        return ""
+    return (f"the model's per-column weight scale ({other.name}) comes after its cast to "
+            f"{dtype_name(dtype_of(epilogue.last))}: it and what follows stay in Inductor's code, where eager "
+            "rounds to that dtype before them (the fused op applies the activation scale)")
 
 
 def _weight_only_linear(anchor: Node, x: Node, b: GraphValue, epilogue: Epilogue, pattern: str) -> FusedLinear:
