@@ -4,8 +4,7 @@ run eagerly, under plain Inductor and under backend="qfuse" (rules: tests/fuzz/d
 Hypothesis draws the cases (tests/fuzz/strategies.py), derandomized: every run checks the same
 cases, and a failure prints the shrunk, minimal `Case` and the command that replays it
 (`python -m tests.fuzz.repro "Case(...)"`). `QFUSE_FUZZ_EXAMPLES` sets how many cases are drawn
-(20 by default; CI: 300, in a step of its own; the release profile in docs/testing.md: thousands). The drawn
-tests are in the slow tier (`--slow`; CI's fuzz step); the cases found before run in the fast tier too. `QFUSE_FUZZ_SEED` draws other cases,
+(a plain run: 20; CI: 300; the release profile in docs/testing.md: thousands). `QFUSE_FUZZ_SEED` draws other cases,
 from that seed (shards of a long run in parallel processes, each its own seed). The explicit examples
 are cases an earlier run found wrong (`FOUND_BEFORE`), kept so they are checked on every run.
 """
@@ -21,7 +20,7 @@ from tests.fuzz.cases import NEAR_FORMS, Case
 from tests.fuzz.differential import run_case
 from tests.fuzz.strategies import cases
 
-EXAMPLES = int(os.environ.get("QFUSE_FUZZ_EXAMPLES", "20"))  # with --slow; CI runs 300 (.ci/run)
+EXAMPLES = int(os.environ.get("QFUSE_FUZZ_EXAMPLES", "20"))  # a plain run; CI runs 300 (.ci/run)
 SEED = os.environ.get("QFUSE_FUZZ_SEED")  # None: derandomized, the same cases every run
 
 FOUND_BEFORE = [
@@ -88,7 +87,7 @@ def differential_test(forms: tuple[str, ...], share: float):
         if not outcome.inductor_agrees:
             event("plain Inductor differs from eager (numerics not judged)")
         assert not outcome.problems, outcome.failure()
-    return pytest.mark.slow(test if SEED is None else seed(int(SEED))(test))
+    return test if SEED is None else seed(int(SEED))(test)
 
 
 for _group, (_forms, _share) in GROUPS.items():
