@@ -158,6 +158,7 @@ def test_two_threads_on_one_compiled_model(form, kernel, device, monkeypatch):
     model, x = build(form, 0, device)
     compiled, _, _ = compiled_or_skip(model, x, kernel)
     monkeypatch.setattr(prepared, "_CACHE", {})  # nothing prepared: both threads' first call prepares
+    monkeypatch.setattr(prepared, "_RECENT", {})  # (nor found by the tensors' identity)
     builds = []
     implementation = get_kernel(kernel)
     for method in ("prepare_weight", "prepare_int4_weight"):

@@ -35,6 +35,7 @@ import enum
 import gc
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -159,27 +160,60 @@ def built_once(label: tuple, sources: tuple[torch.Tensor | None, ...], build) ->
     (the entry keeps it, to prepare the weight again)."""
     if not _cacheable(*sources):
         return build(*sources)
-    key = (label, *(_SourceKey.of(source) for source in sources))
     versions = _versions(sources)
-    entry = _CACHE.get(key)
+    entry = _recent_entry(label, sources)
     if entry is None or entry.versions != versions:
-        with _LOCK:  # another thread may have made it meanwhile: look again
-            entry = _CACHE.get(key)
-            if entry is None or entry.versions != versions:
-                return _prepared_entry(key, sources, versions, build, entry)
+        key = (label, *(_SourceKey.of(source) for source in sources))
+        entry = _CACHE.get(key)
+        if entry is None or entry.versions != versions:
+            with _LOCK:  # another thread may have made it meanwhile: look again
+                entry = _CACHE.get(key)
+                if entry is None or entry.versions != versions:
+                    entry, prepared = _prepared_entry(key, sources, versions, build, entry)
+                    _remember(label, sources, entry)
+                    return prepared
+        _remember(label, sources, entry)
     return build(*sources) if entry.prepared is None else entry.prepared
 
 
-def _prepared_entry(key: tuple, sources: tuple, versions: tuple, build, stale: _Entry | None) -> PreparedWeight:
-    """The weight prepared from `sources` (under the lock) and remembered under `key`, into the memory
-    of the `stale` entry's weight where the layout is the same."""
+def _prepared_entry(key: tuple, sources: tuple, versions: tuple, build, stale: _Entry | None) -> tuple[_Entry, PreparedWeight]:
+    """(the entry, the weight) prepared from `sources` (under the lock) and remembered under `key`, into the
+    memory of the `stale` entry's weight where the layout is the same."""
     prepared = _rebuilt(stale and stale.prepared, build, sources)
     opaque = prepared.data.layout != torch.strided  # e.g. a packed MKLDNN tensor: never an input
     as_given = not opaque and _storage(prepared.data) in _storages(sources)
     entry = _Entry(build, versions, None if as_given else prepared)
     _evict_expired()
     _CACHE[key] = entry
-    return prepared
+    return entry, prepared
+
+
+#: (label, the sources' ids) -> (weak references to the sources, their addresses, a weak reference to the entry):
+#: a compiled graph hands each call its weights as the same tensors, so a repeated call finds its entry here
+#: without the keys (a storage reference and view a source, the costliest part of a hit). A source gone, or given
+#: new memory (`param.data = ...`, which moves no version) misses; the entry's versions are checked as any.
+_RECENT: dict[tuple, tuple] = {}
+_RECENT_MOST = 4096  # entries of dropped models' tensors are cleared past this many
+
+
+def _addresses(sources: tuple) -> tuple:
+    return tuple(None if source is None else source.data_ptr() for source in sources)
+
+
+def _recent_entry(label: tuple, sources: tuple) -> _Entry | None:
+    recent = _RECENT.get((label, *map(id, sources)))
+    if recent is None:
+        return None
+    references, addresses, entry = recent
+    alive = all(source is None or reference() is source for reference, source in zip(references, sources))
+    return entry() if alive and addresses == _addresses(sources) else None
+
+
+def _remember(label: tuple, sources: tuple, entry: _Entry) -> None:
+    if len(_RECENT) >= _RECENT_MOST:
+        _RECENT.clear()
+    references = tuple(None if source is None else weakref.ref(source) for source in sources)
+    _RECENT[(label, *map(id, sources))] = (references, _addresses(sources), weakref.ref(entry))  # (the cache owns it)
 
 
 def _rebuilt(old: PreparedWeight | None, build, sources: tuple) -> PreparedWeight:

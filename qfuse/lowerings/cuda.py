@@ -7,16 +7,15 @@ The op's extern call runs torch's custom-op dispatch and the op's Python on ever
 product's bookkeeping): several times the kernel's GPU time in host time, so without CUDA graphs it lost to
 the Triton templates (docs/benchmarks.md, "The CUDA kernels without CUDA graphs"). Here the call's dtypes and
 layout are checked once, at compile time, and the generated code calls a plain function that looks the
-prepared weight up (`built_once`: the op's own preparation, the same cache entry) and launches the kernel into
-the buffer Inductor allocated: a lookup and a C++ launch a call.
+prepared weight up (`built_once`: the op's own preparation, the same cache entry, found by the tensors'
+identity on a repeated call) and launches the kernel into the buffer Inductor allocated: a lookup and a C++
+launch a call.
 
 A call the kernel does not compute with one launch as eager rounds it stays the op's extern call: GPTQ's act
 order, int8 storage, a bias of another dtype, an output dtype other than x's or float32, the C++ wrapper.
 """
 
 from __future__ import annotations
-
-import weakref
 
 import torch
 from torch._inductor import ir
@@ -45,59 +44,17 @@ def int4_mma_out(x: torch.Tensor, *tensors: torch.Tensor, has_bias: bool, presen
     bias = next(remaining) if has_bias else None
     sources = tuple(next(remaining) if here else None for here in present)
     kernel = get_kernel(KERNEL)
-    settings = (siblings, group_size, zero_convention, packed_along_n)
-    weight = _recent_weight(sources, settings)
-    if weight is None:
-        if siblings:
-            weight = prepared_int4_siblings(kernel, *(sources[i::len(_SOURCES)] for i in range(len(_SOURCES))),
-                                            group_size, zero_convention, packed_along_n)
-        else:
-            weight = prepared_int4_weight(KERNEL, *sources, group_size, None, zero_convention, packed_along_n)[1]
-        _remember(sources, settings, weight)
+    if siblings:
+        weight = prepared_int4_siblings(kernel, *(sources[i::len(_SOURCES)] for i in range(len(_SOURCES))),
+                                        group_size, zero_convention, packed_along_n)
+    else:
+        weight = prepared_int4_weight(KERNEL, *sources, group_size, None, zero_convention, packed_along_n)[1]
     if weight.packing != int4_mma.PACKINGS[x.dtype]:  # (a weight the kernel could not take: prepared dense)
         return out.copy_(int4_product(kernel, x, weight, bias, out.dtype))
     for start in range(0, x.shape[0], int4_mma.MAX_ROWS):
         rows = slice(start, start + int4_mma.MAX_ROWS)
         int4_mma.int4_mma(x[rows], weight.data, weight.scale, bias, group_size, out.dtype, out=out[rows])
     return out
-
-
-#: (settings, the sources' ids) -> (weak references to the sources, their addresses and versions, a weak reference
-#: to the prepared weight): a compiled graph hands each call its parameters as the same tensors, so a repeated call
-#: finds its weight here without `built_once`'s keys (a storage reference and view a source). A source changed in
-#: place (its version), given new memory (`param.data = ...`: its address) or gone misses, and goes to `built_once`
-_RECENT: dict[tuple, tuple] = {}
-_RECENT_MOST = 4096  # entries of dropped models' tensors are cleared past this many
-
-
-def _state(sources: tuple) -> tuple:
-    return tuple(None if source is None else (source.data_ptr(), source._version) for source in sources)
-
-
-def _tracked(sources: tuple) -> bool:
-    """Whether every source has a version counter (inference tensors have none: `built_once` prepares them
-    on every call rather than risk a stale weight, and so does this lookup)."""
-    return not any(source is not None and source.is_inference() for source in sources)
-
-
-def _recent_weight(sources: tuple, settings: tuple):
-    """The prepared weight of an earlier call with these very source tensors at these versions, or None."""
-    recent = _RECENT.get((settings, *map(id, sources)))
-    if recent is None or not _tracked(sources):
-        return None
-    references, state, weight = recent
-    alive = all(source is None or reference() is source for reference, source in zip(references, sources))
-    return weight() if alive and state == _state(sources) else None
-
-
-def _remember(sources: tuple, settings: tuple, weight) -> None:
-    if not _tracked(sources):
-        return
-    if len(_RECENT) >= _RECENT_MOST:
-        _RECENT.clear()
-    references = tuple(None if source is None else weakref.ref(source) for source in sources)
-    # the weight by weak reference too: the prepared-weight cache owns it (and drops it with the model)
-    _RECENT[(settings, *map(id, sources))] = (references, _state(sources), weakref.ref(weight))
 
 
 if not hasattr(extern_kernels, EXTERN_NAME):

@@ -15,6 +15,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from qfuse.kernels.base import OK, Kernel
 from qfuse.kernels.prepared import (
     PreparedWeight,
+    built_once,
     cached_weight_count,
     padded_activation,
     padded_weight,
@@ -199,3 +200,41 @@ def test_a_scale_made_on_every_call_reuses_one_preparation(kernel_name, k):
     prepared = [prepare_once(kernel, weight, stored_scale.to(torch.bfloat16), None) for _ in range(3)]
     assert all(each.data is prepared[0].data for each in prepared) and cached_weight_count() == count + 1
     assert all(torch.equal(each.scale, stored_scale.to(torch.bfloat16)) for each in prepared)
+
+
+def _counted_build(builds: list):
+    def build(weight, scale):
+        builds.append(1)
+        return PreparedWeight(weight.clone(), scale, None, 1, weight.numel())
+    return build
+
+
+def test_a_repeated_call_with_the_same_tensors_finds_its_entry_by_identity(monkeypatch):
+    """A compiled graph hands each call its weights as the same tensors: `built_once` finds their entry without
+    its storage keys, until a source changes in place (its version) or gets new memory (`.data = `)."""
+    from qfuse.kernels import prepared
+
+    builds = []
+    sources = (torch.zeros(8, dtype=torch.int32), torch.ones(8))
+    first = built_once(("identity",), sources, _counted_build(builds))
+    with monkeypatch.context() as patched:
+        patched.setattr(prepared._SourceKey, "of", lambda tensor: pytest.fail("keys made on a repeated call"))
+        assert built_once(("identity",), sources, _counted_build(builds)) is first and len(builds) == 1
+    sources[1].mul_(2)  # a checkpoint loaded in place: prepared again
+    assert built_once(("identity",), sources, _counted_build(builds)) is not None and len(builds) == 2
+    sources[1].data = torch.full((8,), 3.0)  # new memory under the same tensor: its version does not move
+    assert built_once(("identity",), sources, _counted_build(builds)) is not None and len(builds) == 3
+
+
+def test_the_identity_lookup_holds_no_weight_alive_and_skips_inference_tensors():
+    builds = []
+    sources = (torch.zeros(8, dtype=torch.int32), torch.ones(8))
+    weight = weakref.ref(built_once(("identity, dropped",), sources, _counted_build(builds)))
+    del sources
+    gc.collect()
+    assert weight() is None  # the cache drops a freed weight's entry; the lookup keeps nothing of it
+    with torch.inference_mode():
+        inference = (torch.zeros(8, dtype=torch.int32), torch.ones(8))
+    for _ in range(2):  # no version counter: prepared on every call, never looked up by identity
+        built_once(("identity, inference",), inference, _counted_build(builds))
+    assert len(builds) == 3
