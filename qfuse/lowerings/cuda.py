@@ -51,10 +51,7 @@ def int4_mma_out(x: torch.Tensor, *tensors: torch.Tensor, has_bias: bool, presen
         weight = prepared_int4_weight(KERNEL, *sources, group_size, None, zero_convention, packed_along_n)[1]
     if weight.packing != int4_mma.PACKINGS[x.dtype]:  # (a weight the kernel could not take: prepared dense)
         return out.copy_(int4_product(kernel, x, weight, bias, out.dtype))
-    for start in range(0, x.shape[0], int4_mma.MAX_ROWS):
-        rows = slice(start, start + int4_mma.MAX_ROWS)
-        int4_mma.int4_mma(x[rows], weight.data, weight.scale, bias, group_size, out.dtype, out=out[rows])
-    return out
+    return int4_mma.int4_mma(x, weight.data, weight.scale, bias, group_size, out.dtype, out=out)
 
 
 if not hasattr(extern_kernels, EXTERN_NAME):

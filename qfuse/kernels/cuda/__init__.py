@@ -117,9 +117,7 @@ class CudaKernel(Kernel):
         inner_bias = bias if bias is not None and bias.dtype == x.dtype else None
         exact = out_dtype in (x.dtype, torch.float32) and (bias is None or inner_bias is not None)
         kernel_dtype = out_dtype if exact else torch.float32
-        parts = [int4_mma.int4_mma(rows, weight.data, weight.scale, inner_bias, group_size, kernel_dtype)
-                 for rows in x.split(int4_mma.MAX_ROWS)]
-        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        out = int4_mma.int4_mma(x, weight.data, weight.scale, inner_bias, group_size, kernel_dtype)
         if bias is not None and inner_bias is None:
             out = out + bias.to(torch.float32)
         return out.to(out_dtype)
@@ -146,10 +144,4 @@ class CudaKernel(Kernel):
                              "block scales")
         if scale_b is not None and scale_b.dtype not in w8_mma.DTYPE_CODES:
             scale_b = scale_b.to(torch.float32)  # (float64, say: the epilogue is float32)
-        if x.shape[0] <= w8_mma.MAX_ROWS:
-            return w8_mma.w8_mma(x, weight.data, weight_dtype, scale_a, scale_b, bias, out_dtype)
-        per_row = scale_a is not None and scale_a.numel() > 1
-        return torch.cat([
-            w8_mma.w8_mma(rows, weight.data, weight_dtype, scale_a[start: start + len(rows)] if per_row else scale_a,
-                          scale_b, bias, out_dtype)
-            for start, rows in zip(range(0, x.shape[0], w8_mma.MAX_ROWS), x.split(w8_mma.MAX_ROWS))])
+        return w8_mma.w8_mma(x, weight.data, weight_dtype, scale_a, scale_b, bias, out_dtype)

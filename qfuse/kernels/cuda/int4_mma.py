@@ -1,7 +1,7 @@
 """W4A16 decode on tensor cores in CUDA C++ (`int4_mma.cu`), compiled by NVRTC at first use.
 
     out [M, N] = x [M, K] @ w^T + bias,   w[n, k] = (v[n, k] - z[n, k / G]) * s[n, k / G]  in x's dtype
-    M <= 64, N a multiple of 16, K a multiple of 64, G a multiple of 64 (or K: per channel)
+    M <= 64 a launch, N a multiple of 16, K a multiple of 64, G a multiple of 64 (or K: per channel)
 
 `repack` puts qfuse's int4 convention (values v in [-8, 7] as int8 [K, N], scales and zero points
 [K / G, N]) once into the kernel's layout: words [N / 16, K / 64, 32, 4] int32, a 16-byte load per lane
@@ -117,24 +117,27 @@ def launch_shape(m: int, n: int, k: int) -> tuple[int, int]:
 def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: torch.Tensor | None,
              group_size: int, out_dtype: torch.dtype, shape: tuple[int, int] | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (M <= 64, bf16 / fp16) @ w^T + bias, w from `repack`, as `out_dtype` (x's dtype or float32),
-    into `out` (contiguous [M, N]) where given; `shape` (warps, unroll) by `launch_shape` unless given."""
+    """x [M, K] (bf16 / fp16) @ w^T + bias, w from `repack`, as `out_dtype` (x's dtype or float32), into `out`
+    (contiguous [M, N]) where given: one launch a MAX_ROWS rows; `shape` (warps, unroll) by `launch_shape` unless
+    given (then for every launch)."""
     m, k = x.shape
     n = pairs.shape[1]
-    if m > MAX_ROWS:
-        raise ValueError(f"int4_mma takes at most {MAX_ROWS} rows a launch, got {m}")
-    warps, unroll = shape or launch_shape(m, n, k)
-    if reason := why_not_launch(m, warps):
-        raise ValueError(f"int4_mma cannot launch {m} rows on {warps} warps: {reason}")
+    launches = [(start, min(MAX_ROWS, m - start)) for start in range(0, m, MAX_ROWS)]
+    shapes = [shape or launch_shape(rows, n, k) for _, rows in launches]
+    for (_, rows), (warps, _) in zip(launches, shapes):
+        if reason := why_not_launch(rows, warps):
+            raise ValueError(f"int4_mma cannot launch {rows} rows on {warps} warps: {reason}")
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=out_dtype)
     if m == 0:
         return out
     x = x.contiguous()
-    if x.data_ptr() % 16:  # the kernel reads x in 16-byte vectors
+    if x.data_ptr() % 16:  # the kernel reads x in 16-byte vectors (a row is a multiple of 64 halves)
         x = x.clone()
     bias = None if bias is None else bias.contiguous()  # read as bias[n]
-    kernel = _compiled(x.dtype, column_tiles(m), warps, unroll, out_dtype == torch.float32, x.device.index or 0)
-    kernel.launch(n // ROWS_PER_TILE, warps, (words, x, pairs, bias if bias is not None else pairs, out, m, n, k,
-                                              group_size // K_PER_CHUNK, int(bias is not None)), x.device)
+    for (start, rows), (warps, unroll) in zip(launches, shapes):
+        kernel = _compiled(x.dtype, column_tiles(rows), warps, unroll, out_dtype == torch.float32, x.device.index or 0)
+        kernel.launch(n // ROWS_PER_TILE, warps, (words, x[start:], pairs, bias if bias is not None else pairs,
+                                                  out[start:], rows, n, k, group_size // K_PER_CHUNK,
+                                                  int(bias is not None)), x.device)
     return out

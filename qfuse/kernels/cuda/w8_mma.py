@@ -98,40 +98,42 @@ def launch_shape(m: int, n: int) -> tuple[int, int, int]:
 def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scale_a: torch.Tensor | None,
            scale_b: torch.Tensor | None, bias: torch.Tensor | None, out_dtype: torch.dtype,
            shape: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """out [M, N] of the module docstring, for M <= 64: `x` int8 / fp8 (W8A8, `scale_a` one value, [M, 1] or
-    None) or bf16 / fp16 (W8A16, `scale_a` None); `words` from `repack` of a weight of `weight_dtype`;
+    """out [M, N] of the module docstring, one launch a MAX_ROWS rows: `x` int8 / fp8 (W8A8, `scale_a` one value,
+    [M, 1] or None) or bf16 / fp16 (W8A16, `scale_a` None); `words` from `repack` of a weight of `weight_dtype`;
     `scale_b` one value, N values ([N] or [1, N]) or None; `shape` (row tiles, warps, unroll) by `launch_shape`
-    unless given."""
+    unless given (then for every launch)."""
     m, k = x.shape
     n = words.shape[0] * ROWS_PER_TILE
-    if m > MAX_ROWS:
-        raise ValueError(f"w8_mma takes at most {MAX_ROWS} rows a launch, got {m}")
+    launches = [(start, min(MAX_ROWS, m - start)) for start in range(0, m, MAX_ROWS)]
+    shapes = [shape or launch_shape(rows, n) for _, rows in launches]
+    for (_, rows), (row_tiles, warps, _) in zip(launches, shapes):
+        if reason := why_not_launch(rows, warps, row_tiles):
+            raise ValueError(f"w8_mma cannot launch {rows} rows on {row_tiles} row tiles and {warps} warps: {reason}")
+    sb_stride = 0 if scale_b is None or scale_b.numel() == 1 else 1
+    if sb_stride and scale_b.numel() != n:
+        raise ValueError(f"w8_mma takes one weight scale or one a column ({n}), not {scale_b.numel()}")
     out = torch.empty(m, n, device=x.device, dtype=out_dtype)
     if m == 0:
         return out
     x = x.contiguous()
-    if x.data_ptr() % 16:  # the kernel reads x in 8- or 16-byte vectors
+    if x.data_ptr() % 16:  # the kernel reads x in 8- or 16-byte vectors (a row is a multiple of 32 elements)
         x = x.clone()
-    weight_only = x.dtype in HALF_DTYPES
-    row_tiles, warps, unroll = shape or launch_shape(m, n)
-    if reason := why_not_launch(m, warps, row_tiles):
-        raise ValueError(f"w8_mma cannot launch {m} rows on {row_tiles} row tiles and {warps} warps: {reason}")
     sa_stride = 0 if scale_a is None or scale_a.numel() == 1 else 1
-    sb_stride = 0 if scale_b is None or scale_b.numel() == 1 else 1
-    options = [f"-DM_TILES={column_tiles(m)}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}",
-               f"-DSCALE_A={DTYPE_CODES[None if scale_a is None else scale_a.dtype]}",
-               f"-DSCALE_B={DTYPE_CODES[None if scale_b is None else scale_b.dtype]}",
-               f"-DBIAS={DTYPE_CODES[None if bias is None else bias.dtype]}", f"-DOUT={DTYPE_CODES[out_dtype]}"]
-    options += [] if weight_only else ["-DW8A8"]
-    options += ["-DWEIGHT_FP8"] if weight_dtype == FP8_DTYPE else []
-    options += ["-DHALF_BF16"] if x.dtype == torch.bfloat16 else []
-    kernel = _compiled(tuple(options), x.device.index or 0)
     scale_a = None if scale_a is None else scale_a.contiguous()
     scale_b = None if scale_b is None else scale_b.contiguous()
-    if sb_stride and scale_b.numel() != n:
-        raise ValueError(f"w8_mma takes one weight scale or one a column ({n}), not {scale_b.numel()}")
     bias = None if bias is None else bias.contiguous()
-    kernel.launch(n // (ROWS_PER_TILE * row_tiles), warps,
-                  (words, x, scale_a if scale_a is not None else words, scale_b if scale_b is not None else words,
-                   bias if bias is not None else words, out, m, n, k, sa_stride, sb_stride), x.device)
+    options = [f"-DSCALE_A={DTYPE_CODES[None if scale_a is None else scale_a.dtype]}",
+               f"-DSCALE_B={DTYPE_CODES[None if scale_b is None else scale_b.dtype]}",
+               f"-DBIAS={DTYPE_CODES[None if bias is None else bias.dtype]}", f"-DOUT={DTYPE_CODES[out_dtype]}"]
+    options += [] if x.dtype in HALF_DTYPES else ["-DW8A8"]
+    options += ["-DWEIGHT_FP8"] if weight_dtype == FP8_DTYPE else []
+    options += ["-DHALF_BF16"] if x.dtype == torch.bfloat16 else []
+    for (start, rows), (row_tiles, warps, unroll) in zip(launches, shapes):
+        kernel = _compiled((f"-DM_TILES={column_tiles(rows)}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}",
+                            f"-DUNROLL={unroll}", *options), x.device.index or 0)
+        row_scales = scale_a[start:] if sa_stride else scale_a
+        kernel.launch(n // (ROWS_PER_TILE * row_tiles), warps,
+                      (words, x[start:], row_scales if scale_a is not None else words,
+                       scale_b if scale_b is not None else words, bias if bias is not None else words, out[start:],
+                       rows, n, k, sa_stride, sb_stride), x.device)
     return out
