@@ -112,7 +112,9 @@ def records_under_cuda_graphs(model, x, eager=None):
         for _ in range(3):
             out = compiled(x)
         assert_close_to_eager(out.clone(), eager or model, x)
-    return qfuse.reports_since(marker)[-1].fused
+    report = qfuse.reports_since(marker)[-1]
+    assert not report.errors, report.errors
+    return report.fused
 
 
 def record_under_cuda_graphs(model, x, eager=None):

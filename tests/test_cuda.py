@@ -269,10 +269,16 @@ def test_int4_cuda_kernel_without_cuda_graphs_is_called_from_inductors_code(sibl
         torch._dynamo.reset()
         compiled = torch.compile(model, backend="qfuse", dynamic=dynamic, options={"kernel": "cuda"})
         x = torch.randn(*lead, 512, device="cuda", dtype=torch.bfloat16)
+        marker = qfuse.graphs_compiled()
         with torch.no_grad():
             out, (code, *_) = run_and_get_code(compiled, x)
             assert_close_to_eager(out, model, x)
-        assert code.count("extern_kernels.qfuse_cuda_int4_mma(") == 1 and "torch.ops.qfuse.int4_weight_only_mm" not in code
+        (report,) = qfuse.reports_since(marker)
+        assert not report.errors, report.errors
+        lines = [line for line in code.splitlines() if not line.lstrip().startswith("#")]  # (comments name graph nodes)
+        calls = sum(line.count("extern_kernels.qfuse_cuda_int4_mma(") for line in lines)
+        op_calls = [line for line in lines if "torch.ops.qfuse.int4_weight_only_mm" in line]
+        assert calls == 1 and not op_calls, (op_calls, [record.note for record in report.fused])
 
 
 @pytest.mark.parametrize("config", [

@@ -42,6 +42,7 @@ from qfuse.errors import contain_internal_error
 from qfuse.passes.families import PATTERN_FAMILIES, family_module
 from qfuse.passes.core.fused_linear import PassContext
 from qfuse.passes.core.graph_utils import dtype_of, module_path, shape_of, stored_quantized_sources
+from qfuse.passes.core.inductor_padding import UNPADDED, unpad_quantized_matmuls
 from qfuse.passes.core.inductor_woq import reclaim_woq_int8
 from qfuse.passes.core.report import (RECLAIMED, LinearRecord, PassReport, count_ops, matmul_nodes,
                                  quantized_kernel_nodes, weight_operand)
@@ -131,15 +132,19 @@ def _account_for_quantized_matmuls(graph: torch.fx.Graph, report: PassReport, ma
     return quantized
 
 
-def _reclaim_or_restore(graph: torch.fx.Graph, report: PassReport) -> None:
-    """Take back Inductor's int8 weight-only linears (`inductor_woq`); if that raises (a bug in qfuse),
-    put the graph back as it was and record the error, as for a family."""
+def _take_back_or_restore(graph: torch.fx.Graph, report: PassReport, woq_int8: bool) -> None:
+    """Take back what Inductor's own passes made of quantized linears before qfuse's pass: the row padding
+    of their matmuls (`inductor_padding`) and, with `woq_int8`, its int8 weight-only linears
+    (`inductor_woq`); if that raises (a bug in qfuse), put the graph back as it was and record the error,
+    as for a family."""
     snapshot = GraphSnapshot(graph)
     try:
-        report.reclaimed_from_inductor = reclaim_woq_int8(graph)
+        report.unpadded_from_inductor += unpad_quantized_matmuls(graph)
+        if woq_int8:
+            report.reclaimed_from_inductor = reclaim_woq_int8(graph)
     except Exception as error:
         snapshot.restore()
-        report.errors.append(contain_internal_error("taking back Inductor's woq_int8 linears", error,
+        report.errors.append(contain_internal_error("taking back Inductor's padding and woq_int8 linears", error,
                                                     "they are left to Inductor"))
 
 
@@ -198,10 +203,9 @@ class QfusePass(CustomGraphPass):
         families = families_in_stage(self.stage, configured)
         report, continued = self._report(graph)
         context = PassContext(self.config, report)
-        if self.stage == "post_grad" and "reference_linear" in configured:
-            # what Inductor's weight-only pattern took (it runs post-grad); under freezing the family
-            # ran before, and the linears taken back stay Inductor's dequantize + mm
-            _reclaim_or_restore(graph, report)
+        # what Inductor's weight-only pattern took (it runs post-grad; under freezing the family ran before,
+        # and the linears taken back would stay Inductor's dequantize + mm), and the rows pad_mm padded
+        _take_back_or_restore(graph, report, self.stage == "post_grad" and "reference_linear" in configured)
         matmuls = {node.name: module_path(node) for node in matmul_nodes(graph)}
         report.inductor_quantized, report.model_kernel_calls = quantized_kernel_nodes(graph)
         if self.config.debug:
@@ -220,9 +224,10 @@ class QfusePass(CustomGraphPass):
             _account_for_quantized_matmuls(graph, report, matmuls, True, families_off)
             _report_in_progress.report = report
             return
-        for name in report.reclaimed_from_inductor:
-            if (record := report.record_for(name)) is not None:
-                record.add_note(RECLAIMED)
+        for names, note in ((report.reclaimed_from_inductor, RECLAIMED), (report.unpadded_from_inductor, UNPADDED)):
+            for name in names:
+                if (record := report.record_for(name)) is not None:
+                    record.add_note(note)
         report.ops_after = count_ops(graph)
         quantized = _account_for_quantized_matmuls(graph, report, matmuls, not continued, families_off)
         report.float_matmuls = [f"{name} ({module})" if module else name for name, module in matmuls.items()

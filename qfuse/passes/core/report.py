@@ -93,6 +93,7 @@ class PassReport(RecordSelection):
     inductor_quantized: list[str] = field(default_factory=list)  # linears Inductor's own passes already took
     model_kernel_calls: list[str] = field(default_factory=list)  # quantized kernels the model calls itself (torchao's)
     reclaimed_from_inductor: list[str] = field(default_factory=list)  # mm nodes qfuse took back (`inductor_woq`)
+    unpadded_from_inductor: list[str] = field(default_factory=list)  # matmuls whose row padding it took back
     matches: Counter = field(default_factory=Counter)  # pattern name -> times applied
     ops_before: Counter = field(default_factory=Counter)  # op name -> count in the graph
     ops_after: Counter = field(default_factory=Counter)
@@ -197,6 +198,7 @@ class PassReport(RecordSelection):
             "inductor_quantized": self.inductor_quantized,
             "model_kernel_calls": self.model_kernel_calls,
             "reclaimed_from_inductor": self.reclaimed_from_inductor,
+            "unpadded_from_inductor": self.unpadded_from_inductor,
             "matches": dict(self.matches),
             "errors": self.errors,
             "ops_before": dict(self.ops_before),
