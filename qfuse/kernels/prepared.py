@@ -158,21 +158,22 @@ def built_once(label: tuple, sources: tuple[torch.Tensor | None, ...], build) ->
     """`build(*sources)`, computed once per `label` and `sources` (keyed as the module docstring
     says) and again after an in-place update of a source. `build` must hold no tensor of its own
     (the entry keeps it, to prepare the weight again)."""
+    recent = _recent_entry(label, sources)  # (never an inference tensor's: those are not remembered)
+    if recent is not None and recent.versions == _versions(sources):
+        return build(*sources) if recent.prepared is None else recent.prepared
     if not _cacheable(*sources):
         return build(*sources)
     versions = _versions(sources)
-    entry = _recent_entry(label, sources)
+    key = (label, *(_SourceKey.of(source) for source in sources))
+    entry = _CACHE.get(key)
     if entry is None or entry.versions != versions:
-        key = (label, *(_SourceKey.of(source) for source in sources))
-        entry = _CACHE.get(key)
-        if entry is None or entry.versions != versions:
-            with _LOCK:  # another thread may have made it meanwhile: look again
-                entry = _CACHE.get(key)
-                if entry is None or entry.versions != versions:
-                    entry, prepared = _prepared_entry(key, sources, versions, build, entry)
-                    _remember(label, sources, entry)
-                    return prepared
-        _remember(label, sources, entry)
+        with _LOCK:  # another thread may have made it meanwhile: look again
+            entry = _CACHE.get(key)
+            if entry is None or entry.versions != versions:
+                entry, prepared = _prepared_entry(key, sources, versions, build, entry)
+                _remember(label, sources, entry)
+                return prepared
+    _remember(label, sources, entry)
     return build(*sources) if entry.prepared is None else entry.prepared
 
 
@@ -205,8 +206,10 @@ def _recent_entry(label: tuple, sources: tuple) -> _Entry | None:
     if recent is None:
         return None
     references, addresses, entry = recent
-    alive = all(source is None or reference() is source for reference, source in zip(references, sources))
-    return entry() if alive and addresses == _addresses(sources) else None
+    for reference, address, source in zip(references, addresses, sources):
+        if source is not None and (reference() is not source or source.data_ptr() != address):
+            return None
+    return entry()
 
 
 def _remember(label: tuple, sources: tuple, entry: _Entry) -> None:

@@ -22,17 +22,6 @@ __device__ __forceinline__ Words load_streaming(const Words* p) {  // read once:
     return v;
 }
 
-// `bytes` (a multiple of 16) from p on brought into the L2, holding no register and waiting for nothing: one
-// lane asks for what its warp loads a few steps later, so those loads find the L2 instead of waiting on HBM
-__device__ __forceinline__ void prefetch_to_l2(const void* p, unsigned bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-    for (unsigned line = 0; line < bytes; line += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(p) + line));
-#endif
-}
-
 __device__ __forceinline__ unsigned select_bytes(unsigned a, unsigned b, unsigned selector) {  // prmt
     unsigned r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));

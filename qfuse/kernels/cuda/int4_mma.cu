@@ -28,8 +28,7 @@
 // (docs/benchmarks.md, "Batched decode on the CUDA kernels").
 //
 // Compiled by NVRTC at first use with -DHALF_BF16 (or fp16), -DM_TILES=1|2|4|8 (the 8-column tiles of B: M <= 8,
-// 16, 32, 64), -DWARPS=w, -DOUT_F32 for a float32 output, -DUNROLL=u for the chunks a warp loads ahead, -DPREFETCH=p
-// for the chunks ahead of those whose weight it asks the L2 for.
+// 16, 32, 64), -DWARPS=w, -DOUT_F32 for a float32 output, -DUNROLL=u for the chunks a warp loads ahead.
 
 #ifdef HALF_BF16
 #define MAGIC 0x43004300u
@@ -47,9 +46,6 @@
 
 #ifndef UNROLL
 #define UNROLL 4  // chunks loaded before any is used: 2 KiB in flight a warp
-#endif
-#ifndef PREFETCH
-#define PREFETCH 0  // chunks ahead of its loads whose weight a warp's lane 0 brings into the L2 (0: none)
 #endif
 
 __device__ __forceinline__ unsigned pair_value(unsigned w, unsigned minus_zero, unsigned scale) {
@@ -87,8 +83,7 @@ qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, con
     const Words* x_rows[M_TILES];
 #pragma unroll
     for (int i = 0; i < M_TILES; ++i) x_rows[i] = x + (long long)imin(g + 8 * i, M - 1) * row_words + 2 * t;
-    const Words* w_tile = words + (long long)tile * chunks * 32;  // a chunk: 32 lanes' 16 bytes
-    const Words* w_lane = w_tile + lane;
+    const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
     float acc[M_TILES][4];
 #pragma unroll
     for (int i = 0; i < M_TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
@@ -96,14 +91,7 @@ qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, con
     // chunk c's group and its (s, z) pairs, counted on from `begin`: no integer division in the loop
     int into_group = begin % group_chunks;
     const unsigned* sz_row = sz + (long long)(begin / group_chunks) * N + row;
-#if PREFETCH > 0
-    if (lane == 0 && begin < end) prefetch_to_l2(w_tile + (long long)begin * 32, imin(PREFETCH, end - begin) * 512);
-#endif
     for (int c0 = begin; c0 < end; c0 += UNROLL) {
-#if PREFETCH > 0
-        if (lane == 0 && c0 + PREFETCH < end)
-            prefetch_to_l2(w_tile + (long long)(c0 + PREFETCH) * 32, imin(UNROLL, end - c0 - PREFETCH) * 512);
-#endif
         Words w[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) w[u] = c0 + u < end ? load_streaming(w_lane + (long long)(c0 + u) * 32) : Words{0, 0, 0, 0};

@@ -16,6 +16,7 @@ captures it): a few µs of host time a call, none in a graph's replay.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -77,9 +78,9 @@ def why_not_launch(m: int, warps: int, row_tiles: int = 1) -> str:
     return f"{warps} warps' partial sums of {m_tiles} tiles take {need} bytes of shared memory" if need > SHARED_BYTES else ""
 
 
-def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, prefetch: int, out_f32: bool,
+def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, out_f32: bool,
               device_index: int) -> launch.CompiledKernel:
-    options = [f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}", f"-DPREFETCH={prefetch}"]
+    options = [f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}"]
     options += ["-DHALF_BF16"] if dtype == torch.bfloat16 else []
     options += ["-DOUT_F32"] if out_f32 else []
     return launch.compiled(SOURCE, "qfuse_int4_mma", tuple(options), ARGUMENT_TYPES, device_index)
@@ -88,7 +89,6 @@ def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, prefetc
 #: Warps a launch aims for, all blocks together: 27-31 a multiprocessor of an H100 were the fastest
 #: (docs/benchmarks.md, "A Llama decoder's tokens/s, and the CUDA W4A16 decode kernel")
 TARGET_WARPS = 4096
-PREFETCH_CHUNKS = 0  # chunks ahead of its loads whose weight a warp asks the L2 for (0: none)
 
 
 def warps_for(blocks: int, target: int = TARGET_WARPS) -> int:
@@ -117,17 +117,13 @@ def launch_shape(m: int, n: int, k: int) -> tuple[int, int]:
 
 def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: torch.Tensor | None,
              group_size: int, out_dtype: torch.dtype, shape: tuple[int, int] | None = None,
-             out: torch.Tensor | None = None, prefetch: int = PREFETCH_CHUNKS) -> torch.Tensor:
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (bf16 / fp16) @ w^T + bias, w from `repack`, as `out_dtype` (x's dtype or float32), into `out`
     (contiguous [M, N]) where given: one launch a MAX_ROWS rows; `shape` (warps, unroll) by `launch_shape` unless
-    given (then for every launch); `prefetch` the chunks ahead of its loads a warp asks the L2 for."""
+    given (then for every launch)."""
     m, k = x.shape
     n = pairs.shape[1]
-    launches = [(start, min(MAX_ROWS, m - start)) for start in range(0, m, MAX_ROWS)]
-    shapes = [shape or launch_shape(rows, n, k) for _, rows in launches]
-    for (_, rows), (warps, _) in zip(launches, shapes):
-        if reason := why_not_launch(rows, warps):
-            raise ValueError(f"int4_mma cannot launch {rows} rows on {warps} warps: {reason}")
+    plan = _launches(m, n, k, x.dtype, out_dtype == torch.float32, x.device.index or 0, shape)
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=out_dtype)
     if m == 0:
@@ -136,10 +132,24 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     if x.data_ptr() % 16:  # the kernel reads x in 16-byte vectors (a row is a multiple of 64 halves)
         x = x.clone()
     bias = None if bias is None else bias.contiguous()  # read as bias[n]
-    for (start, rows), (warps, unroll) in zip(launches, shapes):
-        kernel = _compiled(x.dtype, column_tiles(rows), warps, unroll, prefetch, out_dtype == torch.float32,
-                           x.device.index or 0)
-        kernel.launch(n // ROWS_PER_TILE, warps, (words, x[start:], pairs, bias if bias is not None else pairs,
-                                                  out[start:], rows, n, k, group_size // K_PER_CHUNK,
-                                                  int(bias is not None)), x.device)
+    for start, rows, kernel, warps in plan:
+        kernel.launch(n // ROWS_PER_TILE, warps, (words, x[start:] if start else x, pairs,
+                                                  pairs if bias is None else bias, out[start:] if start else out, rows,
+                                                  n, k, group_size // K_PER_CHUNK, int(bias is not None)), x.device)
     return out
+
+
+@functools.cache
+def _launches(m: int, n: int, k: int, dtype: torch.dtype, out_f32: bool, device_index: int,
+              shape: tuple[int, int] | None) -> tuple[tuple[int, int, launch.CompiledKernel, int], ...]:
+    """(first row, rows, compiled kernel, warps) of each launch of `int4_mma` for M = `m`: the launch rule and the
+    kernel's compile once per size, not on every call."""
+    plan = []
+    for start in range(0, m, MAX_ROWS):
+        rows = min(MAX_ROWS, m - start)
+        warps, unroll = shape or launch_shape(rows, n, k)
+        if reason := why_not_launch(rows, warps):
+            raise ValueError(f"int4_mma cannot launch {rows} rows on {warps} warps: {reason}")
+        plan.append((start, rows, _compiled(dtype, column_tiles(rows), warps, unroll, out_f32, device_index),
+                     warps))
+    return tuple(plan)

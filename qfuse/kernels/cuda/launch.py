@@ -34,8 +34,9 @@ class CompiledKernel:
     argument_types: str
 
     def launch(self, blocks: int, warps: int, arguments: tuple, device: torch.device) -> None:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index != torch.cuda.current_device():  # the module was loaded in the device's context
+        current = torch._C._cuda_getDevice()  # (CUDA is initialised: the arguments are CUDA tensors)
+        index = current if device.index is None else device.index
+        if index != current:  # the module was loaded in the device's context
             with torch.cuda.device(index):
                 return self.launch(blocks, warps, arguments, device)
         torch._C._StaticCudaLauncher._launch_kernel(self.function, blocks, 1, 1, warps, 0, self.argument_types,

@@ -20,6 +20,7 @@ Compiled and launched by `launch`, as the int4 kernel.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -104,11 +105,8 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
     unless given (then for every launch)."""
     m, k = x.shape
     n = words.shape[0] * ROWS_PER_TILE
-    launches = [(start, min(MAX_ROWS, m - start)) for start in range(0, m, MAX_ROWS)]
-    shapes = [shape or launch_shape(rows, n) for _, rows in launches]
-    for (_, rows), (row_tiles, warps, _) in zip(launches, shapes):
-        if reason := why_not_launch(rows, warps, row_tiles):
-            raise ValueError(f"w8_mma cannot launch {rows} rows on {row_tiles} row tiles and {warps} warps: {reason}")
+    dtypes = tuple(DTYPE_CODES[None if value is None else value.dtype] for value in (scale_a, scale_b, bias))
+    plan = _launches(m, n, x.dtype, weight_dtype, dtypes, DTYPE_CODES[out_dtype], x.device.index or 0, shape)
     sb_stride = 0 if scale_b is None or scale_b.numel() == 1 else 1
     if sb_stride and scale_b.numel() != n:
         raise ValueError(f"w8_mma takes one weight scale or one a column ({n}), not {scale_b.numel()}")
@@ -119,21 +117,33 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
     if x.data_ptr() % 16:  # the kernel reads x in 8- or 16-byte vectors (a row is a multiple of 32 elements)
         x = x.clone()
     sa_stride = 0 if scale_a is None or scale_a.numel() == 1 else 1
-    scale_a = None if scale_a is None else scale_a.contiguous()
-    scale_b = None if scale_b is None else scale_b.contiguous()
-    bias = None if bias is None else bias.contiguous()
-    options = [f"-DSCALE_A={DTYPE_CODES[None if scale_a is None else scale_a.dtype]}",
-               f"-DSCALE_B={DTYPE_CODES[None if scale_b is None else scale_b.dtype]}",
-               f"-DBIAS={DTYPE_CODES[None if bias is None else bias.dtype]}", f"-DOUT={DTYPE_CODES[out_dtype]}"]
-    options += [] if x.dtype in HALF_DTYPES else ["-DW8A8"]
-    options += ["-DWEIGHT_FP8"] if weight_dtype == FP8_DTYPE else []
-    options += ["-DHALF_BF16"] if x.dtype == torch.bfloat16 else []
-    for (start, rows), (row_tiles, warps, unroll) in zip(launches, shapes):
-        kernel = _compiled((f"-DM_TILES={column_tiles(rows)}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}",
-                            f"-DUNROLL={unroll}", *options), x.device.index or 0)
-        row_scales = scale_a[start:] if sa_stride else scale_a
-        kernel.launch(n // (ROWS_PER_TILE * row_tiles), warps,
-                      (words, x[start:], row_scales if scale_a is not None else words,
-                       scale_b if scale_b is not None else words, bias if bias is not None else words, out[start:],
-                       rows, n, k, sa_stride, sb_stride), x.device)
+    scale_a = words if scale_a is None else scale_a.contiguous()  # (an absent operand: any tensor, never read)
+    scale_b = words if scale_b is None else scale_b.contiguous()
+    bias = words if bias is None else bias.contiguous()
+    for start, rows, kernel, blocks, warps in plan:
+        kernel.launch(blocks, warps, (words, x[start:] if start else x, scale_a[start:] if start and sa_stride else scale_a,
+                                      scale_b, bias, out[start:] if start else out, rows, n, k, sa_stride, sb_stride),
+                      x.device)
     return out
+
+
+@functools.cache
+def _launches(m: int, n: int, dtype: torch.dtype, weight_dtype: torch.dtype, operand_codes: tuple[int, int, int],
+              out_code: int, device_index: int, shape: tuple[int, int, int] | None) -> tuple:
+    """(first row, rows, compiled kernel, blocks, warps) of each launch of `w8_mma` for M = `m`, the operands'
+    dtype codes (scale_a, scale_b, bias; 0 for none) and the output's: the launch rule and the kernel's compile
+    once per size, not on every call."""
+    options = [f"-D{name}={code}" for name, code in zip(("SCALE_A", "SCALE_B", "BIAS", "OUT"), (*operand_codes, out_code))]
+    options += [] if dtype in HALF_DTYPES else ["-DW8A8"]
+    options += ["-DWEIGHT_FP8"] if weight_dtype == FP8_DTYPE else []
+    options += ["-DHALF_BF16"] if dtype == torch.bfloat16 else []
+    plan = []
+    for start in range(0, m, MAX_ROWS):
+        rows = min(MAX_ROWS, m - start)
+        row_tiles, warps, unroll = shape or launch_shape(rows, n)
+        if reason := why_not_launch(rows, warps, row_tiles):
+            raise ValueError(f"w8_mma cannot launch {rows} rows on {row_tiles} row tiles and {warps} warps: {reason}")
+        kernel = _compiled((f"-DM_TILES={column_tiles(rows)}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}",
+                            f"-DUNROLL={unroll}", *options), device_index)
+        plan.append((start, rows, kernel, n // (ROWS_PER_TILE * row_tiles), warps))
+    return tuple(plan)
