@@ -61,6 +61,7 @@ class GemmKey:
     m: int | None = None  # rows of the activation (M, all leading dims), None when symbolic
     weight_scale_dtype: torch.dtype | None = None  # an int4 weight's group scales (None: not recorded)
     cuda_graphs: bool = False  # the graph replays as CUDA graphs (mode="reduce-overhead"): an op's Python runs at capture only
+    act_order: bool = False  # GPTQ's act order: an int4 weight's input channels grouped by g_idx, not in order
 
 
 class Kernel(abc.ABC):

@@ -319,7 +319,7 @@ H100_NVRTC = Platform("cuda", cuda_capability=(9, 0), libraries=frozenset({"trit
     (16, True, True, 128, BF16, H100_NVRTC, "cuda", ""),  # zero points: exact, as eager rounds them
     (None, True, False, 4096, BF16, H100_NVRTC, "cuda", ""),  # a dynamic M: the lowering asks again per bucket
     (17, True, False, 128, BF16, H100_NVRTC, "triton", "a decode kernel (M <= 16)"),
-    (1, False, False, 128, BF16, H100_NVRTC, "triton", "faster under CUDA graphs (mode='reduce-overhead') only"),
+    (1, False, False, 128, BF16, H100_NVRTC, "cuda", ""),  # without CUDA graphs: launched from Inductor's code
     (1, True, False, 32, BF16, H100_NVRTC, "torch", "a multiple of 64"),  # tinygemm takes g32 at M = 1
     (1, True, False, 128, torch.float16, H100_NVRTC, "triton", "the group scales are fp16, not bf16"),
     (1, True, False, 128, BF16, H100, "torch", "needs nvrtc"),  # no NVRTC: tinygemm at M = 1
@@ -334,6 +334,25 @@ def test_int4_decode_under_cuda_graphs_is_the_cuda_kernels(m, cuda_graphs, zero_
     choice = choose_kernel(key, platform)
     assert choice.kernel.name == chosen, choice.rejected
     assert reason in choice.rejected.get("cuda", "")
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"act_order": True}, "GPTQ's act order (the op sorts x's columns each call) runs as the op's extern call"),
+    ({"weight_zero_point_foldable": True}, "an int4 weight stored as int8"),
+    ({"bias_dtype": BF16}, "a linear with a bias runs as the op's extern call"),
+    ({"out_dtype": torch.float16}, "an output of fp16 runs as the op's extern call"),
+])
+def test_int4_decode_without_cuda_graphs_is_the_cuda_kernel_where_inductors_code_launches_it(change, reason):
+    """Without CUDA graphs the int4 kernel is taken where Inductor's generated code launches it (qfuse.lowerings.cuda);
+    a linear the op's extern call would run (more host time a call) stays on the Triton template, saying why."""
+    scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, BF16, weight_group_size=128)
+    key = GemmKey(scheme, m=4, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda",
+                  weight_scale_dtype=BF16)
+    assert choose_kernel(key, H100_NVRTC).kernel.name == "cuda"
+    assert KernelRequest(dataclasses.replace(key, m=None)).row_bounds(H100_NVRTC) == (16,)
+    choice = choose_kernel(dataclasses.replace(key, **change), H100_NVRTC)
+    assert choice.kernel.name == "triton" and reason in choice.rejected["cuda"], choice.rejected
+    assert choose_kernel(dataclasses.replace(key, cuda_graphs=True, **change), H100_NVRTC).kernel.name == "cuda"
 
 
 def test_a_dynamic_m_under_cuda_graphs_runs_the_cuda_kernel_at_decode_only():

@@ -7,11 +7,12 @@ side):
 - `w8_mma` (W8A8 int8 / fp8, and W8A16 with an int8 / fp8 weight): 8-bit MMAs on the quantized activation,
   or the weight converted exactly to the activation's half dtype; scales, bias and cast in its epilogue.
 Both launch from C++ (`launch`). The int4 kernel is called from Inductor's generated code
-(`qfuse.lowerings.cuda`: no op dispatch); the 8-bit one runs as the op's extern call. Without CUDA graphs a
-decode step is host-bound, and even that call costs as much host time as the Triton templates' launches, so
-kernel choice takes them under CUDA graphs (mode="reduce-overhead"), whose replays run no Python, at decode
-(M <= 16; a dynamic M per bucket). Elsewhere the Triton templates, which enter Inductor's code, stay as fast
-or faster.
+(`qfuse.lowerings.cuda`: no op dispatch); the 8-bit one runs as the op's extern call. Kernel choice takes them
+at decode (M <= 16; a dynamic M per bucket) under CUDA graphs (mode="reduce-overhead"), whose replays run no
+Python, and without CUDA graphs the int4 linears launched from Inductor's code, whose host time a call is now
+below the Triton templates' launches (a decoder step, host-bound in default mode, ran faster on it). The op's
+extern call costs more host time: without CUDA graphs its linears stay on the Triton templates, which enter
+Inductor's code.
 
 Per linear at decode faster than ATen's tinygemm and the nibble-plane template, and a Llama-shaped decoder
 under CUDA graphs faster than with either (measured: docs/benchmarks.md, "A Llama decoder's tokens/s, and the
@@ -34,6 +35,23 @@ _HALVES = (torch.bfloat16, torch.float16)
 W8A8_ROWS = 8
 _DECODE = {"k_multiple": w8_mma.K_PER_CHUNK, "n_multiple": w8_mma.ROWS_PER_TILE, "out_dtypes": FLOAT_ACTIVATION_DTYPES,
            "rocm": False, "requires": ("nvrtc",)}  # the 8-bit rows' common columns
+
+
+def _why_not_from_inductors_code(key: GemmKey) -> str:
+    """Why this linear's call would not be launched from Inductor's generated code (`qfuse.lowerings.cuda`, which
+    says so per call) but run as the op's extern call, or '': the int4 kernel's linears without act order, int8
+    storage or a bias (siblings' biases are joined per call by the op), with an output of x's dtype or float32."""
+    if key.scheme.weight_dtype != INT4_DTYPE:
+        return "the 8-bit kernel"
+    if key.act_order:
+        return "GPTQ's act order (the op sorts x's columns each call)"
+    if key.weight_zero_point_foldable:
+        return "an int4 weight stored as int8 (the op checks its values when it prepares them)"
+    if key.bias_dtype is not None:
+        return "a linear with a bias"
+    if key.out_dtype not in (key.scheme.activation_dtype, torch.float32):
+        return f"an output of {dtype_name(key.out_dtype)}"
+    return ""
 
 
 class CudaKernel(Kernel):
@@ -68,10 +86,10 @@ class CudaKernel(Kernel):
         return OK
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
-        if not key.cuda_graphs:
-            return ("without CUDA graphs a decode step is host-bound, and its call costs as much host time as the "
-                    "Triton templates' launches (a decoder ran no faster: docs/benchmarks.md, \"The CUDA kernels "
-                    "without CUDA graphs\"); it is faster under CUDA graphs (mode='reduce-overhead') only")
+        if not key.cuda_graphs and (reason := _why_not_from_inductors_code(key)):
+            return (f"without CUDA graphs a decode step is host-bound, and {reason} runs as the op's extern call, "
+                    "whose host time costs more than the Triton templates' launches (docs/benchmarks.md, \"The CUDA "
+                    "kernels without CUDA graphs\"); it is faster under CUDA graphs (mode='reduce-overhead')")
         if key.m is not None and key.m > DECODE_ROWS:
             return (f"at M = {key.m}: a decode kernel (M <= {DECODE_ROWS}); the Triton templates take batched decode "
                     "(at 32 rows, where its loads of x bound it, it won on some shapes and lost on others, and a decoder "
@@ -82,7 +100,7 @@ class CudaKernel(Kernel):
         return super().why_slower_here(key, platform)
 
     def speed_row_bounds(self, key: GemmKey, platform: Platform) -> tuple[int, ...]:
-        if not key.cuda_graphs:
+        if not key.cuda_graphs and _why_not_from_inductors_code(key):
             return ()
         return (DECODE_ROWS,) if key.scheme.is_weight_only else (W8A8_ROWS, DECODE_ROWS)
 

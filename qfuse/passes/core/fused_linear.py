@@ -127,6 +127,7 @@ class FusedLinear:
             per_call_weight=self.per_call_weight,
             weight_scale_dtype=fake_value(self.int4.scales).dtype if self.int4 else None,
             cuda_graphs=bool(inductor_config.triton.cudagraphs),
+            act_order=self.int4 is not None and self.int4.g_idx is not None,
         )
 
 
