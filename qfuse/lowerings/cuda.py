@@ -9,10 +9,13 @@ the Triton templates (docs/benchmarks.md, "The CUDA kernels without CUDA graphs"
 layout are checked once, at compile time, and the generated code calls a plain function that looks the
 prepared weight up (`built_once`: the op's own preparation, the same cache entry, found by the tensors'
 identity on a repeated call) and launches the kernel into the buffer Inductor allocated: a lookup and a C++
-launch a call.
+launch a call, less host time than the templates' launches, so kernel choice takes the kernel without CUDA graphs
+too (docs/benchmarks.md, "Default mode on the CUDA int4 kernel").
 
 A call the kernel does not compute with one launch as eager rounds it stays the op's extern call: GPTQ's act
-order, int8 storage, a bias of another dtype, an output dtype other than x's or float32, the C++ wrapper.
+order, int8 storage, a bias of another dtype, an output dtype other than x's or float32, the C++ wrapper. Kernel
+choice knows these cases (`qfuse.kernels.cuda._why_not_from_inductors_code`, a bias of any dtype among them) and
+without CUDA graphs leaves those linears to the Triton templates.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Both launch from C++ (`launch`). The int4 kernel is called from Inductor's gener
 (`qfuse.lowerings.cuda`: no op dispatch); the 8-bit one runs as the op's extern call. Kernel choice takes them
 at decode (M <= 16; a dynamic M per bucket) under CUDA graphs (mode="reduce-overhead"), whose replays run no
 Python, and without CUDA graphs the int4 linears launched from Inductor's code, whose host time a call is now
-below the Triton templates' launches (a decoder step, host-bound in default mode, ran faster on it). The op's
+below the Triton templates' launches (a decoder step, host-bound in default mode, ran faster on it: docs/
+benchmarks.md, "Default mode on the CUDA int4 kernel"). The op's
 extern call costs more host time: without CUDA graphs its linears stay on the Triton templates, which enter
 Inductor's code.
 
@@ -88,8 +89,8 @@ class CudaKernel(Kernel):
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
         if not key.cuda_graphs and (reason := _why_not_from_inductors_code(key)):
             return (f"without CUDA graphs a decode step is host-bound, and {reason} runs as the op's extern call, "
-                    "whose host time costs more than the Triton templates' launches (docs/benchmarks.md, \"The CUDA "
-                    "kernels without CUDA graphs\"); it is faster under CUDA graphs (mode='reduce-overhead')")
+                    "whose host time costs more than the Triton templates' launches (docs/benchmarks.md, \"Default mode "
+                    "on the CUDA int4 kernel\"); it is faster under CUDA graphs (mode='reduce-overhead')")
         if key.m is not None and key.m > DECODE_ROWS:
             return (f"at M = {key.m}: a decode kernel (M <= {DECODE_ROWS}); the Triton templates take batched decode "
                     "(at 32 rows, where its loads of x bound it, it won on some shapes and lost on others, and a decoder "
