@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from qfuse.config import pass_skipping_caches_off
 from qfuse.passes.forms.triton_quantizer import producer_fuses_into_quant
 from qfuse.passes.core.graph_utils import aten
 from qfuse.passes.forms.quant_forms import float_source
@@ -17,7 +18,7 @@ def post_grad_graph(fn, *args):
 
     graphs = []
     torch._dynamo.reset()
-    with inductor_config.patch(post_grad_custom_post_pass=graphs.append, force_disable_caches=True):
+    with inductor_config.patch(post_grad_custom_post_pass=graphs.append), pass_skipping_caches_off():
         torch.compile(fn)(*args)
     return graphs[0]
 
