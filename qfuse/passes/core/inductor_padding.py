@@ -67,8 +67,10 @@ def unpad_quantized_matmuls(graph: Graph) -> list[str]:
         if not node.users or not all(_slices_the_rows_off(user, rows, padding) for user in node.users):
             continue
         node.replace_input_with(left, source)
-        kept = next(iter(node.users))
+        kept = next(iter(node.users))  # its value: the rows kept (a view of the padded product; a tensor of its own now)
         node.meta.update({key: kept.meta[key] for key in ("val", "tensor_meta") if key in kept.meta})
+        if isinstance(node.meta.get("val"), torch.Tensor):
+            node.meta["val"] = node.meta["val"].clone()
         for user in list(node.users):
             user.replace_all_uses_with(node)
             graph.erase_node(user)
