@@ -139,13 +139,15 @@ def _take_back_or_restore(graph: torch.fx.Graph, report: PassReport, woq_int8: b
     as for a family."""
     snapshot = GraphSnapshot(graph)
     try:
-        report.unpadded_from_inductor += unpad_quantized_matmuls(graph)
-        if woq_int8:
-            report.reclaimed_from_inductor = reclaim_woq_int8(graph)
+        unpadded = unpad_quantized_matmuls(graph)
+        reclaimed = reclaim_woq_int8(graph) if woq_int8 else []
     except Exception as error:
         snapshot.restore()
         report.errors.append(contain_internal_error("taking back Inductor's padding and woq_int8 linears", error,
                                                     "they are left to Inductor"))
+        return
+    report.unpadded_from_inductor += unpadded
+    report.reclaimed_from_inductor += reclaimed
 
 
 #: The Inductor config slot of each stage qfuse's pass can run in.
