@@ -62,6 +62,7 @@ class GemmKey:
     weight_scale_dtype: torch.dtype | None = None  # an int4 weight's group scales (None: not recorded)
     cuda_graphs: bool = False  # the graph replays as CUDA graphs (mode="reduce-overhead"): an op's Python runs at capture only
     act_order: bool = False  # GPTQ's act order: an int4 weight's input channels grouped by g_idx, not in order
+    cpp_wrapper: bool = False  # Inductor's C++ wrapper (or AOT Inductor) writes the calls: no Python function is called
 
 
 class Kernel(abc.ABC):

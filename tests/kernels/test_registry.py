@@ -339,8 +339,9 @@ def test_int4_decode_under_cuda_graphs_is_the_cuda_kernels(m, cuda_graphs, zero_
 @pytest.mark.parametrize("change, reason", [
     ({"act_order": True}, "GPTQ's act order (the op sorts x's columns each call) runs as the op's extern call"),
     ({"weight_zero_point_foldable": True}, "an int4 weight stored as int8"),
-    ({"bias_dtype": BF16}, "a linear with a bias runs as the op's extern call"),
+    ({"bias_dtype": BF16}, "a linear with a bias (as one call with its siblings"),
     ({"out_dtype": torch.float16}, "an output of fp16 runs as the op's extern call"),
+    ({"cpp_wrapper": True}, "under Inductor's C++ wrapper (which calls no Python function) the int4 kernel runs as"),
 ])
 def test_int4_decode_without_cuda_graphs_is_the_cuda_kernel_where_inductors_code_launches_it(change, reason):
     """Without CUDA graphs the int4 kernel is taken where Inductor's generated code launches it (qfuse.lowerings.cuda);

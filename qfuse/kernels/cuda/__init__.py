@@ -40,16 +40,19 @@ _DECODE = {"k_multiple": w8_mma.K_PER_CHUNK, "n_multiple": w8_mma.ROWS_PER_TILE,
 
 def _why_not_from_inductors_code(key: GemmKey) -> str:
     """Why this linear's call would not be launched from Inductor's generated code (`qfuse.lowerings.cuda`, which
-    says so per call) but run as the op's extern call, or '': the int4 kernel's linears without act order, int8
-    storage or a bias (siblings' biases are joined per call by the op), with an output of x's dtype or float32."""
+    says so per call: keep the two in step) but run as the op's extern call, or '': the int4 kernel's linears without
+    act order, int8 storage or a bias (siblings' biases are joined per call by the op), with an output of x's dtype
+    or float32, where Inductor writes Python."""
     if key.scheme.weight_dtype != INT4_DTYPE:
         return "the 8-bit kernel"
+    if key.cpp_wrapper:
+        return "under Inductor's C++ wrapper (which calls no Python function) the int4 kernel"
     if key.act_order:
         return "GPTQ's act order (the op sorts x's columns each call)"
     if key.weight_zero_point_foldable:
         return "an int4 weight stored as int8 (the op checks its values when it prepares them)"
-    if key.bias_dtype is not None:
-        return "a linear with a bias"
+    if key.bias_dtype is not None:  # (one linear's bias of x's dtype it launches; siblings' biases it does not)
+        return "a linear with a bias (as one call with its siblings: their biases joined per call)"
     if key.out_dtype not in (key.scheme.activation_dtype, torch.float32):
         return f"an output of {dtype_name(key.out_dtype)}"
     return ""

@@ -123,7 +123,8 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     given (then for every launch)."""
     m, k = x.shape
     n = pairs.shape[1]
-    plan = _launches(m, n, k, x.dtype, out_dtype == torch.float32, x.device.index or 0, shape)
+    launches = ((0, m),) if 0 < m <= MAX_ROWS else [(start, min(MAX_ROWS, m - start)) for start in range(0, m, MAX_ROWS)]
+    plans = [_launch(rows, n, k, x.dtype, out_dtype == torch.float32, x.device.index or 0, shape) for _, rows in launches]
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=out_dtype)
     if m == 0:
@@ -132,7 +133,7 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     if x.data_ptr() % 16:  # the kernel reads x in 16-byte vectors (a row is a multiple of 64 halves)
         x = x.clone()
     bias = None if bias is None else bias.contiguous()  # read as bias[n]
-    for start, rows, kernel, warps in plan:
+    for (start, rows), (kernel, warps) in zip(launches, plans):
         kernel.launch(n // ROWS_PER_TILE, warps, (words, x[start:] if start else x, pairs,
                                                   pairs if bias is None else bias, out[start:] if start else out, rows,
                                                   n, k, group_size // K_PER_CHUNK, int(bias is not None)), x.device)
@@ -140,16 +141,11 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
 
 
 @functools.cache
-def _launches(m: int, n: int, k: int, dtype: torch.dtype, out_f32: bool, device_index: int,
-              shape: tuple[int, int] | None) -> tuple[tuple[int, int, launch.CompiledKernel, int], ...]:
-    """(first row, rows, compiled kernel, warps) of each launch of `int4_mma` for M = `m`: the launch rule and the
-    kernel's compile once per size, not on every call."""
-    plan = []
-    for start in range(0, m, MAX_ROWS):
-        rows = min(MAX_ROWS, m - start)
-        warps, unroll = shape or launch_shape(rows, n, k)
-        if reason := why_not_launch(rows, warps):
-            raise ValueError(f"int4_mma cannot launch {rows} rows on {warps} warps: {reason}")
-        plan.append((start, rows, _compiled(dtype, column_tiles(rows), warps, unroll, out_f32, device_index),
-                     warps))
-    return tuple(plan)
+def _launch(rows: int, n: int, k: int, dtype: torch.dtype, out_f32: bool, device_index: int,
+            shape: tuple[int, int] | None) -> tuple[launch.CompiledKernel, int]:
+    """(compiled kernel, warps) of one launch of `int4_mma` on `rows` (at most MAX_ROWS): the launch rule, its check
+    and the kernel's compile once per size (at most MAX_ROWS sizes a weight shape), not on every call."""
+    warps, unroll = shape or launch_shape(rows, n, k)
+    if reason := why_not_launch(rows, warps):
+        raise ValueError(f"int4_mma cannot launch {rows} rows on {warps} warps: {reason}")
+    return _compiled(dtype, column_tiles(rows), warps, unroll, out_f32, device_index), warps

@@ -106,7 +106,9 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
     m, k = x.shape
     n = words.shape[0] * ROWS_PER_TILE
     dtypes = tuple(DTYPE_CODES[None if value is None else value.dtype] for value in (scale_a, scale_b, bias))
-    plan = _launches(m, n, x.dtype, weight_dtype, dtypes, DTYPE_CODES[out_dtype], x.device.index or 0, shape)
+    launches = [(start, min(MAX_ROWS, m - start)) for start in range(0, m, MAX_ROWS)]
+    plans = [_launch(rows, n, x.dtype, weight_dtype, dtypes, DTYPE_CODES[out_dtype], x.device.index or 0, shape)
+             for _, rows in launches]
     sb_stride = 0 if scale_b is None or scale_b.numel() == 1 else 1
     if sb_stride and scale_b.numel() != n:
         raise ValueError(f"w8_mma takes one weight scale or one a column ({n}), not {scale_b.numel()}")
@@ -120,7 +122,7 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
     scale_a = words if scale_a is None else scale_a.contiguous()  # (an absent operand: any tensor, never read)
     scale_b = words if scale_b is None else scale_b.contiguous()
     bias = words if bias is None else bias.contiguous()
-    for start, rows, kernel, blocks, warps in plan:
+    for (start, rows), (kernel, blocks, warps) in zip(launches, plans):
         kernel.launch(blocks, warps, (words, x[start:] if start else x, scale_a[start:] if start and sa_stride else scale_a,
                                       scale_b, bias, out[start:] if start else out, rows, n, k, sa_stride, sb_stride),
                       x.device)
@@ -128,22 +130,18 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
 
 
 @functools.cache
-def _launches(m: int, n: int, dtype: torch.dtype, weight_dtype: torch.dtype, operand_codes: tuple[int, int, int],
-              out_code: int, device_index: int, shape: tuple[int, int, int] | None) -> tuple:
-    """(first row, rows, compiled kernel, blocks, warps) of each launch of `w8_mma` for M = `m`, the operands'
-    dtype codes (scale_a, scale_b, bias; 0 for none) and the output's: the launch rule and the kernel's compile
-    once per size, not on every call."""
+def _launch(rows: int, n: int, dtype: torch.dtype, weight_dtype: torch.dtype, operand_codes: tuple[int, int, int],
+            out_code: int, device_index: int, shape: tuple[int, int, int] | None) -> tuple:
+    """(compiled kernel, blocks, warps) of one launch of `w8_mma` on `rows` (at most MAX_ROWS), for the operands'
+    dtype codes (scale_a, scale_b, bias; 0 for none) and the output's: the launch rule, its check and the kernel's
+    compile once per size, not on every call."""
+    row_tiles, warps, unroll = shape or launch_shape(rows, n)
+    if reason := why_not_launch(rows, warps, row_tiles):
+        raise ValueError(f"w8_mma cannot launch {rows} rows on {row_tiles} row tiles and {warps} warps: {reason}")
     options = [f"-D{name}={code}" for name, code in zip(("SCALE_A", "SCALE_B", "BIAS", "OUT"), (*operand_codes, out_code))]
     options += [] if dtype in HALF_DTYPES else ["-DW8A8"]
     options += ["-DWEIGHT_FP8"] if weight_dtype == FP8_DTYPE else []
     options += ["-DHALF_BF16"] if dtype == torch.bfloat16 else []
-    plan = []
-    for start in range(0, m, MAX_ROWS):
-        rows = min(MAX_ROWS, m - start)
-        row_tiles, warps, unroll = shape or launch_shape(rows, n)
-        if reason := why_not_launch(rows, warps, row_tiles):
-            raise ValueError(f"w8_mma cannot launch {rows} rows on {row_tiles} row tiles and {warps} warps: {reason}")
-        kernel = _compiled((f"-DM_TILES={column_tiles(rows)}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}",
-                            f"-DUNROLL={unroll}", *options), device_index)
-        plan.append((start, rows, kernel, n // (ROWS_PER_TILE * row_tiles), warps))
-    return tuple(plan)
+    kernel = _compiled((f"-DM_TILES={column_tiles(rows)}", f"-DROW_TILES={row_tiles}", f"-DWARPS={warps}",
+                        f"-DUNROLL={unroll}", *options), device_index)
+    return kernel, n // (ROWS_PER_TILE * row_tiles), warps

@@ -128,6 +128,7 @@ class FusedLinear:
             weight_scale_dtype=fake_value(self.int4.scales).dtype if self.int4 else None,
             cuda_graphs=bool(inductor_config.triton.cudagraphs),
             act_order=self.int4 is not None and self.int4.g_idx is not None,
+            cpp_wrapper=bool(inductor_config.cpp_wrapper or inductor_config.aot_inductor.output_path),
         )
 
 

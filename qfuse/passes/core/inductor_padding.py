@@ -61,16 +61,17 @@ def unpad_quantized_matmuls(graph: Graph) -> list[str]:
             continue
         source, padding = padded
         rows = fake_value(source).shape[0]
-        if node.target == aten.addmm.default and (bias := fake_value(node.args[0])) is not None and \
-                bias.dim() == 2 and bias.shape[0] != 1:  # a bias with rows of its own: padded too
+        if node.target == aten.addmm.default and ((bias := fake_value(node.args[0])) is None or
+                                                  bias.dim() == 2 and bias.shape[0] != 1):  # rows of its own: padded too
             continue
-        if not node.users or not all(_slices_the_rows_off(user, rows, padding) for user in node.users):
+        if not node.users or not all(_slices_the_rows_off(user, rows, padding) and isinstance(user.meta.get("val"),
+                                                                                             torch.Tensor)
+                                     for user in node.users):
             continue
         node.replace_input_with(left, source)
         kept = next(iter(node.users))  # its value: the rows kept (a view of the padded product; a tensor of its own now)
         node.meta.update({key: kept.meta[key] for key in ("val", "tensor_meta") if key in kept.meta})
-        if isinstance(node.meta.get("val"), torch.Tensor):
-            node.meta["val"] = node.meta["val"].clone()
+        node.meta["val"] = node.meta["val"].clone()
         for user in list(node.users):
             user.replace_all_uses_with(node)
             graph.erase_node(user)
