@@ -65,6 +65,11 @@ def repack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor |
     return words.contiguous(), pairs.contiguous()
 
 
+def row_launches(m: int, most: int = MAX_ROWS) -> list[tuple[int, int]]:
+    """(first row, rows) of each launch of a decode kernel on `m` rows, `most` rows a launch."""
+    return [(0, m)] if 0 < m <= most else [(start, min(most, m - start)) for start in range(0, m, most)]
+
+
 def column_tiles(m: int) -> int:
     """The 8-column tiles of B a launch of `m` rows computes: 1, 2, 4 or 8 (a compiled kernel each)."""
     return 1 << max(0, (m - 1) // COLUMNS_PER_TILE).bit_length()
@@ -123,7 +128,7 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     given (then for every launch)."""
     m, k = x.shape
     n = pairs.shape[1]
-    launches = ((0, m),) if 0 < m <= MAX_ROWS else [(start, min(MAX_ROWS, m - start)) for start in range(0, m, MAX_ROWS)]
+    launches = row_launches(m)
     plans = [_launch(rows, n, k, x.dtype, out_dtype == torch.float32, x.device.index or 0, shape) for _, rows in launches]
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=out_dtype)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from qfuse.kernels.cuda import launch
-from qfuse.kernels.cuda.int4_mma import column_tiles, warps_for, why_not_launch
+from qfuse.kernels.cuda.int4_mma import column_tiles, row_launches, warps_for, why_not_launch
 from qfuse.kernels.prepared import Packing
 from qfuse.schemes import FP8_DTYPE
 
@@ -106,7 +106,7 @@ def w8_mma(x: torch.Tensor, words: torch.Tensor, weight_dtype: torch.dtype, scal
     m, k = x.shape
     n = words.shape[0] * ROWS_PER_TILE
     dtypes = tuple(DTYPE_CODES[None if value is None else value.dtype] for value in (scale_a, scale_b, bias))
-    launches = [(start, min(MAX_ROWS, m - start)) for start in range(0, m, MAX_ROWS)]
+    launches = row_launches(m, MAX_ROWS)
     plans = [_launch(rows, n, x.dtype, weight_dtype, dtypes, DTYPE_CODES[out_dtype], x.device.index or 0, shape)
              for _, rows in launches]
     sb_stride = 0 if scale_b is None or scale_b.numel() == 1 else 1
