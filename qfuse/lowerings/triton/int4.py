@@ -173,8 +173,8 @@ def lower_call(call: Int4WeightOnlyMmArgs):
             why = ACT_ORDER
         else:
             why = f"M above {bounds[-1]}" + (": a dynamic M, guarded" if dynamic else "")
-        out = _dequantize_and_mm(call, x2d, n, int(k))
-        record_lowering(f"Inductor's own dequantize + mm ({why}); the bias in the GEMM, the cast and what follows "
+        out, dequantized = _dequantize_and_mm(call, x2d, n, int(k))
+        record_lowering(f"{dequantized} ({why}); the bias in the GEMM, the cast and what follows "
                         "in its fused pointwise code")
     else:
         out = _template(call, x2d, rows, n, int(k), bucket)
@@ -280,12 +280,32 @@ def _permuted_by_plane(x, x2d, rows, k: int):
 
 
 def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
-    """x @ w^T (+ bias) with w dequantized by the op's formula, in Inductor IR: w = (q - z) * s, rounded
-    once to x's dtype (the product is exact in float32), then Inductor's own mm / addmm. Grouped as
-    [N, K / g, g] values against [N, K / g, 1] scales, or with a `g_idx` as [N, K, 1] against the
-    scales and zero points gathered per column."""
-    groups = k // call.group_size
+    """(x @ w^T (+ bias), how w was made) with w dequantized by the op's formula, w = (q - z) * s rounded
+    once to x's dtype (the product is exact in float32), then Inductor's own mm / addmm. On CUDA without act
+    order w is the template's (`qfuse.lowerings.triton.dequantize`); else Inductor IR, grouped as [N, K / g, g]
+    values against [N, K / g, 1] scales, or with a `g_idx` as [N, K, 1] against the scales and zero points
+    gathered per column."""
+    from qfuse.kernels.triton.int4_mm import weight_meta
+    from qfuse.lowerings.triton.dequantize import dequantized_weight
+
     device = x2d.get_device()
+    if call.g_idx is None and device.type == "cuda":
+        meta = weight_meta(call.shifts is not None, call.packed_zeros is not None, call.zero_convention,
+                           call.packed_along_n, _is_int8_storage(call))
+        w, how = dequantized_weight({"W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros},
+                                    n, k, call.group_size, x2d.get_dtype(), meta)
+    else:
+        w, how = _dequantized_in_ir(call, n, k, x2d.get_dtype(), device), "Inductor's own dequantize + mm"
+    w_t = lower(aten.permute.default, w, [1, 0])
+    if call.bias is None:
+        return lower(aten.mm.default, x2d, w_t), how
+    return lower(aten.addmm.default, convert(call.bias, x2d.get_dtype()), x2d, w_t), how
+
+
+def _dequantized_in_ir(call: Int4WeightOnlyMmArgs, n: int, k: int, dtype: torch.dtype, device):
+    """w [N, K] in `dtype`, in Inductor IR: q - z grouped as the scales ([N, K / g, g], or [N, K, 1] with a
+    `g_idx`), times the scales in float32, rounded once."""
+    groups = k // call.group_size
     shifts = call.shifts if call.shifts is not None else lower(
         prims.iota.default, 8, start=0, step=4, dtype=torch.int32, device=device, requires_grad=False)
 
@@ -301,7 +321,7 @@ def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
         q = lower(aten.reshape.default, call.packed, [n, groups, call.group_size] if call.g_idx is None else [n, k, 1])
         if call.packed_zeros is not None:
             q = lower(aten.sub.Tensor, convert(q, torch.int32), per_column(convert(call.packed_zeros, torch.int32)))
-        return _scaled_mm_of(call, x2d, q, per_column, n, k)
+        return _scaled(call, q, per_column, n, k, dtype)
     q = lower(aten.bitwise_and.Scalar, shifted(lower(aten.unsqueeze.default, call.packed, -1), shifts), 0xF)
     if call.packed_along_n:  # [K, N / 8, 8] -> [N, K]
         q = lower(aten.permute.default, lower(aten.reshape.default, q, [k, n]), [1, 0])
@@ -312,14 +332,10 @@ def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
         words = shifted(lower(aten.unsqueeze.default, call.packed_zeros, 1), lower(aten.unsqueeze.default, shifts, -1))
         zeros = apply_zero_convention(words, call.zero_convention, IR_OPS)
         q = lower(aten.sub.Tensor, q, per_column(lower(aten.reshape.default, zeros, [n, groups])))  # [N / 8, 8, K / g]
-    return _scaled_mm_of(call, x2d, q, per_column, n, k)
+    return _scaled(call, q, per_column, n, k, dtype)
 
 
-def _scaled_mm_of(call: Int4WeightOnlyMmArgs, x2d, q, per_column, n: int, k: int):
-    """x @ w^T (+ bias) for w = q * s, q the integer (values - zero points) grouped as the scales."""
-    w = convert(lower(aten.mul.Tensor, convert(q, torch.float32), per_column(convert(call.scales, torch.float32))),
-                x2d.get_dtype())
-    w_t = lower(aten.permute.default, lower(aten.reshape.default, w, [n, k]), [1, 0])
-    if call.bias is None:
-        return lower(aten.mm.default, x2d, w_t)
-    return lower(aten.addmm.default, convert(call.bias, x2d.get_dtype()), x2d, w_t)
+def _scaled(call: Int4WeightOnlyMmArgs, q, per_column, n: int, k: int, dtype: torch.dtype):
+    """w [N, K] = q * s in `dtype`, q the integer (values - zero points) grouped as the scales."""
+    w = convert(lower(aten.mul.Tensor, convert(q, torch.float32), per_column(convert(call.scales, torch.float32))), dtype)
+    return lower(aten.reshape.default, w, [n, k])
