@@ -36,8 +36,9 @@ and the cast to Inductor's code). It still reads the weight far below HBM bandwi
 structure tried did, and so beats the bf16 matmul by less than the int4 bytes would allow. Decode
 calls whose K steps of 128 lie in one scale group (GPTQ g128, per channel) run on the nibble-plane
 loop instead (`int4_planes`), in the eager launcher and as the lowering's template. Prefill runs on
-Inductor's own dequantize + mm instead (`qfuse.lowerings.triton.int4`): this kernel takes several
-times cuBLAS's time there (both measured: docs/benchmarks.md, "gpu_weight_only: W4A16 on the GPU").
+Inductor's mm instead, the weight dequantized in front of it by `int4_weight_tile` in a template of its own
+(`qfuse.lowerings.triton.dequantize`): this kernel takes several times cuBLAS's time there (both measured:
+docs/benchmarks.md, "gpu_weight_only: W4A16 on the GPU").
 
 AWQ's words, packed along N, are loaded as stored too, a [BLOCK_K, BLOCK_N / 8] tile unpacked along N
 and transposed in registers: faster than Inductor at decode, but slower than the GPTQ tile at

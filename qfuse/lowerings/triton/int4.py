@@ -36,12 +36,11 @@ plane copy is one small kernel per activation, shared by the linears that read i
 The op's int8 storage (torchao's intx: int8 [N, K] values, int8 zero points) takes the words
 template, which reads the values as they are (`INT8_VALUES`).
 
-Above the template's rows (M > 16; AWQ M > 128; M > 256 on planes), and act order (a `g_idx`) at any M:
-Inductor's own dequantize + mm, written here
-in IR from the same stored tensors
-(the weight dequantized into a buffer by one pointwise kernel, then Inductor's GEMM: cuBLAS, or its
-autotuned templates under max-autotune), on any device. That is what Inductor compiles from the model's own code,
-and it beats the template there (docs/benchmarks.md, gpu_weight_only).
+Above the template's rows (M > 16; AWQ M > 128; M > 256 on planes): the weight dequantized into a buffer,
+then Inductor's GEMM (cuBLAS, or its autotuned templates under max-autotune), which beats the decode templates
+there (docs/benchmarks.md, gpu_weight_only). On CUDA the buffer is written by a Triton template in tiles
+(`qfuse.lowerings.triton.dequantize`), faster than Inductor's own pointwise code for it; with act order (a
+`g_idx`, at any M) and on the CPU, by Inductor's pointwise code, written here in IR from the same stored tensors.
 
 Act order has two ways onto qfuse's kernels, both on a weight sorted by group once:
 - under freezing, at the rows a template takes the sorted weight (`_template_bounds`: planes up to 256,
@@ -285,11 +284,11 @@ def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
     order w is the template's (`qfuse.lowerings.triton.dequantize`); else Inductor IR, grouped as [N, K / g, g]
     values against [N, K / g, 1] scales, or with a `g_idx` as [N, K, 1] against the scales and zero points
     gathered per column."""
-    from qfuse.kernels.triton.int4_mm import weight_meta
-    from qfuse.lowerings.triton.dequantize import dequantized_weight
-
     device = x2d.get_device()
-    if call.g_idx is None and device.type == "cuda":
+    if call.g_idx is None and device.type == "cuda":  # (Triton imported only here: the CPU may have none)
+        from qfuse.kernels.triton.int4_mm import weight_meta
+        from qfuse.lowerings.triton.dequantize import dequantized_weight
+
         meta = weight_meta(call.shifts is not None, call.packed_zeros is not None, call.zero_convention,
                            call.packed_along_n, _is_int8_storage(call))
         w, how = dequantized_weight({"W": call.packed, "S": call.scales, "SHIFTS": call.shifts, "Z": call.packed_zeros},
