@@ -83,6 +83,16 @@ def assert_one_compile_per_m_bucket(model, template_mark: str, extern_call: str,
         assert (template_mark in code) == (bool(code) and bucket(m) is not None) and extern_call not in code, m
 
 
+#: What the generated code of a W4A16 linear imports: either decode template's main loop (int4_mm.int4_dot,
+#: int4_planes.plane_dot), and the prefill weight's dequantize template (lowerings/triton/dequantize.py).
+DECODE_MARKS = ("import int4_dot", "import plane_dot")
+DEQUANTIZE_MARK = "import int4_weight_tile"
+
+
+def decode_template_in(code: str) -> bool:
+    return any(mark in code for mark in DECODE_MARKS)
+
+
 #: One rounding of a result in each activation dtype (the templates' numerics against eager).
 ROUNDING = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}
 

@@ -10,7 +10,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from qfuse.lowerings import register_lowerings
-from tests.helpers import outputs_and_code_per_call
+from tests.helpers import DEQUANTIZE_MARK, decode_template_in, outputs_and_code_per_call
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
 
 EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
@@ -89,12 +89,6 @@ def test_act_order_and_zero_conventions_in_ir(form):
 
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-DECODE_MARKS = ("import int4_dot", "import plane_dot")  # either decode template: int4_mm.int4_dot, int4_planes.plane_dot
-DEQUANTIZE_MARK = "import int4_weight_tile"  # the prefill weight's dequantize template (lowerings/triton/dequantize.py)
-
-
-def decode_template_in(code: str) -> bool:
-    return any(mark in code for mark in DECODE_MARKS)
 
 
 @pytest.mark.parametrize("device, rows", [("cpu", 40), pytest.param("cuda", 40, marks=NEEDS_CUDA),

@@ -13,17 +13,11 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from qfuse.kernels.triton.int4_planes import PLANE_MAX_ROWS, PLANE_TILES
-from tests.helpers import (assert_close_to_eager, assert_one_compile_per_m_bucket, compile_and_get_code,
-                           record_under_cuda_graphs)
+from tests.helpers import (DECODE_MARKS, DEQUANTIZE_MARK, assert_close_to_eager, assert_one_compile_per_m_bucket,
+                           compile_and_get_code, decode_template_in, record_under_cuda_graphs)
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-DECODE_MARKS = ("import int4_dot", "import plane_dot")  # either decode template: int4_mm.int4_dot, int4_planes.plane_dot
-DEQUANTIZE_MARK = "import int4_weight_tile"  # the prefill weight's dequantize template (lowerings/triton/dequantize.py)
-
-
-def decode_template_in(code: str) -> bool:
-    return any(mark in code for mark in DECODE_MARKS)
 PLANES_MARK = "from qfuse.kernels.triton.int4_planes import plane_dot"
 EXTERN_CALL = "torch.ops.qfuse.int4_weight_only_mm.default("
 CUDA_CALL = "extern_kernels.qfuse_cuda_int4_mma"  # the cuda kernel called from Inductor's code (lowerings/cuda.py)
