@@ -1,0 +1,211 @@
+// W4A16 prefill on Hopper, tried for issue #39 (not kept): the int4 weight dequantized in registers as the A
+// operand of wgmma (register-sourced), x's tile the B operand in shared memory. Staging of x: each thread loads a
+// token's 128 bytes of a chunk into registers and stores them, permuted to the A operands' order of k, with
+// st.shared (one iteration ahead). Ablation switches: -DNO_CONVERT (A = the raw words), -DNO_STAGE (x staged
+// once), -DNO_SYNC. Results: docs/benchmarks.md, "W4A16 prefill on wgmma with the weight in registers".
+
+#ifdef HALF_BF16
+#define MAGIC 0x43004300u
+#define ONE 0x3F803F80u
+#define FMA_PAIR "fma.rn.bf16x2"
+#define HALF "bf16"
+#define FROM_FLOAT "cvt.rn.bf16.f32"
+#else
+#define MAGIC 0x64006400u
+#define ONE 0x3C003C00u
+#define FMA_PAIR "fma.rn.f16x2"
+#define HALF "f16"
+#define FROM_FLOAT "cvt.rn.f16.f32"
+#endif
+
+#ifndef TOKENS
+#define TOKENS 256
+#endif
+#ifndef WG
+#define WG 2
+#endif
+#define STAGES 3
+#define THREADS (128 * WG)
+#define STAGE_BYTES (TOKENS * 128)
+#define PIECES (2 * TOKENS / THREADS)  // (token, half of the chunk) pieces a thread stages: 64 bytes each
+#define LBO_BYTES (TOKENS * 16)        // from one 8-k core matrix to the next along K
+#define SBO_BYTES 128                  // from one 8-token core matrix to the next
+
+__device__ __forceinline__ unsigned pair_value(unsigned w, unsigned minus_zero, unsigned scale) {
+    unsigned r;
+    asm("{\n"
+        "  .reg .b32 u;\n"
+        "  lop3.b32 u, %1, 0x000F000F, %4, 0xEA;\n"
+        "  " FMA_PAIR " u, u, %5, %2;\n"
+        "  " FMA_PAIR " %0, u, %3, %6;\n"
+        "}\n"
+        : "=r"(r) : "r"(w), "r"(minus_zero), "r"(scale), "r"(MAGIC), "r"(ONE), "r"(0x80008000u));
+    return r;
+}
+
+// WGMMA_WRAPPERS (the harness puts wgmma_n128 / wgmma_n256 here)
+
+__device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long long desc, int accumulate) {
+#if TOKENS == 256
+    wgmma_n256(d, a, desc, accumulate);
+#else
+    wgmma_n128(d, a, desc, accumulate);
+#endif
+}
+
+__device__ __forceinline__ unsigned long long descriptor(unsigned address) {
+    // no swizzle; LBO: from one 8-k core matrix to the next along K, SBO: from one 8-token group to the next
+    return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(LBO_BYTES >> 4) << 16) |
+           ((unsigned long long)(SBO_BYTES >> 4) << 32);
+}
+
+__device__ __forceinline__ void fence_operands(float* d) {
+#pragma unroll
+    for (int i = 0; i < TOKENS / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+struct Chunk {  // what a lane reads of one chunk of its 16-row tile: the words and the (s, z) pairs of rows g, g + 8
+    Words w;
+    unsigned pair_g, pair_h;
+};
+
+__device__ __forceinline__ void convert(unsigned* a, const Chunk& ch) {
+#ifdef NO_CONVERT
+    const unsigned raw[4] = {ch.w.x, ch.w.y, ch.w.z, ch.w.w};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) a[i] = raw[i & 3] & 0x3F3F3F3Fu;
+    return;
+#endif
+    const unsigned s_g = low_pair(ch.pair_g), z_g = high_pair(ch.pair_g);
+    const unsigned s_h = low_pair(ch.pair_h), z_h = high_pair(ch.pair_h);
+    const unsigned ws[4] = {ch.w.x, ch.w.y, ch.w.z, ch.w.w};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        a[4 * s + 0] = pair_value(ws[s], z_g, s_g);
+        a[4 * s + 1] = pair_value(ws[s] >> 4, z_h, s_h);
+        a[4 * s + 2] = pair_value(ws[s] >> 8, z_g, s_g);
+        a[4 * s + 3] = pair_value(ws[s] >> 12, z_h, s_h);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, const unsigned* __restrict__ sz,
+                 const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K,
+                 int group_chunks, int has_bias) {
+    extern __shared__ __align__(128) unsigned char stages[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int chunks = K >> 6;
+    const int tile = blockIdx.x * (4 * WG) + warp;  // this warp's 16-row tile of the weight
+    const int row = tile * 16 + g;
+    const int token0 = blockIdx.y * TOKENS;
+    const int row_words = K >> 3;  // 16-byte words a row of x
+    const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
+    const unsigned* sz_row = sz + row;
+    const unsigned stage0 = (unsigned)__cvta_generic_to_shared(stages);
+
+    // the pieces this thread stages: piece p = tid + THREADS i is (token p % TOKENS, half j = p / TOKENS)
+    const Words* x_piece[PIECES];
+    unsigned st_piece[PIECES];  // its byte offset in a stage, kc = 4 j
+#pragma unroll
+    for (int i = 0; i < PIECES; ++i) {
+        const int p = tid + THREADS * i, token = p % TOKENS, j = p / TOKENS;
+        x_piece[i] = x + (long long)min(token0 + token, M - 1) * row_words + j;  // + 4 c ... word 2 t' + j of chunk
+        st_piece[i] = 4 * j * LBO_BYTES + (token >> 3) * SBO_BYTES + (token & 7) * 16;
+    }
+    auto load_chunk = [&](int c) {
+        Chunk ch;
+        ch.w = load_streaming(w_lane + (long long)c * 32);
+        const unsigned* p = sz_row + (long long)(c / group_chunks) * N;
+        ch.pair_g = p[0];
+        ch.pair_h = p[8];
+        return ch;
+    };
+    Words xs[PIECES][4];
+    auto load_x = [&](int c) {
+#pragma unroll
+        for (int i = 0; i < PIECES; ++i)
+#pragma unroll
+            for (int tt = 0; tt < 4; ++tt) xs[i][tt] = x_piece[i][8 * c + 2 * tt];
+    };
+    auto store_x = [&](int c) {
+        const unsigned base = stage0 + (c % STAGES) * STAGE_BYTES;
+#pragma unroll
+        for (int i = 0; i < PIECES; ++i) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // core matrix kc = 4 j + q: word q of each t
+                const unsigned* w0 = &xs[i][0].x;
+                const unsigned* w1 = &xs[i][1].x;
+                const unsigned* w2 = &xs[i][2].x;
+                const unsigned* w3 = &xs[i][3].x;
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(base + st_piece[i] + q * LBO_BYTES),
+                             "r"(w0[q]), "r"(w1[q]), "r"(w2[q]), "r"(w3[q]) : "memory");
+            }
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    };
+
+    float acc[TOKENS / 2];  // (the first chunk's MMAs ignore what they hold)
+    unsigned a[2][16];
+    Chunk next[2];
+
+    // prologue: stage 0 holds chunk 0, a[0] its A operands; chunk 1's words and x in registers, chunk 2's words
+    next[0] = load_chunk(0);
+    if (chunks > 1) next[1] = load_chunk(1);
+    load_x(0);
+    store_x(0);
+    if (chunks > 1) load_x(1);
+    convert(a[0], next[0]);
+    if (chunks > 2) next[0] = load_chunk(2);
+    __syncthreads();
+
+    auto iteration = [&](int c, unsigned* a_now, unsigned* a_next, Chunk& ch_next) {
+        const unsigned base = stage0 + (c % STAGES) * STAGE_BYTES;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        fence_operands(acc);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) wgmma(acc, a_now + 4 * s, descriptor(base + 2 * s * LBO_BYTES), c > 0 || s > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        fence_operands(acc);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        if (c + 1 < chunks) {
+            convert(a_next, ch_next);
+            if (c + 3 < chunks) ch_next = load_chunk(c + 3);
+#ifndef NO_STAGE
+            store_x(c + 1);
+            if (c + 2 < chunks) load_x(c + 2);
+#endif
+        }
+#ifndef NO_SYNC
+        __syncthreads();
+#endif
+    };
+    for (int c = 0; c < chunks; c += 2) {
+        iteration(c, a[0], a[1], next[1]);
+        if (c + 1 < chunks) iteration(c + 1, a[1], a[0], next[0]);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    fence_operands(acc);
+
+    // d[4 i + e]: weight row 16 warp + g + 8 (e >> 1), token 8 i + 2 t + (e & 1)
+#pragma unroll
+    for (int i = 0; i < TOKENS / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int n = row + 8 * (e >> 1), m = token0 + 8 * i + 2 * t + (e & 1);
+            if (m >= M) continue;
+            float sum = acc[4 * i + e];
+            if (has_bias) {
+#ifdef HALF_BF16
+                sum += bits_as_float(((unsigned)bias[n]) << 16);
+#else
+                float b;
+                asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(bias[n]));
+                sum += b;
+#endif
+            }
+            unsigned short h;
+            asm(FROM_FLOAT " %0, %1;" : "=h"(h) : "f"(sum));
+            reinterpret_cast<unsigned short*>(out)[(long long)m * N + n] = h;
+        }
+    }
+}
