@@ -1,6 +1,7 @@
 """What an LLM user sees: a Llama decoder's decode step, tokens/s, per linear form and compiler, in one run.
 
     python benchmarks/gpu_llm_decode.py [--layers 8] [--batches 1,8] [--modes default,reduce-overhead] [--quick]
+    python benchmarks/gpu_llm_decode.py --prefill 2048 [--layers 8] [--modes default] [--variants ...]
 
 A gpt-fast-style decoder in plain torch at Llama-3-8B layer sizes (hidden 4096, 32 query / 8 key-value heads
 of 128, MLP 14336, RMSNorm, rotary embeddings, a static KV cache written by `index_copy_`, SDPA), `--layers`
@@ -32,8 +33,9 @@ package is missing, or which cannot run a batch (`CANNOT_RUN`), is left out with
 kernel's GPU time, a CUDA graph's replay split into its kernels; the host's events by their own CPU time) and
 prints the largest kernels and their sum, the host's time until a step returns (20 steps timed without the
 profiler: above the GPU's sum a step is host-bound) and its largest events, per step. `--variants` picks
-variants by name (a comma-separated list of substrings). A step decodes one token for each of `batch` sequences
-at position 64 + step. Each variant runs 40 steps in turns with the others, five rounds; the median step time gives tokens/s = batch / step time. The ratio to
+variants by name (a comma-separated list of substrings). `--prefill TOKENS` instead times one prompt of TOKENS
+tokens through the same decoder (batch 1, its KV cache TOKENS long), per variant and mode. A step decodes one token
+for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in turns with the others, five rounds; the median step time gives tokens/s = batch / step time. The ratio to
 the bf16 model is from the same run. Under mode="reduce-overhead" a step is one CUDA-graph replay (its time
 is the GPU's); in default mode it includes the host's launch time, which moves between runs.
 """
@@ -175,29 +177,29 @@ def rotate(x, cos, sin):
 
 
 class Block(nn.Module):
-    def __init__(self, form: str, batch: int, generator: torch.Generator):
+    def __init__(self, form: str, batch: int, generator: torch.Generator, max_seq: int = MAX_SEQ):
         super().__init__()
         self.wq, self.wo = linear(form, DIM, DIM, generator), linear(form, DIM, DIM, generator)
         self.wk, self.wv = linear(form, KV_HEADS * HEAD_DIM, DIM, generator), linear(form, KV_HEADS * HEAD_DIM, DIM, generator)
         self.w1, self.w3 = linear(form, HIDDEN, DIM, generator), linear(form, HIDDEN, DIM, generator)
         self.w2 = linear(form, DIM, HIDDEN, generator)
         self.attention_norm, self.ffn_norm = RMSNorm(DIM), RMSNorm(DIM)
-        cache = (batch, KV_HEADS, MAX_SEQ, HEAD_DIM)
+        cache = (batch, KV_HEADS, max_seq, HEAD_DIM)
         self.register_buffer("k_cache", torch.zeros(cache, device="cuda", dtype=torch.bfloat16))
         self.register_buffer("v_cache", torch.zeros(cache, device="cuda", dtype=torch.bfloat16))
 
     def forward(self, x, input_pos, cos, sin, mask):
-        batch = x.shape[0]
+        batch, tokens = x.shape[0], x.shape[1]  # (one token a sequence at decode, the prompt at prefill)
         h = self.attention_norm(x)
-        q = self.wq(h).view(batch, 1, HEADS, HEAD_DIM).transpose(1, 2)
-        k = self.wk(h).view(batch, 1, KV_HEADS, HEAD_DIM).transpose(1, 2)
-        v = self.wv(h).view(batch, 1, KV_HEADS, HEAD_DIM).transpose(1, 2)
+        q = self.wq(h).view(batch, tokens, HEADS, HEAD_DIM).transpose(1, 2)
+        k = self.wk(h).view(batch, tokens, KV_HEADS, HEAD_DIM).transpose(1, 2)
+        v = self.wv(h).view(batch, tokens, KV_HEADS, HEAD_DIM).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k_cache, v_cache = self.k_cache[:batch], self.v_cache[:batch]  # the first `batch` sequences' slots
         k_cache.index_copy_(2, input_pos, k)
         v_cache.index_copy_(2, input_pos, v)
         attention = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
-        x = x + self.wo(attention.transpose(1, 2).reshape(batch, 1, DIM))
+        x = x + self.wo(attention.transpose(1, 2).reshape(batch, tokens, DIM))
         h = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
@@ -220,9 +222,9 @@ CANNOT_RUN = {("torchao_int8", "inductor"): (16, "torchao's int8 dynamic linear 
 UNWRAPPED = "_unwrapped"
 
 
-def build(form: str, layers: int, batch: int) -> nn.Module:
+def build(form: str, layers: int, batch: int, max_seq: int = MAX_SEQ) -> nn.Module:
     """The decoder with its linears in `form`; a torchao form is the bf16 model after torchao's `quantize_`."""
-    model = Decoder(form, layers, batch).eval()
+    model = Decoder(form, layers, batch, max_seq).eval()
     config = form.removesuffix(UNWRAPPED)
     if config in TORCHAO_CONFIGS:
         import torchao.quantization as quantization
@@ -238,22 +240,23 @@ def build(form: str, layers: int, batch: int) -> nn.Module:
 
 
 class Decoder(nn.Module):
-    """`layers` blocks with KV caches for up to `batch` sequences (a step may run fewer)."""
+    """`layers` blocks with KV caches of `max_seq` positions for up to `batch` sequences (a step may run fewer)."""
 
-    def __init__(self, form: str, layers: int, batch: int):
+    def __init__(self, form: str, layers: int, batch: int, max_seq: int = MAX_SEQ):
         super().__init__()
         generator = torch.Generator(device="cuda").manual_seed(0)
-        self.layers = nn.ModuleList(Block(form, batch, generator) for _ in range(layers))
+        self.layers = nn.ModuleList(Block(form, batch, generator, max_seq) for _ in range(layers))
         self.norm = RMSNorm(DIM)
         frequencies = 1.0 / (500000.0 ** (torch.arange(0, HEAD_DIM, 2, device="cuda").float() / HEAD_DIM))
-        angles = torch.outer(torch.arange(MAX_SEQ, device="cuda").float(), frequencies)
+        angles = torch.outer(torch.arange(max_seq, device="cuda").float(), frequencies)
         self.register_buffer("cos", angles.cos())
         self.register_buffer("sin", angles.sin())
-        self.register_buffer("causal", torch.tril(torch.ones(MAX_SEQ, MAX_SEQ, dtype=torch.bool, device="cuda")))
+        self.register_buffer("causal", torch.tril(torch.ones(max_seq, max_seq, dtype=torch.bool, device="cuda")))
 
-    def forward(self, x, input_pos):
-        cos, sin = self.cos[input_pos].view(1, 1, 1, -1), self.sin[input_pos].view(1, 1, 1, -1)
-        mask = self.causal[input_pos].view(1, 1, 1, MAX_SEQ)
+    def forward(self, x, input_pos):  # input_pos: the positions of x's tokens
+        tokens = input_pos.shape[0]
+        cos, sin = self.cos[input_pos].view(1, 1, tokens, -1), self.sin[input_pos].view(1, 1, tokens, -1)
+        mask = self.causal[input_pos].view(1, 1, tokens, -1)
         for layer in self.layers:
             x = layer(x, input_pos, cos, sin, mask)
         return self.norm(x)
@@ -366,6 +369,47 @@ def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) ->
     return rows
 
 
+def prefill_rows(layers: int, tokens: int, modes, rounds: int, variants: dict) -> list[dict]:
+    """The prefill of one `tokens`-token prompt (batch 1, positions 0 .. tokens - 1) per variant and mode: the
+    median of `rounds` timed prefills (each variant compiled for that length, timed in turns with the others)."""
+    torch._dynamo.config.recompile_limit = 64  # as in `run`: one Block class compiled for every variant
+    rows = []
+    prompt = torch.randn(1, tokens, DIM, device="cuda", dtype=torch.bfloat16) * 0.1
+    inputs = [(prompt, torch.arange(tokens, device="cuda"))]
+    for mode in modes:
+        torch._dynamo.reset()
+        compiled = {}
+        for name, (form, backend, *qfuse_options) in variants.items():
+            progress(f"prefill of {tokens} tokens, {mode}: compiling {name}")
+            try:
+                model = build(form, layers, 1, max_seq=tokens)
+                step = torch.compile(model, backend=backend, **compile_options(mode, *qfuse_options))
+                with torch.no_grad():
+                    for _ in range(3):
+                        step(*inputs[0])
+            except Exception as error:  # as in `run`: an anchor that cannot run here is left out
+                if backend == "qfuse" or form == "bf16":
+                    raise
+                progress(f"  {name} left out: {type(error).__name__}: {str(error)[:300]}")
+                continue
+            compiled[name] = step
+        times = {name: [] for name in compiled}
+        with torch.no_grad():
+            for _ in range(rounds):
+                for name, step in compiled.items():
+                    times[name].append(step_ms(step, inputs * 3, 3))
+        base = statistics.median(times["bf16 (Inductor)"])
+        for name, samples in times.items():
+            ms = statistics.median(samples)
+            rows.append(dict(tokens=tokens, mode=mode, variant=name, layers=layers, prefill_ms=round(ms, 3),
+                             tokens_per_s=round(tokens / ms * 1e3), vs_bf16=round(base / ms, 3),
+                             spread=round((max(samples) - min(samples)) / ms, 3)))
+            progress(f"  {name}: {ms:.2f} ms a prefill, {base / ms:.2f}x bf16")
+        del compiled
+        torch.cuda.empty_cache()
+    return rows
+
+
 _NOT_THE_STEPS = ("cudaDeviceSynchronize", "Activity Buffer Request")  # host events of the profile, not of a step
 
 
@@ -423,6 +467,8 @@ def main() -> None:
     parser.add_argument("--variants", default="", help="substrings of the variants to run (the bf16 model always runs)")
     parser.add_argument("--profile", action="store_true",
                         help="the largest kernels of a step and the host's time a step, per variant")
+    parser.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
+                        help="instead time the prefill of one prompt of TOKENS tokens (batch 1) per variant and mode")
     add_output_arguments(parser, "gpu_llm_decode", quick="2 layers, batch 1, reduce-overhead only")
     args = parser.parse_args()
     layers, batches, modes = args.layers, [int(b) for b in args.batches.split(",")], args.modes.split(",")
@@ -436,6 +482,12 @@ def main() -> None:
         header = ["batch", "mode", "variant", "kernel", "us_per_step", "launches_per_step"]
         print(format_table([[row[column] for column in header] for row in rows], header))
         write(out_path(args, "gpu_llm_decode_profile"), rows, machine=machine())
+        return
+    if args.prefill:
+        rows = prefill_rows(layers, args.prefill, modes, rounds=5, variants=variants)
+        header = ["tokens", "mode", "variant", "prefill_ms", "tokens_per_s", "vs_bf16", "spread"]
+        print(format_table([[row[column] for column in header] for row in rows], header))
+        write(out_path(args, "gpu_llm_prefill"), rows, machine=machine())
         return
     rows = run(layers, batches, modes, steps=40, rounds=5, variants=variants)
     header = ["batch", "mode", "variant", "step_ms", "tokens_per_s", "vs_bf16", "spread"]
