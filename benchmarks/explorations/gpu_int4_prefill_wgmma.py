@@ -1,8 +1,9 @@
 """W4A16 prefill on an H200's wgmma, tried for issue #39 (not kept): the int4 weight in the decode kernel's layout
 (`qfuse.kernels.cuda.int4_mma.repack`), dequantized in registers exactly as eager rounds it and used as the
 register-sourced A operand of `wgmma.m64nNk16` (out^T = w @ x^T: 64 weight rows a warpgroup, TOKENS rows of x the
-B operand in shared memory). Two stagings of x (`int4_wgmma/*.cu`): through registers, permuted to the A operands'
-order of k as it is stored, or by cp.async from an x permuted beforehand. Checked against eager's math (bf16 /
+B operand in shared memory; `int4_wgmma.cu`, after the decode kernel's own dequantize). Two stagings of x:
+through registers, permuted to the A operands' order of k as it is stored, or by cp.async from an x permuted
+beforehand. Checked against eager's math (bf16 /
 fp16, odd M, bias), then timed against cuBLAS's bf16 matmul of the same run.
 
     python benchmarks/explorations/gpu_int4_prefill_wgmma.py register_staged|cp_async_staged [OUT.json] [-D... ...]
@@ -24,6 +25,8 @@ from torch.cuda._utils import _nvrtc_compile
 
 from qfuse.kernels.cuda import int4_mma
 from qfuse.kernels.cuda.launch import COMMON
+
+HERE = Path(__file__).parent
 
 STAGING = sys.argv[1] if len(sys.argv) > 1 else "register_staged"
 OUT_FILE = sys.argv[2] if len(sys.argv) > 2 else f"gpu_int4_prefill_wgmma_{STAGING}.json"
@@ -52,7 +55,8 @@ def wgmma_wrappers() -> str:
     return "\n\n".join(wrappers)
 
 
-SOURCE = (COMMON.read_text() + (Path(__file__).parent / "int4_wgmma" / f"{STAGING}.cu").read_text()).replace(
+DECODE_HELPERS = int4_mma.SOURCE.read_text().split('extern "C"')[0]  # its defines and `pair_value`, not its kernel
+SOURCE = COMMON.read_text() + DECODE_HELPERS + (HERE / "int4_wgmma.cu").read_text().replace(
     "// WGMMA_WRAPPERS (the harness puts wgmma_n128 / wgmma_n256 here)", wgmma_wrappers())
 
 
@@ -66,7 +70,7 @@ _KERNELS = {}
 def kernel(dtype, tokens, wg):
     key = (dtype, tokens, wg)
     if key not in _KERNELS:
-        options = [f"-DTOKENS={tokens}", f"-DWG={wg}", f"-DSTAGES={STAGES}", *EXTRA]
+        options = [f"-DTOKENS={tokens}", f"-DWG={wg}", *(["-DCP_ASYNC", f"-DSTAGES={STAGES}"] if PERMUTED else []), *EXTRA]
         options += ["-DHALF_BF16"] if dtype == torch.bfloat16 else []
         cubin, name = _nvrtc_compile(SOURCE, "qfuse_int4_wgmma", compute_capability="90a", nvcc_options=options)
         descriptor, path = tempfile.mkstemp(suffix=".cubin")

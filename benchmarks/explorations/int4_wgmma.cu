@@ -1,21 +1,22 @@
-// W4A16 prefill on Hopper, tried for issue #39 (not kept): as register_staged.cu, but x arrives already permuted
-// to the A operands' order of k (x.view(M, K / 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5)) and is copied into
-// STAGES shared-memory stages by 16-byte cp.async, the 8-k core matrices padded 16 bytes apart (no bank
-// conflicts). Ablation switch: -DNO_CONVERT. Results: docs/benchmarks.md, "W4A16 prefill on wgmma with the weight
-// in registers".
+// W4A16 prefill on Hopper, tried for issue #39 (not kept): the int4 weight dequantized in registers as the A
+// operand of wgmma (register-sourced), x's tile the B operand in shared memory (no swizzle).
+//
+//   out^T tile = w tile (64 rows a warpgroup, WG warpgroups a block) x x^T tile (TOKENS rows of x)
+//
+// The weight in the decode kernel's layout (int4_mma.cu: a lane's 16 bytes are its A registers for four k16 steps),
+// dequantized by its `pair_value` (the harness puts int4_mma.cu's helpers in front of this file). That layout
+// orders k within a chunk of 64 for the A registers, so x's tile must hold its k in the same order:
+// - default: each thread loads a token's 128 bytes of a chunk into registers and stores them permuted with
+//   st.shared, one iteration ahead (3 stages);
+// - -DCP_ASYNC: x arrives permuted beforehand (x.view(M, K / 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5)) and is
+//   copied by 16-byte cp.async into STAGES stages, the 8-k core matrices padded 16 bytes apart (no bank conflicts).
+// Ablation switches: -DNO_CONVERT (A = the raw words), -DNO_STAGE (register staging: x staged once).
+// Results: docs/benchmarks.md, "W4A16 prefill on wgmma with the weight in registers".
 
 #ifdef HALF_BF16
-#define MAGIC 0x43004300u
-#define ONE 0x3F803F80u
-#define FMA_PAIR "fma.rn.bf16x2"
 #define HALF "bf16"
-#define FROM_FLOAT "cvt.rn.bf16.f32"
 #else
-#define MAGIC 0x64006400u
-#define ONE 0x3C003C00u
-#define FMA_PAIR "fma.rn.f16x2"
 #define HALF "f16"
-#define FROM_FLOAT "cvt.rn.f16.f32"
 #endif
 
 #ifndef TOKENS
@@ -24,26 +25,20 @@
 #ifndef WG
 #define WG 2
 #endif
+#define THREADS (128 * WG)
+#define SBO_BYTES 128  // from one 8-token core matrix to the next
+#ifdef CP_ASYNC
 #ifndef STAGES
 #define STAGES 4
 #endif
-#define THREADS (128 * WG)
 #define PIECES (8 * TOKENS / THREADS)  // 16-byte pieces of x a thread copies a chunk
 #define LBO_BYTES (TOKENS * 16 + 16)   // from one 8-k core matrix to the next along K (+16: no bank conflicts)
+#else
+#define STAGES 3
+#define PIECES (2 * TOKENS / THREADS)  // (token, half of the chunk) pieces a thread stages: 64 bytes each
+#define LBO_BYTES (TOKENS * 16)        // from one 8-k core matrix to the next along K
+#endif
 #define STAGE_BYTES (8 * LBO_BYTES)
-#define SBO_BYTES 128                  // from one 8-token core matrix to the next
-
-__device__ __forceinline__ unsigned pair_value(unsigned w, unsigned minus_zero, unsigned scale) {
-    unsigned r;
-    asm("{\n"
-        "  .reg .b32 u;\n"
-        "  lop3.b32 u, %1, 0x000F000F, %4, 0xEA;\n"
-        "  " FMA_PAIR " u, u, %5, %2;\n"
-        "  " FMA_PAIR " %0, u, %3, %6;\n"
-        "}\n"
-        : "=r"(r) : "r"(w), "r"(minus_zero), "r"(scale), "r"(MAGIC), "r"(ONE), "r"(0x80008000u));
-    return r;
-}
 
 // WGMMA_WRAPPERS (the harness puts wgmma_n128 / wgmma_n256 here)
 
@@ -105,6 +100,7 @@ qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, c
     const unsigned* sz_row = sz + row;
     const unsigned stage0 = (unsigned)__cvta_generic_to_shared(stages);
 
+#ifdef CP_ASYNC
     // the pieces this thread copies: piece p = tid + THREADS i is (token p / 8, core matrix kc = p % 8) of x,
     // whose k are already in the A operands' order (x permuted within each chunk of 64)
     const Words* x_piece[PIECES];
@@ -134,10 +130,54 @@ qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, c
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
 
+#else
+    // the pieces this thread stages: piece p = tid + THREADS i is (token p % TOKENS, half j = p / TOKENS)
+    const Words* x_piece[PIECES];
+    unsigned st_piece[PIECES];  // its byte offset in a stage, kc = 4 j
+#pragma unroll
+    for (int i = 0; i < PIECES; ++i) {
+        const int p = tid + THREADS * i, token = p % TOKENS, j = p / TOKENS;
+        x_piece[i] = x + (long long)min(token0 + token, M - 1) * row_words + j;  // + 4 c ... word 2 t' + j of chunk
+        st_piece[i] = 4 * j * LBO_BYTES + (token >> 3) * SBO_BYTES + (token & 7) * 16;
+    }
+    auto load_chunk = [&](int c) {
+        Chunk ch;
+        ch.w = load_streaming(w_lane + (long long)c * 32);
+        const unsigned* p = sz_row + (long long)(c / group_chunks) * N;
+        ch.pair_g = p[0];
+        ch.pair_h = p[8];
+        return ch;
+    };
+    Words xs[PIECES][4];
+    auto load_x = [&](int c) {
+#pragma unroll
+        for (int i = 0; i < PIECES; ++i)
+#pragma unroll
+            for (int tt = 0; tt < 4; ++tt) xs[i][tt] = x_piece[i][8 * c + 2 * tt];
+    };
+    auto store_x = [&](int c) {
+        const unsigned base = stage0 + (c % STAGES) * STAGE_BYTES;
+#pragma unroll
+        for (int i = 0; i < PIECES; ++i) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // core matrix kc = 4 j + q: word q of each t
+                const unsigned* w0 = &xs[i][0].x;
+                const unsigned* w1 = &xs[i][1].x;
+                const unsigned* w2 = &xs[i][2].x;
+                const unsigned* w3 = &xs[i][3].x;
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(base + st_piece[i] + q * LBO_BYTES),
+                             "r"(w0[q]), "r"(w1[q]), "r"(w2[q]), "r"(w3[q]) : "memory");
+            }
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    };
+
+#endif
     float acc[TOKENS / 2];  // (the first chunk's MMAs ignore what they hold)
     unsigned a[2][16];
     Chunk next[2];
 
+#ifdef CP_ASYNC
     // prologue: chunks 0 .. STAGES - 2 on their way, chunk 0 landed, a[0] its A operands
     next[0] = load_chunk(0);
     if (chunks > 1) next[1] = load_chunk(1);
@@ -167,6 +207,37 @@ qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, c
         __syncthreads();
         copy_x(c + STAGES - 1);  // into chunk c - 1's stage
     };
+#else
+    // prologue: stage 0 holds chunk 0, a[0] its A operands; chunk 1's words and x in registers, chunk 2's words
+    next[0] = load_chunk(0);
+    if (chunks > 1) next[1] = load_chunk(1);
+    load_x(0);
+    store_x(0);
+    if (chunks > 1) load_x(1);
+    convert(a[0], next[0]);
+    if (chunks > 2) next[0] = load_chunk(2);
+    __syncthreads();
+
+    auto iteration = [&](int c, unsigned* a_now, unsigned* a_next, Chunk& ch_next) {
+        const unsigned base = stage0 + (c % STAGES) * STAGE_BYTES;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        fence_operands(acc);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) wgmma(acc, a_now + 4 * s, descriptor(base + 2 * s * LBO_BYTES), c > 0 || s > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        fence_operands(acc);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        if (c + 1 < chunks) {
+            convert(a_next, ch_next);
+            if (c + 3 < chunks) ch_next = load_chunk(c + 3);
+#ifndef NO_STAGE
+            store_x(c + 1);
+            if (c + 2 < chunks) load_x(c + 2);
+#endif
+        }
+        __syncthreads();
+    };
+#endif
     for (int c = 0; c < chunks; c += 2) {
         iteration(c, a[0], a[1], next[1]);
         if (c + 1 < chunks) iteration(c + 1, a[1], a[0], next[0]);
