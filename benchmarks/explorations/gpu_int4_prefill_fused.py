@@ -97,43 +97,48 @@ def eager_dequant(words, s):  # compressed-tensors: int32 [N, K/8], nibble i at 
 def inductor_fn(x, words, s):
     return x @ eager_dequant(words, s).t()
 
-compiled = torch.compile(inductor_fn)
+def main():
+    compiled = torch.compile(inductor_fn)
 
-CONFIGS = [(128, 128, 64, 8, 3, True), (128, 128, 64, 4, 4, True), (64, 128, 64, 4, 4, True), (128, 256, 64, 8, 3, True),
-           (256, 128, 64, 8, 3, True), (128, 128, 128, 8, 3, True), (128, 128, 64, 8, 3, False), (128, 256, 64, 8, 3, False),
-           (256, 128, 64, 8, 3, False)]
-rows = []
-torch.manual_seed(0)
-for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)):
-    words = torch.randint(-2**31, 2**31 - 1, (n, k // 8), device="cuda", dtype=torch.int32)
-    wb = words.view(torch.uint8)  # [N, K/2]: byte j = nibbles k = 2j (low), 2j + 1 (high)
-    s = (torch.rand(n, k // 128, device="cuda") / 30).to(torch.bfloat16)
-    wdq = eager_dequant(words, s)
-    for m in (256, 1024, 2048, 4096):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ref = x @ wdq.t()
-        refn = ref.float().norm()
-        t = {"bf16": do_bench(lambda: x @ wdq.t(), rep=200)}
-        err = {}
-        got = compiled(x, words, s); err["inductor"] = ((got.float() - ref.float()).norm() / refn).item()
-        t["inductor"] = do_bench(lambda: compiled(x, words, s), rep=200)
-        got = dequant_then_mm(x, wb, s); err["dequant+cublas"] = ((got.float() - ref.float()).norm() / refn).item()
-        t["dequant+cublas"] = do_bench(lambda: dequant_then_mm(x, wb, s), rep=200)
-        for cfg in CONFIGS:
-            name = "fused " + "x".join(map(str, cfg[:3])) + f" w{cfg[3]} s{cfg[4]} {'swap' if cfg[5] else 'xw'}"
-            try:
-                kern, got = fused(x, wb, s, cfg)
-                err[name] = ((got.float() - ref.float()).norm() / refn).item()
-                t[name] = do_bench(lambda: fused(x, wb, s, cfg), rep=200)
-                if m == 1024 and n == 4096 and k == 4096:
-                    ptx = kern.asm.get("ptx", "")
-                    print(name, "wgmma" in ptx, "regs", kern.n_regs, "spills", kern.n_spills, "st.shared", ptx.count("st.shared"), flush=True)
-            except Exception as e:
-                print(name, "failed", type(e).__name__, str(e)[:200], flush=True)
-        flops = 2 * m * n * k
-        for name, ms in t.items():
-            rows.append(dict(n=n, k=k, m=m, variant=name, ms=ms, tflops=flops / ms / 1e9, vs_bf16=t["bf16"] / ms, rel_err=err.get(name)))
-        best = sorted(((a, b) for a, b in t.items() if a.startswith("fused")), key=lambda p: p[1])[:3]
-        print(f"N={n} K={k} M={m}: bf16 {t['bf16']*1e3:.0f} us ({flops/t['bf16']/1e9:.0f} TF) inductor {t['bf16']/t['inductor']:.2f}x "
-              f"dq+cublas {t['bf16']/t['dequant+cublas']:.2f}x | " + ", ".join(f"{a} {t['bf16']/b:.2f}x" for a, b in best), flush=True)
-json.dump(rows, open(OUT_FILE, "w"), indent=1)
+    CONFIGS = [(128, 128, 64, 8, 3, True), (128, 128, 64, 4, 4, True), (64, 128, 64, 4, 4, True), (128, 256, 64, 8, 3, True),
+               (256, 128, 64, 8, 3, True), (128, 128, 128, 8, 3, True), (128, 128, 64, 8, 3, False), (128, 256, 64, 8, 3, False),
+               (256, 128, 64, 8, 3, False)]
+    rows = []
+    torch.manual_seed(0)
+    for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)):
+        words = torch.randint(-2**31, 2**31 - 1, (n, k // 8), device="cuda", dtype=torch.int32)
+        wb = words.view(torch.uint8)  # [N, K/2]: byte j = nibbles k = 2j (low), 2j + 1 (high)
+        s = (torch.rand(n, k // 128, device="cuda") / 30).to(torch.bfloat16)
+        wdq = eager_dequant(words, s)
+        for m in (256, 1024, 2048, 4096):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = x @ wdq.t()
+            refn = ref.float().norm()
+            t = {"bf16": do_bench(lambda: x @ wdq.t(), rep=200)}
+            err = {}
+            got = compiled(x, words, s); err["inductor"] = ((got.float() - ref.float()).norm() / refn).item()
+            t["inductor"] = do_bench(lambda: compiled(x, words, s), rep=200)
+            got = dequant_then_mm(x, wb, s); err["dequant+cublas"] = ((got.float() - ref.float()).norm() / refn).item()
+            t["dequant+cublas"] = do_bench(lambda: dequant_then_mm(x, wb, s), rep=200)
+            for cfg in CONFIGS:
+                name = "fused " + "x".join(map(str, cfg[:3])) + f" w{cfg[3]} s{cfg[4]} {'swap' if cfg[5] else 'xw'}"
+                try:
+                    kern, got = fused(x, wb, s, cfg)
+                    err[name] = ((got.float() - ref.float()).norm() / refn).item()
+                    t[name] = do_bench(lambda: fused(x, wb, s, cfg), rep=200)
+                    if m == 1024 and n == 4096 and k == 4096:
+                        ptx = kern.asm.get("ptx", "")
+                        print(name, "wgmma" in ptx, "regs", kern.n_regs, "spills", kern.n_spills, "st.shared", ptx.count("st.shared"), flush=True)
+                except Exception as e:
+                    print(name, "failed", type(e).__name__, str(e)[:200], flush=True)
+            flops = 2 * m * n * k
+            for name, ms in t.items():
+                rows.append(dict(n=n, k=k, m=m, variant=name, ms=ms, tflops=flops / ms / 1e9, vs_bf16=t["bf16"] / ms, rel_err=err.get(name)))
+            best = sorted(((a, b) for a, b in t.items() if a.startswith("fused")), key=lambda p: p[1])[:3]
+            print(f"N={n} K={k} M={m}: bf16 {t['bf16']*1e3:.0f} us ({flops/t['bf16']/1e9:.0f} TF) inductor {t['bf16']/t['inductor']:.2f}x "
+                  f"dq+cublas {t['bf16']/t['dequant+cublas']:.2f}x | " + ", ".join(f"{a} {t['bf16']/b:.2f}x" for a, b in best), flush=True)
+    json.dump(rows, open(OUT_FILE, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
