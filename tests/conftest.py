@@ -1,7 +1,8 @@
 """Shared test fixtures: fresh Dynamo state and no compile caches (a warm FX graph cache would
 skip the post-grad passes, so match counts and reports need a real compile); Triton's interpreter
 where there is no GPU; and the two tiers: tests marked `slow` (multi-process tensor parallelism,
-whole HF models, the benchmark scripts, Triton's interpreter, the long fuzz profile) run with
+whole models, the benchmark scripts, Triton's interpreter, tests that start a fresh Python, the forms'
+further dtypes and shapes) run with
 `--slow` or `-m slow`, as CI's second step does (docs/testing.md); a plain `pytest` leaves them out."""
 
 import os

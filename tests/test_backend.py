@@ -19,6 +19,7 @@ from tests.helpers import compile_and_run
 from tests.passes.test_reference_linear import int_mm_linear, operands
 
 
+@pytest.mark.slow  # a fresh Python with Inductor's caches off: CI's slow tier
 def test_backend_found_through_entry_point_without_import():
     script = textwrap.dedent("""
         import sys, torch

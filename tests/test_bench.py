@@ -86,6 +86,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch, tmp_path):
         bench.plot(tmp_path / "never.png", [{"m": 1, "ms": 1.0}], x="m", y="ms")
 
 
+@pytest.mark.slow  # a fresh Python: CI's slow tier
 def test_harness_and_demo_import_without_triton():
     code = "import sys; sys.modules['triton'] = None; import qfuse.bench, qfuse.demo; qfuse.bench.machine()"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})

@@ -6,7 +6,7 @@ import pytest
 from qfuse.demo import run_demo
 
 
-@pytest.mark.parametrize("activations", ["float32", "bfloat16"])
+@pytest.mark.parametrize("activations", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])  # the CPU default fast
 def test_demo_fuses_every_linear(activations, capsys):
     result = run_demo(tokens=9, hidden=64, layers=1, runs=1, activations=activations)
     assert len(result["records"]) == 7 and all(record.fused for record in result["records"])

@@ -11,6 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a fresh Python compiling the demo's forms: CI's slow tier and its demo-install step
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _SCRIPT = textwrap.dedent("""

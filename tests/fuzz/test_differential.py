@@ -20,7 +20,7 @@ from tests.fuzz.cases import NEAR_FORMS, Case
 from tests.fuzz.differential import run_case
 from tests.fuzz.strategies import cases
 
-EXAMPLES = int(os.environ.get("QFUSE_FUZZ_EXAMPLES", "20"))  # a plain run; CI runs 300 (.ci/run)
+EXAMPLES = int(os.environ.get("QFUSE_FUZZ_EXAMPLES", "10"))  # a plain run; CI runs 300 (.ci/run)
 SEED = os.environ.get("QFUSE_FUZZ_SEED")  # None: derandomized, the same cases every run
 
 FOUND_BEFORE = [

@@ -23,7 +23,7 @@ def explain_and_run(model, x):
     return explanation
 
 
-@pytest.mark.parametrize("three_d", [False, True], ids=["2D", "3D"])
+@pytest.mark.parametrize("three_d", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["2D", "3D"])
 @pytest.mark.parametrize("scheme, expected", [("W8A8", "int8 dyn-"), ("W8A8_STATIC", "int8 static-tensor asym")])
 def test_fake_quantized_state_fuses_into_a_real_gemm(scheme, expected, three_d):
     model, x = ct.ct_mlp(scheme, "qdq", compile_friendly=True, three_d=three_d)
@@ -51,6 +51,7 @@ def test_decompressed_checkpoint_state_is_a_near_miss_that_says_why():
     assert all("the weight is a float tensor" in record.reason for record in explanation.records)
 
 
+@pytest.mark.slow  # a whole Llama model, as tests/peers/test_hf_llama.py's: CI's slow tier
 def test_converted_to_plain_torch_int8_every_llama_linear_fuses():
     model, input_ids = ct.ct_llama_as_reference()
     with torch.no_grad():
