@@ -320,6 +320,38 @@ def step_ms(step, inputs, steps: int) -> float:
     return start.elapsed_time(end) / steps
 
 
+def compile_variants(variants: dict, mode: str, layers: int, batch: int, warm_inputs, what: str,
+                     max_seq: int = MAX_SEQ, rows: int | None = None) -> dict:
+    """name -> (model, compiled step) of each variant that runs here, built for `batch` sequences and run once on
+    each of `warm_inputs` (`rows` rows a linear: `batch` unless given); a variant that cannot run so few rows
+    (`CANNOT_RUN`) or whose anchor cannot run here is left out with the reason (a qfuse or bf16 model that fails is
+    an error)."""
+    compiled = {}
+    rows = batch if rows is None else rows
+    for name, (form, backend, *qfuse_options) in variants.items():
+        rows_it_cannot_run, why = CANNOT_RUN.get((form.removesuffix(UNWRAPPED), backend), (0, ""))
+        if rows <= rows_it_cannot_run:
+            progress(f"  {name} left out at {rows} rows: {why}")
+            continue
+        progress(f"{what}: compiling {name}")
+        try:
+            model = build(form, layers, batch, max_seq)
+            step = torch.compile(model, backend=backend, **compile_options(mode, *qfuse_options))
+            with torch.no_grad():
+                for inputs in warm_inputs:
+                    step(*inputs)
+        except Exception as error:  # an anchor that cannot run here (a missing package, say) is left out,
+            # and so is a model Dynamo cannot trace (an error before any backend sees a graph)
+            in_dynamo = (isinstance(error, torch._dynamo.exc.TorchDynamoException)
+                         and not isinstance(error, torch._dynamo.exc.BackendCompilerFailed))
+            if (backend == "qfuse" or form == "bf16") and not in_dynamo:
+                raise
+            progress(f"  {name} left out: {type(error).__name__}: {str(error)[:300]}")
+            continue
+        compiled[name] = (model, step)
+    return compiled
+
+
 def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) -> list[dict]:
     torch._dynamo.config.recompile_limit = 64  # one Block class compiled at several batch sizes and modes
     rows = []
@@ -328,28 +360,7 @@ def run(layers: int, batches, modes, steps: int, rounds: int, variants: dict) ->
                    torch.tensor([START + i], device="cuda")) for i in range(steps)]
         for mode in modes:
             torch._dynamo.reset()  # once: a reset between variants would make the earlier ones compile again
-            compiled = {}
-            for name, (form, backend, *qfuse_options) in variants.items():
-                rows_it_cannot_run, why = CANNOT_RUN.get((form.removesuffix(UNWRAPPED), backend), (0, ""))
-                if batch <= rows_it_cannot_run:
-                    progress(f"  {name} left out at batch {batch}: {why}")
-                    continue
-                progress(f"batch {batch}, {mode}: compiling {name}")
-                try:
-                    model = build(form, layers, batch)
-                    step = torch.compile(model, backend=backend, **compile_options(mode, *qfuse_options))
-                    with torch.no_grad():
-                        for i in range(3):
-                            step(*inputs[i])
-                except Exception as error:  # an anchor that cannot run here (a missing package, say) is left out,
-                    # and so is a model Dynamo cannot trace (an error before any backend sees a graph)
-                    in_dynamo = (isinstance(error, torch._dynamo.exc.TorchDynamoException)
-                                 and not isinstance(error, torch._dynamo.exc.BackendCompilerFailed))
-                    if (backend == "qfuse" or form == "bf16") and not in_dynamo:
-                        raise
-                    progress(f"  {name} left out: {type(error).__name__}: {str(error)[:300]}")
-                    continue
-                compiled[name] = (model, step)
+            compiled = compile_variants(variants, mode, layers, batch, inputs[:3], f"batch {batch}, {mode}")
             times = {name: [] for name in compiled}
             with torch.no_grad():
                 for name, (_, step) in compiled.items():  # each warm again after all compiled
@@ -378,25 +389,12 @@ def prefill_rows(layers: int, tokens: int, modes, rounds: int, variants: dict) -
     inputs = [(prompt, torch.arange(tokens, device="cuda"))]
     for mode in modes:
         torch._dynamo.reset()
-        compiled = {}
-        for name, (form, backend, *qfuse_options) in variants.items():
-            progress(f"prefill of {tokens} tokens, {mode}: compiling {name}")
-            try:
-                model = build(form, layers, 1, max_seq=tokens)
-                step = torch.compile(model, backend=backend, **compile_options(mode, *qfuse_options))
-                with torch.no_grad():
-                    for _ in range(3):
-                        step(*inputs[0])
-            except Exception as error:  # as in `run`: an anchor that cannot run here is left out
-                if backend == "qfuse" or form == "bf16":
-                    raise
-                progress(f"  {name} left out: {type(error).__name__}: {str(error)[:300]}")
-                continue
-            compiled[name] = step
+        compiled = compile_variants(variants, mode, layers, 1, inputs * 3, f"prefill of {tokens} tokens, {mode}",
+                                    max_seq=tokens, rows=tokens)
         times = {name: [] for name in compiled}
         with torch.no_grad():
             for _ in range(rounds):
-                for name, step in compiled.items():
+                for name, (_, step) in compiled.items():
                     times[name].append(step_ms(step, inputs * 3, 3))
         base = statistics.median(times["bf16 (Inductor)"])
         for name, samples in times.items():
