@@ -15,8 +15,10 @@
 
 #ifdef HALF_BF16
 #define HALF "bf16"
+#define HALF_CODE 2  // common.cuh's dtype codes
 #else
 #define HALF "f16"
+#define HALF_CODE 3
 #endif
 
 #ifndef TOKENS
@@ -177,6 +179,18 @@ qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, c
     unsigned a[2][16];
     Chunk next[2];
 
+    // chunk c's four k16 steps on the tensor cores, its A operands `a_now`; returns once chunk c - 1's are done
+    auto multiply = [&](int c, const unsigned* a_now) {
+        const unsigned base = stage0 + (c % STAGES) * STAGE_BYTES;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        fence_operands(acc);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) wgmma(acc, a_now + 4 * s, descriptor(base + 2 * s * LBO_BYTES), c > 0 || s > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        fence_operands(acc);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    };
+
 #ifdef CP_ASYNC
     // prologue: chunks 0 .. STAGES - 2 on their way, chunk 0 landed, a[0] its A operands
     next[0] = load_chunk(0);
@@ -190,14 +204,7 @@ qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, c
     __syncthreads();
 
     auto iteration = [&](int c, unsigned* a_now, unsigned* a_next, Chunk& ch_next) {
-        const unsigned base = stage0 + (c % STAGES) * STAGE_BYTES;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        fence_operands(acc);
-#pragma unroll
-        for (int s = 0; s < 4; ++s) wgmma(acc, a_now + 4 * s, descriptor(base + 2 * s * LBO_BYTES), c > 0 || s > 0);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        fence_operands(acc);
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // chunk c - 1's MMAs done: its stage free
+        multiply(c, a_now);  // then chunk c - 1's MMAs are done: its stage free
         if (c + 1 < chunks) {
             convert(a_next, ch_next);
             if (c + 3 < chunks) ch_next = load_chunk(c + 3);
@@ -219,14 +226,7 @@ qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, c
     __syncthreads();
 
     auto iteration = [&](int c, unsigned* a_now, unsigned* a_next, Chunk& ch_next) {
-        const unsigned base = stage0 + (c % STAGES) * STAGE_BYTES;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        fence_operands(acc);
-#pragma unroll
-        for (int s = 0; s < 4; ++s) wgmma(acc, a_now + 4 * s, descriptor(base + 2 * s * LBO_BYTES), c > 0 || s > 0);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        fence_operands(acc);
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        multiply(c, a_now);
         if (c + 1 < chunks) {
             convert(a_next, ch_next);
             if (c + 3 < chunks) ch_next = load_chunk(c + 3);
@@ -253,15 +253,7 @@ qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, c
             const int n = row + 8 * (e >> 1), m = token0 + 8 * i + 2 * t + (e & 1);
             if (m >= M) continue;
             float sum = acc[4 * i + e];
-            if (has_bias) {
-#ifdef HALF_BF16
-                sum += bits_as_float(((unsigned)bias[n]) << 16);
-#else
-                float b;
-                asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(bias[n]));
-                sum += b;
-#endif
-            }
+            if (has_bias) sum += load_as_float<HALF_CODE>(bias, n);
             unsigned short h;
             asm(FROM_FLOAT " %0, %1;" : "=h"(h) : "f"(sum));
             reinterpret_cast<unsigned short*>(out)[(long long)m * N + n] = h;
