@@ -41,8 +41,9 @@ def main() -> None:
     words, pairs = int4_mma.repack(values, scale, None)
     out = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
     warps, unroll = int4_mma.launch_shape(1, n, k)
-    arguments = (words, x, pairs, pairs, out, 1, n, k, GROUP // int4_mma.K_PER_CHUNK, 0)
-    options = ["-DM_TILES=1", f"-DWARPS={warps}", f"-DUNROLL={unroll}", "-DHALF_BF16"]
+    arguments = (words, x, pairs, pairs, out, 1, n, k, 0)
+    options = ["-DM_TILES=1", f"-DWARPS={warps}", f"-DUNROLL={unroll}", f"-DGROUP_SHIFT={int4_mma.group_shift(k, GROUP)}",
+               "-DHALF_BF16"]
     through_ctypes = torch.cuda._compile_kernel(launch.COMMON.read_text() + int4_mma.SOURCE.read_text(),
                                                 "qfuse_int4_mma", nvcc_options=options)
     static = launch.compiled(int4_mma.SOURCE, "qfuse_int4_mma", tuple(options), int4_mma.ARGUMENT_TYPES, 0)

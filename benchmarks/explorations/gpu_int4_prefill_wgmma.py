@@ -55,7 +55,7 @@ def wgmma_wrappers() -> str:
     return "\n\n".join(wrappers)
 
 
-DECODE_HELPERS = int4_mma.SOURCE.read_text().split('extern "C"')[0]  # its defines and `pair_value`, not its kernel
+DECODE_HELPERS = int4_mma.SOURCE.read_text().split("// The kernel (above")[0]  # its defines and `pair_value`, not its kernel
 SOURCE = COMMON.read_text() + DECODE_HELPERS + (HERE / "int4_wgmma.cu").read_text().replace(
     "// WGMMA_WRAPPERS (the harness puts wgmma_n128 / wgmma_n256 here)", wgmma_wrappers())
 

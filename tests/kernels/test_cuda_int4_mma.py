@@ -36,8 +36,8 @@ def emulated_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, grou
                     for (row, slot), j in {(g, 2 * t): 0, (g, 2 * t + 1): 4, (g + 8, 2 * t): 1, (g + 8, 2 * t + 1): 5,
                                            (g, 2 * t + 8): 2, (g, 2 * t + 9): 6, (g + 8, 2 * t + 8): 3,
                                            (g + 8, 2 * t + 9): 7}.items():
-                        n_row = tile * 16 + row
-                        value = (128 + nibble[j] + minus_zero[group, n_row]) * scale[group, n_row]
+                        column = tile * 16 + 2 * (row & 7) + (row >> 3)  # rows g, g + 8 side by side
+                        value = (128 + nibble[j] + minus_zero[group, column]) * scale[group, column]
                         a[row, slot] = float(value.to(torch.bfloat16))  # rounded once, as eager
                     for slot, e in ((2 * t, 0), (2 * t + 1, 1), (2 * t + 8, 2), (2 * t + 9, 3)):
                         b[slot, g] = columns[k0 + e, g]
@@ -64,7 +64,8 @@ def test_the_lanes_read_eagers_linear_from_the_repacked_weight(zero_points, grou
 
 @pytest.mark.parametrize("n, k, group_size, reason", [
     (4096, 4096, 128, ""), (4096, 4096, 4096, ""), (4104, 4096, 128, "N is not a multiple of 16"),
-    (4096, 4128, 32, "K is not a multiple of 64"), (4096, 4096, 32, "groups of 32"),
+    (4096, 4128, 32, "K is not a multiple of 64"), (4096, 4096, 32, "groups of 32"), (4096, 4224, 4224, ""),
+    (4096, 4608, 192, "groups of 192"),
 ])
 def test_the_shapes_it_takes(n, k, group_size, reason):
     assert why_not_shape(n, k, group_size).startswith(reason) and bool(why_not_shape(n, k, group_size)) == bool(reason)
@@ -87,11 +88,13 @@ def test_bad_input_is_named_before_any_launch():
         int4_mma(torch.zeros(129, 128, dtype=torch.bfloat16), weight.data, weight.scale, None, 128, torch.bfloat16, (16, 2))
 
 
-@pytest.mark.parametrize("m, n, k, shape", [(1, 4096, 4096, (16, 2)), (1, 28672, 4096, (4, 4)), (16, 4096, 14336, (8, 2)),
+@pytest.mark.parametrize("m, n, k, shape", [(1, 4096, 4096, (16, 4)), (1, 28672, 4096, (4, 8)), (16, 4096, 14336, (16, 8)),
+                                            (16, 6144, 4096, (8, 8)), (1, 4096, 2048, (16, 4)),
                                             (32, 6144, 4096, (4, 4)), (32, 4096, 4096, (8, 4)), (32, 28672, 4096, (4, 2)),
                                             (64, 4096, 4096, (4, 8))])
 def test_the_launch_rule(m, n, k, shape):
-    """Above 16 rows (each warp's loads of x bound the launch) half the warps up to 32 rows (2 chunks ahead on more
+    """Up to 16 rows warps for about 4096 in the grid, 8 chunks ahead where a warp's share has 8, else 4; above (each warp's loads of x bound the launch)
+    half the warps up to 32 rows (2 chunks ahead on more
     than 1024 tiles), 4 warps 8 chunks ahead above."""
     from qfuse.kernels.cuda.int4_mma import launch_shape
 
@@ -149,3 +152,25 @@ def test_on_the_gpu_it_is_eagers_linear(m, dtype, zero_points, bias, out_f32):
     expected = x.double() @ w.double() + (0 if b is None else b.double())
     assert out.dtype == out_dtype and out.shape == (m, n)
     assert (out.double() - expected).abs().max().item() <= 2 * ROUNDING[out_dtype] * expected.abs().max().item()
+
+
+@GPU
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("group_size", [64, 256, 1024, 1088], ids=["g64", "g256", "g1024-of-2048", "per-channel"])
+def test_on_the_gpu_every_group_size(m, group_size):
+    """A chunk's group found by a shift (groups of 1, 4 and 16 chunks; a warp's share rounded to whole groups) or one
+    group along K (1088 = 17 chunks): eager's linear, within two roundings of bf16."""
+    from qfuse.kernels import get_kernel
+
+    torch.manual_seed(group_size)
+    n, k = 272, 1088 if group_size == 1088 else 1024 * (group_size // 512 or 1)
+    values = torch.randint(-8, 8, (k, n), device="cuda", dtype=torch.int8)
+    scale = (torch.rand(k // group_size, n, device="cuda") / 16).to(torch.bfloat16)
+    zero = torch.randint(-8, 8, (k // group_size, n), device="cuda", dtype=torch.int8)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    cuda = get_kernel("cuda")
+    out = cuda.weight_only_apply(x, cuda.prepare_int4_weight(values, scale, zero), None, torch.bfloat16)
+    group = torch.arange(k, device="cuda") // group_size
+    w = (values.to(torch.int32) - zero.to(torch.int32)[group]).to(torch.bfloat16) * scale[group]
+    expected = x.double() @ w.double()
+    assert (out.double() - expected).abs().max().item() <= 2 * ROUNDING[torch.bfloat16] * expected.abs().max().item()

@@ -87,6 +87,10 @@ class CudaKernel(Kernel):
             scales = "of no recorded dtype" if key.weight_scale_dtype is None else dtype_name(key.weight_scale_dtype)
             return False, (f"it rounds (q - z) * s in the activation's dtype, and the group scales are {scales}, not "
                            f"{dtype_name(key.scheme.activation_dtype)}")
+        group = key.scheme.weight_group_size
+        if key.scheme.weight_dtype == INT4_DTYPE and group and key.n and key.k and (
+                reason := int4_mma.why_not_shape(key.n, key.k, group)):
+            return False, reason
         return OK
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:

@@ -17,9 +17,11 @@
 //
 // Dequantize, two values a register: (w >> 4 j) & 0x000F000F | MAGIC is the pair MAGIC + u (MAGIC the
 // half float whose ulp is 1: 128 in bf16, 1024 in fp16), then fma(., 1, -(MAGIC + 8 + z)) = u - 8 - z
-// exactly, then fma(., s, -0) rounds (u - 8 - z) * s once. `sz` holds the pair (s, -(MAGIC + 8 + z)) per
-// row and group, [K / G, N]. 3 shifts, 4 lop3 and 8 fma for 8 values; a chunk's 16 A registers are made once,
-// then each 8-column tile of B takes its x and its 4 MMAs.
+// exactly, then fma(., s, -0) rounds (u - 8 - z) * s once. `pairs` holds (s, -(MAGIC + 8 + z)) per row and
+// group, [K / G, N], rows 16 T + g and 16 T + g + 8 side by side (column 16 T + 2 g + h: one 8-byte load a lane);
+// chunk c is in group c >> GROUP_SHIFT (groups of a power of two chunks, or 30: one group along K). 3 shifts,
+// 4 lop3 and 8 fma for 8 values; a chunk's 16 A registers are made once, then each 8-column tile of B takes its
+// x and its 4 MMAs.
 //
 // A block is one tile of 16 rows; its WARPS warps split K and add their sums through shared memory, so
 // the output is written once, bias and cast included, with no second launch. Column m of B is x's row
@@ -28,7 +30,8 @@
 // (docs/benchmarks.md, "Batched decode on the CUDA kernels").
 //
 // Compiled by NVRTC at first use with -DHALF_BF16 (or fp16), -DM_TILES=1|2|4|8 (the 8-column tiles of B: M <= 8,
-// 16, 32, 64), -DWARPS=w, -DOUT_F32 for a float32 output, -DUNROLL=u for the chunks a warp loads ahead.
+// 16, 32, 64), -DWARPS=w, -DOUT_F32 for a float32 output, -DUNROLL=u for the chunks a warp loads ahead (its share
+// ends in steps of 4, 2 and 1), -DGROUP_SHIFT=s.
 
 #ifdef HALF_BF16
 #define MAGIC 0x43004300u
@@ -67,63 +70,91 @@ __device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, const unsigned* __restrict__ sz,
-               const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K, int group_chunks,
-               int has_bias) {
+// The kernel (above: the dequantize and the MMA, which explorations/gpu_int4_prefill_wgmma.py takes alone)
+
+#if GROUP_SHIFT >= 30
+#define GROUP_CHUNKS (1 << 30)  // one group along K (per channel scales)
+#else
+#define GROUP_CHUNKS (1 << GROUP_SHIFT)
+#endif
+
+struct XRows { const Words* tile[M_TILES]; };  // a lane's x rows, one a tile of B: g + 8 i, or M - 1 past M
+
+// U chunks from chunk c on (c a multiple of min(U, GROUP_CHUNKS), so a group's pairs are read once), their words in
+// registers: each chunk's 16 A registers made once, from its group's pairs of rows g and g + 8, and used for every
+// tile of x
+template <int U>
+__device__ __forceinline__ void multiply_chunks(float (&acc)[M_TILES][4], const Words (&w)[U], const Pair* pairs_lane,
+                                                const XRows& x, int c, int pair_stride) {
+    const Pair* group_pairs = pairs_lane + (long long)(c >> GROUP_SHIFT) * pair_stride;
+    unsigned s_g, z_g, s_h, z_h;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        if (u % GROUP_CHUNKS == 0) {  // (rows g, g + 8)
+            const Pair pair = group_pairs[(long long)(u / GROUP_CHUNKS) * pair_stride];
+            s_g = low_pair(pair.x), z_g = high_pair(pair.x), s_h = low_pair(pair.y), z_h = high_pair(pair.y);
+        }
+        const unsigned ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+        unsigned a[4][4];  // the chunk's A operands, step s
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            a[s][0] = pair_value(ws[s], z_g, s_g);
+            a[s][1] = pair_value(ws[s] >> 4, z_h, s_h);
+            a[s][2] = pair_value(ws[s] >> 8, z_g, s_g);
+            a[s][3] = pair_value(ws[s] >> 12, z_h, s_h);
+        }
+#pragma unroll
+        for (int i = 0; i < M_TILES; ++i) {  // one tile's x live at a time, whatever M_TILES is
+            const Words xv[2] = {x.tile[i][8 * (c + u)], x.tile[i][8 * (c + u) + 1]};
+            const unsigned* xs = reinterpret_cast<const unsigned*>(xv);  // 8 pairs, k = 16 t + 2 p
+#pragma unroll
+            for (int s = 0; s < 4; ++s) mma(acc[i], a[s][0], a[s][1], a[s][2], a[s][3], xs[2 * s], xs[2 * s + 1]);
+        }
+    }
+}
+
+// U chunks from chunk c on loaded (U * 512 bytes in flight a warp), then multiplied
+template <int U>
+__device__ __forceinline__ void load_and_multiply(float (&acc)[M_TILES][4], const Words* w_lane, const Pair* pairs_lane,
+                                                  const XRows& x, int c, int pair_stride) {
+    Words w[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) w[u] = load_streaming(w_lane + (long long)(c + u) * 32);
+    multiply_chunks<U>(acc, w, pairs_lane, x, c, pair_stride);
+}
+
+// Blocks a multiprocessor holds at least: up to 16 rows 32 warps (64 registers a thread: faster at M = 1 and 16 than
+// more registers and fewer warps, docs/benchmarks.md, "The int4 decode kernel's stream"); 24 warps (80) for 4 tiles of
+// B, 16 (128) for 8, about what the kernel took before the compiler was free to dequantize every chunk ahead
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS ((M_TILES <= 2 ? 32 : M_TILES == 4 ? 24 : 16) / WARPS)  // (WARPS <= 16)
+#endif
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
+qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, const Pair* __restrict__ pairs,
+               const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K, int has_bias) {
     __shared__ float partial[WARPS][32][4 * M_TILES];
     const int tile = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int chunks = K >> 6;
-    const int per_warp = (chunks + WARPS - 1) / WARPS;
+    const int aligned = imin(UNROLL, GROUP_CHUNKS);  // a warp's first chunk a multiple of it
+    const int per_warp = ((chunks + WARPS - 1) / WARPS + aligned - 1) / aligned * aligned;
     const int begin = warp * per_warp;
     const int end = imin(chunks, begin + per_warp);
     const int row = tile * 16 + g;
     const int row_words = K >> 3;  // 16-byte words (8 halves) per row of x
-    const Words* x_rows[M_TILES];
+    XRows x_rows;
 #pragma unroll
-    for (int i = 0; i < M_TILES; ++i) x_rows[i] = x + (long long)imin(g + 8 * i, M - 1) * row_words + 2 * t;
-    const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
+    for (int i = 0; i < M_TILES; ++i) x_rows.tile[i] = x + (long long)imin(g + 8 * i, M - 1) * row_words + 2 * t;
+    const Pair* pairs_lane = pairs + tile * 8 + g;  // group q's pairs of rows g, g + 8: pairs_lane[q * N / 2]
     float acc[M_TILES][4];
 #pragma unroll
     for (int i = 0; i < M_TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-
-    // chunk c's group and its (s, z) pairs, counted on from `begin`: no integer division in the loop
-    int into_group = begin % group_chunks;
-    const unsigned* sz_row = sz + (long long)(begin / group_chunks) * N + row;
-    for (int c0 = begin; c0 < end; c0 += UNROLL) {
-        Words w[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) w[u] = c0 + u < end ? load_streaming(w_lane + (long long)(c0 + u) * 32) : Words{0, 0, 0, 0};
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int c = c0 + u;
-            if (c >= end) break;
-            const unsigned pair_g = sz_row[0], pair_h = sz_row[8];
-            if (++into_group == group_chunks) {
-                into_group = 0;
-                sz_row += N;
-            }
-            const unsigned s_g = low_pair(pair_g), z_g = high_pair(pair_g);
-            const unsigned s_h = low_pair(pair_h), z_h = high_pair(pair_h);
-            const unsigned ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
-            unsigned a[4][4];  // the chunk's A operands, step s
-#pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                a[s][0] = pair_value(ws[s], z_g, s_g);
-                a[s][1] = pair_value(ws[s] >> 4, z_h, s_h);
-                a[s][2] = pair_value(ws[s] >> 8, z_g, s_g);
-                a[s][3] = pair_value(ws[s] >> 12, z_h, s_h);
-            }
-#pragma unroll
-            for (int i = 0; i < M_TILES; ++i) {  // one tile's x live at a time, whatever M_TILES is
-                const Words xv[2] = {x_rows[i][8 * c], x_rows[i][8 * c + 1]};
-                const unsigned* xs = reinterpret_cast<const unsigned*>(xv);  // 8 pairs, k = 16 t + 2 p
-#pragma unroll
-                for (int s = 0; s < 4; ++s) mma(acc[i], a[s][0], a[s][1], a[s][2], a[s][3], xs[2 * s], xs[2 * s + 1]);
-            }
-        }
-    }
+    int c = begin;
+    const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
+    for (; c + UNROLL <= end; c += UNROLL) load_and_multiply<UNROLL>(acc, w_lane, pairs_lane, x_rows, c, N >> 1);
+    if (UNROLL > 4 && c + 4 <= end) load_and_multiply<4>(acc, w_lane, pairs_lane, x_rows, c, N >> 1), c += 4;
+    if (UNROLL > 2 && c + 2 <= end) load_and_multiply<2>(acc, w_lane, pairs_lane, x_rows, c, N >> 1), c += 2;
+    if (c < end) load_and_multiply<1>(acc, w_lane, pairs_lane, x_rows, c, N >> 1);
 
 #pragma unroll
     for (int i = 0; i < M_TILES; ++i)

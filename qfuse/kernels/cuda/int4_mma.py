@@ -25,7 +25,7 @@ from qfuse.kernels.cuda import launch
 from qfuse.kernels.prepared import Packing
 
 SOURCE = Path(__file__).with_name("int4_mma.cu")
-ARGUMENT_TYPES = "OOOOOiiiii"  # words, x, pairs, bias, out; M, N, K, a group's chunks, has_bias
+ARGUMENT_TYPES = "OOOOOiiii"  # words, x, pairs, bias, out; M, N, K, has_bias
 ROWS_PER_TILE = 16
 K_PER_CHUNK = 64
 MAX_ROWS = 64
@@ -45,7 +45,14 @@ def why_not_shape(n: int, k: int, group_size: int) -> str:
         return f"K is not a multiple of {K_PER_CHUNK}"
     if group_size % K_PER_CHUNK:
         return f"groups of {group_size}: the kernel reads one scale a row for {K_PER_CHUNK} values of K"
+    if group_size != k and group_size & (group_size - 1):
+        return f"groups of {group_size}: the kernel finds a chunk's group by a shift (a power of two, or one group along K)"
     return ""
+
+
+def group_shift(k: int, group_size: int) -> int:
+    """The kernel's GROUP_SHIFT: chunk c of K is in group c >> GROUP_SHIFT (30: one group along K)."""
+    return 30 if group_size == k else (group_size // K_PER_CHUNK).bit_length() - 1
 
 
 def repack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +68,9 @@ def repack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor |
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(n // 16, k // 64, 32, 4)
     zero = torch.zeros_like(scale, dtype=torch.int32) if zero_point is None else zero_point.to(torch.int32)
     minus_zero = (-(zero + 8 + _MAGIC[scale.dtype])).to(scale.dtype)  # exact: integers below 2 MAGIC
-    pairs = torch.stack([scale, minus_zero], dim=-1).contiguous().view(torch.int32).squeeze(-1)
+    pairs = torch.stack([scale, minus_zero], dim=-1).contiguous().view(torch.int32).squeeze(-1)  # [K / G, N]
+    # rows 16 T + g and 16 T + g + 8 side by side (one 8-byte load a lane): column 16 T + 2 g + h
+    pairs = pairs.reshape(-1, n // 16, 2, 8).transpose(-1, -2).reshape(-1, n)
     return words.contiguous(), pairs.contiguous()
 
 
@@ -83,9 +92,9 @@ def why_not_launch(m: int, warps: int, row_tiles: int = 1) -> str:
     return f"{warps} warps' partial sums of {m_tiles} tiles take {need} bytes of shared memory" if need > SHARED_BYTES else ""
 
 
-def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, out_f32: bool,
+def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, shift: int, out_f32: bool,
               device_index: int) -> launch.CompiledKernel:
-    options = [f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}"]
+    options = [f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}", f"-DGROUP_SHIFT={shift}"]
     options += ["-DHALF_BF16"] if dtype == torch.bfloat16 else []
     options += ["-DOUT_F32"] if out_f32 else []
     return launch.compiled(SOURCE, "qfuse_int4_mma", tuple(options), ARGUMENT_TYPES, device_index)
@@ -102,22 +111,21 @@ def warps_for(blocks: int, target: int = TARGET_WARPS) -> int:
 
 
 def launch_shape(m: int, n: int, k: int) -> tuple[int, int]:
-    """(warps a block, chunks a warp loads ahead). A block is 16 rows, so warps split K until the grid holds
-    about TARGET_WARPS (4 to 16 a block; 8 at most for M > 8 rows, whose accumulators and loads of x hold more
-    registers); a warp loads 4 chunks ahead, 2 where it has only 4 (its whole share) or M > 8. Above 16 rows,
-    where each warp's loads of x, not the weight, bound a launch: up to 32 rows the grid aims at half as many
-    warps, 4 chunks ahead (2 on more than 1024 tiles); above 32, 4 warps, 8 chunks ahead. Measured at M = 1 and
-    16 on an H100 and an H200, and at 32 and 64 on an H200, where one launch beat two or four of 16 rows in 7 of
-    8 cases (docs/benchmarks.md, "A Llama decoder's tokens/s, and the CUDA W4A16 decode kernel", "The int4
-    decode kernel on an H200" and "Batched decode on the CUDA kernels")."""
+    """(warps a block, chunks a warp loads ahead). A block is 16 rows, so up to 16 rows warps split K until the grid
+    holds about TARGET_WARPS (4 to 16 a block), each loading 8 chunks ahead where its share has 8, else 4 (the fastest
+    of 4-16 warps and 2-8 chunks at M = 1 and 16 on the four Llama-3-8B shapes, H200: docs/benchmarks.md, "The int4
+    decode kernel's stream").
+    Above 16 rows, where each warp's loads of x, not the weight, bound a launch: up to 32 rows the grid aims at half
+    as many warps (8 at most), 4 chunks ahead (2 on more than 1024 tiles); above 32, 4 warps, 8 chunks ahead, where
+    one launch beat two or four of 16 rows in 7 of 8 cases (measured on the kernel before its loop was trimmed:
+    "Batched decode on the CUDA kernels")."""
     tiles = n // ROWS_PER_TILE
     if m > 32:
         return 4, 8
-    warps = min(16 if m <= 8 else 8, warps_for(tiles, TARGET_WARPS if m <= 16 else TARGET_WARPS // 2))
     if m > 16:
-        return warps, 2 if tiles > 1024 else 4
-    chunks_per_warp = k // K_PER_CHUNK // warps
-    return warps, 2 if chunks_per_warp <= 4 or m > 8 else 4
+        return min(8, warps_for(tiles, TARGET_WARPS // 2)), 2 if tiles > 1024 else 4
+    warps = min(16, warps_for(tiles))
+    return warps, 8 if k // K_PER_CHUNK // warps >= 8 else 4
 
 
 def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: torch.Tensor | None,
@@ -129,7 +137,9 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     m, k = x.shape
     n = pairs.shape[1]
     launches = row_launches(m)
-    plans = [_launch(rows, n, k, x.dtype, out_dtype == torch.float32, x.device.index or 0, shape) for _, rows in launches]
+    shift = group_shift(k, group_size)
+    plans = [_launch(rows, n, k, shift, x.dtype, out_dtype == torch.float32, x.device.index or 0, shape)
+             for _, rows in launches]
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=out_dtype)
     if m == 0:
@@ -141,16 +151,16 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
     for (start, rows), (kernel, warps) in zip(launches, plans):
         kernel.launch(n // ROWS_PER_TILE, warps, (words, x[start:] if start else x, pairs,
                                                   pairs if bias is None else bias, out[start:] if start else out, rows,
-                                                  n, k, group_size // K_PER_CHUNK, int(bias is not None)), x.device)
+                                                  n, k, int(bias is not None)), x.device)
     return out
 
 
 @functools.cache
-def _launch(rows: int, n: int, k: int, dtype: torch.dtype, out_f32: bool, device_index: int,
+def _launch(rows: int, n: int, k: int, shift: int, dtype: torch.dtype, out_f32: bool, device_index: int,
             shape: tuple[int, int] | None) -> tuple[launch.CompiledKernel, int]:
     """(compiled kernel, warps) of one launch of `int4_mma` on `rows` (at most MAX_ROWS): the launch rule, its check
     and the kernel's compile once per size (at most MAX_ROWS sizes a weight shape), not on every call."""
     warps, unroll = shape or launch_shape(rows, n, k)
     if reason := why_not_launch(rows, warps):
         raise ValueError(f"int4_mma cannot launch {rows} rows on {warps} warps: {reason}")
-    return _compiled(dtype, column_tiles(rows), warps, unroll, out_f32, device_index), warps
+    return _compiled(dtype, column_tiles(rows), warps, unroll, shift, out_f32, device_index), warps
