@@ -33,8 +33,8 @@ package is missing, or which cannot run a batch (`CANNOT_RUN`), is left out with
 kernel's GPU time, a CUDA graph's replay split into its kernels; the host's events by their own CPU time) and
 prints the largest kernels and their sum, the host's time until a step returns (20 steps timed without the
 profiler: above the GPU's sum a step is host-bound) and its largest events, per step. `--variants` picks
-variants by name (a comma-separated list of substrings). `--prefill TOKENS` instead times one prompt of TOKENS
-tokens through the same decoder (batch 1, its KV cache TOKENS long), per variant and mode. A step decodes one token
+variants by name (a comma-separated list of substrings, or of whole names: that variant alone). `--prefill TOKENS`
+instead times one prompt of TOKENS tokens through the same decoder (batch 1, its KV cache TOKENS long), per variant and mode. A step decodes one token
 for each of `batch` sequences at position 64 + step. Each variant runs 40 steps in turns with the others, five rounds; the median step time gives tokens/s = batch / step time. The ratio to
 the bf16 model is from the same run. Under mode="reduce-overhead" a step is one CUDA-graph replay (its time
 is the GPU's); in default mode it includes the host's launch time, which moves between runs.
@@ -462,7 +462,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--modes", default="default,reduce-overhead")
-    parser.add_argument("--variants", default="", help="substrings of the variants to run (the bf16 model always runs)")
+    parser.add_argument("--variants", default="", help="substrings of the variants to run, or whole names of one each "
+                                                       "(the bf16 model always runs)")
     parser.add_argument("--profile", action="store_true",
                         help="the largest kernels of a step and the host's time a step, per variant")
     parser.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
@@ -473,8 +474,8 @@ def main() -> None:
     if args.quick:
         layers, batches, modes = 2, [1], ["reduce-overhead"]
     wanted = [part for part in args.variants.split(",") if part]
-    variants = {name: value for name, value in VARIANTS.items()
-                if name.startswith("bf16") or not wanted or any(part in name for part in wanted)}
+    variants = {name: value for name, value in VARIANTS.items() if name.startswith("bf16") or not wanted or any(
+        part == name or part in name and part not in VARIANTS for part in wanted)}  # a whole name: that variant alone
     if args.profile:
         rows = [row for mode in modes for row in profile_rows(layers, batches, variants, mode)]
         header = ["batch", "mode", "variant", "kernel", "us_per_step", "launches_per_step"]
