@@ -157,6 +157,16 @@ def graph_ms_per_call(calls: Sequence[Callable[[], object]]) -> float:
     return statistics.median(times) / len(calls)
 
 
+def graph_us_in_turns(graphs: dict[str, Sequence[Callable[[], object]]], rounds: int = 3) -> dict[str, float]:
+    """µs per call of each named list of calls (`graph_ms_per_call`), the best of `rounds` rounds that time every
+    list in turns, so that a drift of the GPU's clock or of its neighbours touches them alike."""
+    samples = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, calls in graphs.items():
+            samples[name].append(graph_ms_per_call(calls) * 1e3)
+    return {name: min(values) for name, values in samples.items()}
+
+
 def gpu_time(fn: Callable, *args, calls: int = 20) -> float | None:
     """GPU µs per call of a warm `fn(*args)`: `calls` calls in one CUDA graph (`graph_ms_per_call`).
     None where the call cannot be captured (a CPU sync, an op that CUDA graphs refuse): said on stderr."""

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gpu_int4_mma import DECODER_SHAPES, GROUP, Int4Weight, stack_size  # noqa: E402
 from int4_kernel_before_after import load_before  # noqa: E402
 
-from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write  # noqa: E402
+from qfuse.bench import add_output_arguments, format_table, graph_us_in_turns, machine, out_path, progress, write  # noqa: E402
 from qfuse.kernels import int4_tinygemm  # noqa: E402
 from qfuse.kernels.cuda import int4_mma as current  # noqa: E402
 from qfuse.kernels.cuda import launch  # noqa: E402
@@ -84,11 +84,7 @@ def run(ms: list[int], before) -> list[dict]:
                     result = graph[0]()
                     result = out if result is None else result
                     errors[name] = ((result.float() - expected).norm() / expected.norm()).item()
-            samples = {name: [] for name in calls}
-            for _ in range(3):  # in turns
-                for name, graph in calls.items():
-                    samples[name].append(graph_ms_per_call(graph) * 1e3)
-            times = {name: min(values) for name, values in samples.items()}
+            times = graph_us_in_turns(calls)  # best of three rounds in turns
             bandwidth = n * k * 2 / (times["bf16 mm"] * 1e-6)  # the bf16 matmul's read of its weight
             for name, us in sorted(times.items(), key=lambda item: item[1]):
                 rows.append(dict(n=n, k=k, m=m, kernel=name, us=round(us, 2), vs_bf16=round(times["bf16 mm"] / us, 2),

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from gpu_int4_mma import DECODER_SHAPES, GROUP, Int4Weight, stack_size
-from qfuse.bench import add_output_arguments, format_table, graph_ms_per_call, machine, out_path, progress, write
+from qfuse.bench import add_output_arguments, format_table, graph_us_in_turns, machine, out_path, progress, write
 from qfuse.kernels.cuda import int4_mma as current
 from qfuse.kernels.cuda import launch
 
@@ -51,11 +51,7 @@ def main() -> None:
             calls = {"after": [lambda w=w: current.int4_mma(x, *w.mma, None, GROUP, torch.bfloat16) for w in weights]}
             if m <= before.MAX_ROWS:
                 calls["before"] = [lambda w=w: before.int4_mma(x, *w, None, GROUP, torch.bfloat16) for w in earlier]
-            samples = {name: [] for name in calls}
-            for _ in range(3):  # in turns
-                for name, graph in calls.items():
-                    samples[name].append(graph_ms_per_call(graph) * 1e3)
-            times = {name: min(values) for name, values in samples.items()}
+            times = graph_us_in_turns(calls)  # best of three rounds in turns
             errors = {name: ((calls[name][0]().float() - expected).norm() / expected.norm()).item() for name in calls}
             row = dict(n=n, k=k, m=m, after_us=round(times["after"], 2), after_error=errors["after"])
             if "before" in times:

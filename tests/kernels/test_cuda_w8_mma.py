@@ -93,16 +93,17 @@ def test_the_shapes_it_takes(n, k, reason):
     assert why_not_shape(n, k).startswith(reason) and bool(why_not_shape(n, k)) == bool(reason)
 
 
-@pytest.mark.parametrize("m, n, shape", [(1, 4096, (1, 16, 2)), (16, 4096, (1, 16, 2)), (1, 14336, (2, 8, 4)),
-                                         (16, 14336, (2, 4, 4)), (1, 8208, (1, 4, 4)), (32, 4096, (1, 8, 2)),
-                                         (32, 28672, (1, 4, 2)), (64, 4096, (2, 4, 4)), (64, 8208, (1, 4, 4))])
-def test_the_launch_rule(m, n, shape):
+@pytest.mark.parametrize("m, n, int8_activations, shape", [
+    (1, 4096, True, (1, 16, 2)), (1, 4096, False, (1, 16, 8)), (8, 14336, False, (2, 8, 8)), (16, 4096, False, (1, 16, 2)),
+    (1, 14336, True, (2, 8, 4)), (16, 14336, False, (2, 4, 4)), (1, 8208, True, (1, 4, 4)), (32, 4096, False, (1, 8, 2)),
+    (32, 28672, False, (1, 4, 2)), (64, 4096, False, (2, 4, 4)), (64, 8208, False, (1, 4, 4))])
+def test_the_launch_rule(m, n, int8_activations, shape):
     """Two row tiles a block only for an even number of at least 512 tiles (N = 8208 has 513: one tile a block,
-    or its last 16 rows would have no block); above 16 rows one tile on 8 warps (4 past 1024 tiles), above 32
-    two tiles (an even number) on 4."""
+    or its last 16 rows would have no block); 8 chunks ahead up to 8 rows but for int8 activations; above 16 rows
+    one tile on 8 warps (4 past 1024 tiles), above 32 two tiles (an even number) on 4."""
     from qfuse.kernels.cuda.w8_mma import launch_shape
 
-    assert launch_shape(m, n) == shape
+    assert launch_shape(m, n, int8_activations) == shape
 
 
 def test_the_weight_is_prepared_once_and_its_scale_read_per_call():

@@ -6,6 +6,10 @@
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
+// `__launch_bounds__`' minimum of blocks a multiprocessor for about `warps` resident warps (65536 / (32 warps)
+// registers a thread), at least 1; WARPS is the kernel's warps a block
+#define MIN_BLOCKS_FOR(warps) ((warps) / WARPS > 0 ? (warps) / WARPS : 1)
+
 struct __align__(16) Words { unsigned x, y, z, w; };  // 16 bytes: one vector load
 struct __align__(8) Pair { unsigned x, y; };          // 8 bytes
 

@@ -127,7 +127,7 @@ __device__ __forceinline__ void load_and_multiply(float (&acc)[M_TILES][4], cons
 // more registers and fewer warps, docs/benchmarks.md, "The int4 decode kernel's stream"); 24 warps (80) for 4 tiles of
 // B, 16 (128) for 8, about what the kernel took before the compiler was free to dequantize every chunk ahead
 #ifndef MIN_BLOCKS
-#define MIN_BLOCKS ((M_TILES <= 2 ? 32 : M_TILES == 4 ? 24 : 16) / WARPS)  // (WARPS <= 16)
+#define MIN_BLOCKS MIN_BLOCKS_FOR(M_TILES <= 2 ? 32 : M_TILES == 4 ? 24 : 16)
 #endif
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, const Pair* __restrict__ pairs,

@@ -25,7 +25,8 @@
 // row min(m, M - 1): columns past M compute values nobody stores.
 //
 // -D options: W8A8 (else W8A16), WEIGHT_FP8 (else int8), HALF_BF16 (W8A16's x: else fp16), M_TILES 1 | 2
-// | 4 | 8 (M <= 8 | 16 | 32 | 64), ROW_TILES 1 | 2, WARPS, UNROLL (chunks a warp loads ahead), and the dtype codes of
+// | 4 | 8 (M <= 8 | 16 | 32 | 64), ROW_TILES 1 | 2, WARPS, UNROLL (chunks a warp loads ahead; its share ends in
+// steps of 4, 2 and 1), MIN_BLOCKS (`__launch_bounds__`' blocks a multiprocessor), and the dtype codes of
 // common.cuh: SCALE_A (W8A8; 0: no activation scale), SCALE_B (0: none), BIAS (0: none), OUT.
 
 #ifdef W8A8
@@ -120,7 +121,34 @@ __device__ __forceinline__ void chunk_mma(Acc (*acc)[4], const Words& w, const X
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+// U chunks from chunk c on, of every row tile: loaded first (U * ROW_TILES * 512 bytes in flight a warp), then
+// multiplied with x's vectors of each chunk
+template <int U>
+__device__ __forceinline__ void load_and_multiply(Acc (&acc)[ROW_TILES][M_TILES][4], const Words* w_lane,
+                                                  const XVec* const (&x_rows)[M_TILES], int c, int chunks) {
+    Words w[U][ROW_TILES];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < ROW_TILES; ++r) w[u][r] = load_streaming(w_lane + ((long long)r * chunks + c + u) * 32);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        XVec xv[M_TILES];
+#pragma unroll
+        for (int i = 0; i < M_TILES; ++i) xv[i] = x_rows[i][4 * (c + u)];
+#pragma unroll
+        for (int r = 0; r < ROW_TILES; ++r) chunk_mma(acc[r], w[u][r], xv);
+    }
+}
+
+// Blocks a multiprocessor holds at least: 32 warps (64 registers a thread) up to 16 rows, 24 (80) for 4 tiles of B,
+// 12 (170) for 8: about the registers the loop took while it checked every chunk, before the compiler was free to
+// load x ahead
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS MIN_BLOCKS_FOR(M_TILES <= 2 ? 32 : M_TILES == 4 ? 24 : 12)
+#endif
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 qfuse_w8_mma(const Words* __restrict__ words, const XVec* __restrict__ x, const void* __restrict__ scale_a,
              const void* __restrict__ scale_b, const void* __restrict__ bias, void* __restrict__ out, int M, int N,
              int K, int scale_a_stride, int scale_b_stride) {
@@ -141,27 +169,11 @@ qfuse_w8_mma(const Words* __restrict__ words, const XVec* __restrict__ x, const 
     for (int r = 0; r < ROW_TILES; ++r)
 #pragma unroll
         for (int i = 0; i < M_TILES; ++i) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0;
-
-    for (int c0 = begin; c0 < end; c0 += UNROLL) {
-        Words w[UNROLL][ROW_TILES];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-            for (int r = 0; r < ROW_TILES; ++r)
-                w[u][r] = c0 + u < end ? load_streaming(w_lane + ((long long)r * chunks + c0 + u) * 32)
-                                       : Words{0, 0, 0, 0};
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int c = c0 + u;
-            if (c >= end) break;
-            XVec xv[M_TILES];
-#pragma unroll
-            for (int i = 0; i < M_TILES; ++i) xv[i] = x_rows[i][4 * c];
-#pragma unroll
-            for (int r = 0; r < ROW_TILES; ++r) chunk_mma(acc[r], w[u][r], xv);
-        }
-    }
-
+    int c = begin;
+    for (; c + UNROLL <= end; c += UNROLL) load_and_multiply<UNROLL>(acc, w_lane, x_rows, c, chunks);
+    if (UNROLL > 4 && c + 4 <= end) load_and_multiply<4>(acc, w_lane, x_rows, c, chunks), c += 4;
+    if (UNROLL > 2 && c + 2 <= end) load_and_multiply<2>(acc, w_lane, x_rows, c, chunks), c += 2;
+    if (c < end) load_and_multiply<1>(acc, w_lane, x_rows, c, chunks);
 #pragma unroll
     for (int r = 0; r < ROW_TILES; ++r)
 #pragma unroll

@@ -73,17 +73,19 @@ def _compiled(options: tuple[str, ...], device_index: int) -> launch.CompiledKer
 TWO_TILES_FROM = 512
 
 
-def launch_shape(m: int, n: int) -> tuple[int, int, int]:
+def launch_shape(m: int, n: int, int8_activations: bool = False) -> tuple[int, int, int]:
     """(row tiles a block, warps a block, chunks a warp loads ahead). Two 16-row tiles share a block's loads
     of x where N is large (TWO_TILES_FROM tiles), one elsewhere; warps split K until the grid holds about
     TARGET_WARPS (4 to 16 a block), as the int4 kernel's rule (`int4_mma.launch_shape`), half as many for
-    M > 8 rows on two tiles (their accumulators and x's loads); 16 warps load 2 chunks ahead, fewer warps 4.
-    Measured on an H100 against 7 other launch shapes at M = 1 and 16, N x K = 4096 x 4096, 14336 x 4096 and
-    4096 x 14336, in each form (docs/benchmarks.md, "The CUDA 8-bit decode kernel"): the fastest of them, or
-    within 4%, in all 24 cases. Above 16 rows, where each warp's loads of x bound a launch: one tile, 8 warps
-    (4 on more than 1024 tiles), 2 chunks ahead up to 32 rows; above, two tiles (an even number of them) on 4
-    warps, 4 chunks ahead. Measured on an H200 at 32 and 64 rows: one launch faster than two or four of 16 rows
-    in all 16 cases (docs/benchmarks.md, "Batched decode on the CUDA kernels")."""
+    M > 8 rows on two tiles (their accumulators and x's loads). Measured on an H100 against 7 other launch shapes
+    at M = 1 and 16, N x K = 4096 x 4096, 14336 x 4096 and 4096 x 14336, in each form (docs/benchmarks.md, "The
+    CUDA 8-bit decode kernel"): the fastest of them, or within 4%, in all 24 cases. A warp loads 8 chunks ahead up
+    to 8 rows (fp8 W8A8 and W8A16 faster by up to 10%, int8 W8A8 up to 7% slower at 8 rows, so not there: H200,
+    "The 8-bit decode kernel's stream"), else 2 on 16 warps, 4 on fewer. Above 16 rows, where each warp's loads
+    of x bound a launch: one tile, 8 warps (4 on more than 1024 tiles), 2 chunks ahead up to 32 rows; above, two
+    tiles (an even number of them) on 4 warps, 4 chunks ahead. Measured on an H200 at 32 and 64 rows: one launch
+    faster than two or four of 16 rows in all 16 cases (docs/benchmarks.md, "Batched decode on the CUDA
+    kernels")."""
     tiles = n // ROWS_PER_TILE
     if m > 32:
         return (2 if tiles % 2 == 0 else 1), 4, 4
@@ -93,6 +95,8 @@ def launch_shape(m: int, n: int) -> tuple[int, int, int]:
     warps = min(16, warps_for(tiles // row_tiles))
     if m > 8 and row_tiles == 2:
         warps = max(4, warps // 2)
+    if m <= 8 and not int8_activations:
+        return row_tiles, warps, 8
     return row_tiles, warps, 2 if warps == 16 else 4
 
 
@@ -135,7 +139,7 @@ def _launch(rows: int, n: int, dtype: torch.dtype, weight_dtype: torch.dtype, op
     """(compiled kernel, blocks, warps) of one launch of `w8_mma` on `rows` (at most MAX_ROWS), for the operands'
     dtype codes (scale_a, scale_b, bias; 0 for none) and the output's: the launch rule, its check and the kernel's
     compile once per size, not on every call."""
-    row_tiles, warps, unroll = shape or launch_shape(rows, n)
+    row_tiles, warps, unroll = shape or launch_shape(rows, n, dtype == torch.int8)
     if reason := why_not_launch(rows, warps, row_tiles):
         raise ValueError(f"w8_mma cannot launch {rows} rows on {row_tiles} row tiles and {warps} warps: {reason}")
     options = [f"-D{name}={code}" for name, code in zip(("SCALE_A", "SCALE_B", "BIAS", "OUT"), (*operand_codes, out_code))]
