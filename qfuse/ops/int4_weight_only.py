@@ -213,8 +213,13 @@ def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, grou
                          zero_convention: str = "stored", packed_along_n: bool = False) -> tuple:
     """(the kernel named `kernel`, its prepared form of this int4 weight), unpacked and prepared once."""
     implementation = get_kernel(kernel)
+    # Inductor inlines a CPU graph constant of at most 8 values (AWQ's shifts) as a new tensor on every call: the
+    # shifts are then part of the key by value, or each call would prepare the weight again
+    shift_values = tuple(shifts.tolist()) if shifts is not None and shifts.device.type == "cpu" else None
 
     def build(packed, shifts, scales, packed_zeros, g_idx) -> PreparedWeight:  # of the sources: the entry keeps it
+        if shift_values is not None:
+            shifts = torch.tensor(shift_values, dtype=torch.int32)
         parts = int4_values(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention, packed_along_n)
         if parts is None:
             return dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
@@ -224,8 +229,9 @@ def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, grou
                                                       None if zeros is None else zeros.contiguous())
         return prepared if order is None else dataclasses.replace(prepared, input_order=order)
 
-    label = (_OP, implementation.name, group_size, zero_convention, packed_along_n)
-    return implementation, built_once(label, (packed, shifts, scales, packed_zeros, g_idx), build)
+    label = (_OP, implementation.name, group_size, zero_convention, packed_along_n, shift_values)
+    sources = (packed, None if shift_values is not None else shifts, scales, packed_zeros, g_idx)
+    return implementation, built_once(label, sources, build)
 
 
 def int4_product(implementation, x2d: Tensor, weight: PreparedWeight, bias: Tensor | None, out_dtype) -> Tensor:
