@@ -104,6 +104,7 @@ CPU_RUNS = {  # each CPU script at its smallest settings: seconds, not a measure
     "cpu_mlp": ["--quick"],
     "cpu_peers": ["--quick", "--only", "linear", "--runs", "2"],
     "cpu_weight_only": ["--quick", "--max-busy", "-1"],
+    "cpu_int4_zero_points": ["--m", "1", "--shape", "256x64", "--runs", "2"],
 }
 PLOTS = {"cpu_kernel_choice", "cpu_gemm_backends", "cpu_w8a16", "cpu_mlp"}
 

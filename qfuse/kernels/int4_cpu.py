@@ -8,11 +8,13 @@ ATen wants the [N, K] values 0..15 repacked by `_convert_weight_to_int4pack_for_
 of 16) and `scales_and_zeros` [K / g, N, 2] in the activation's dtype, g in {32, 64, 128, 256}.
 The float zero f is held in that dtype: in float32 it is -z * s within one float32 rounding, as
 eager's (q - z) * s is; in bf16 or fp16 a 4-bit integer times the scale can need more mantissa
-bits than the dtype has, and the rounding of f would be a new error of up to 8 scale units. The
-kernel therefore takes zero points with float32 activations only (`holds_zero_points`). The one
-exception is torchao's int8 storage, whose zero points are looked at when the weight is prepared:
-those that fold into the values (all zero, for its symmetric default) leave no zero point, and a
-weight with others is dequantized once in bf16 / fp16 (`Packing.DENSE`, exact, twice the int8 weight's memory).
+bits than the dtype has, and the rounding of f would be a new error of up to 8 scale units. ATen's
+kernel therefore takes zero points with float32 activations only (`holds_zero_points`); with bf16 /
+fp16 activations `pack` prepares the weight for qfuse's own C++ kernel, which rounds each (q - z) * s as
+eager does (`qfuse.kernels.cpu.int4_zero_points`). torchao's int8 storage has its zero points looked at
+when the weight is prepared: those that fold into the values (all zero, for its symmetric default) leave
+no zero point; values outside [-8, 7] get a weight dequantized once (`Packing.DENSE`, exact, twice the int8
+weight's memory).
 
 Against Inductor's own code for the GPTQ form (bf16) the compiled op is far faster at decode, its lead
 shrinking with M until Inductor's dequantize + mm is faster at 256 rows (measured: docs/benchmarks.md,
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from qfuse.kernels.cpu import int4_zero_points
 from qfuse.kernels.prepared import Packing, PreparedWeight, dense_int4_weight
 from qfuse.schemes import INT4_OFFSET
 
@@ -33,6 +36,8 @@ GROUP_SIZES = (32, 64, 128, 256)
 MAX_ROWS = 128
 N_MULTIPLE = 16
 _INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)
+#: what `pack` prepares: ATen's layout, or qfuse's kernel with zero points (`int4pack_mm` runs either)
+PACKINGS = (Packing.INT4PACK_CPU, Packing.INT4_ZERO_POINTS_BF16, Packing.INT4_ZERO_POINTS_FP16)
 
 
 def holds_zero_points(activation_dtype: torch.dtype) -> bool:
@@ -42,10 +47,13 @@ def holds_zero_points(activation_dtype: torch.dtype) -> bool:
 
 def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> PreparedWeight:
     """The int4 weight (int8 [K, N] values in [-8, 7], scale [K / g, N], zero point [K / g, N] or None)
-    in ATen's CPU layout; DENSE where the zero points are not held exactly (scales in bf16 / fp16)."""
+    in ATen's CPU layout; where the zero points are not held exactly (scales in bf16 / fp16), in the layout of
+    qfuse's exact kernel with zero points (`qfuse.kernels.cpu.int4_zero_points`), or DENSE where that cannot
+    hold the weight (values outside [-8, 7], odd K or group)."""
     if zero_point is not None and not holds_zero_points(scale.dtype):
-        return dense_int4_weight(values, scale, zero_point,
-                                 f"its zero points would be rounded in {scale.dtype} by _weight_int4pack_mm_for_cpu")
+        if not (reason := int4_zero_points.why_not(values, values.shape[0] // scale.shape[0])):
+            return int4_zero_points.pack(values, scale, zero_point)
+        return dense_int4_weight(values, scale, zero_point, f"qfuse's int4 kernel with zero points cannot take it: {reason}")
     unsigned = (values.to(torch.int32) + INT4_OFFSET).t().contiguous()  # [N, K], 0..15
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, _INNER_K_TILES)
     zero = torch.zeros_like(scale) if zero_point is None else -zero_point.to(scale.dtype) * scale
@@ -53,7 +61,10 @@ def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | N
 
 
 def int4pack_mm(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """x [M, K] @ w + bias, cast to `out_dtype` (the bias added in x's dtype, as a float linear would)."""
+    """x [M, K] @ w + bias, cast to `out_dtype` (the bias added in x's dtype, as a float linear would), on the
+    kernel `pack` prepared the weight for."""
+    if weight.packing in (Packing.INT4_ZERO_POINTS_BF16, Packing.INT4_ZERO_POINTS_FP16):
+        return int4_zero_points.int4_zero_points_mm(x, weight, bias, out_dtype)
     group_size = weight.k // weight.scale.shape[0]
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), weight.data, group_size,
                                                      weight.scale.to(x.dtype))

@@ -53,6 +53,8 @@ class Packing(str, enum.Enum):
     DENSE = "dense"  # an int4 weight no int4 GEMM takes exactly: its float [K, N], dequantized once (exact)
     INT4PACK_CPU = "int4pack_cpu"  # ATen's `_weight_int4pack_mm_for_cpu` layout (`kernels.int4_cpu`)
     INT4PACK_CUDA = "int4pack_cuda"  # ATen's tinygemm layout (`kernels.int4_tinygemm`)
+    INT4_ZERO_POINTS_BF16 = "int4_zero_points_bf16"  # qfuse's CPU int4 kernel with zero points, bf16 (`kernels.cpu`)
+    INT4_ZERO_POINTS_FP16 = "int4_zero_points_fp16"  # the same, fp16
     INT4_WORDS_NK = "int4_words_nk"  # int4 words along K, [N, K / 8] (`kernels.int4_words`; the Triton kernels)
     INT4_WORDS_NK_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 minus one
     INT4_MMA_BF16 = "int4_mma_bf16"  # the cuda int4 kernel's words and (s, z) pairs, for bf16 activations

@@ -21,9 +21,9 @@ on CPU the int8 weight-only linear (W8A16, a float activation):
                  weight is dequantized and a bf16 mm runs (faster there, measured)
     int4 weight-only  aten._weight_int4pack_mm_for_cpu on the weight repacked once, group sizes 32 /
                  64 / 128 / 256, N a multiple of 16, float32 at a static M = 1 only (slower than
-                 Inductor's code above it); zero points with float32 activations only
-                 (`qfuse.kernels.int4_cpu`, which says why; torchao's int8-stored zero points that do
-                 not fold into the values get a bf16 / fp16 weight dequantized once); on NVIDIA GPUs ATen's tinygemm
+                 Inductor's code above it); zero points with bf16 / fp16 activations on qfuse's own
+                 C++ kernel, which rounds each weight value as eager does (`qfuse.kernels.int4_cpu`, which
+                 says why; `qfuse.kernels.cpu.int4_zero_points`); on NVIDIA GPUs ATen's tinygemm
                  aten._weight_int4pack_mm, bf16, symmetric weights with bf16 scales, taken at M = 1
                  under CUDA graphs only (`qfuse.kernels.int4_tinygemm`, which says why)
 
@@ -83,7 +83,8 @@ class TorchKernel(Kernel):
         # K a multiple of 16: torch 2.13's bf16 kernel crashes on other K.
         Capability("int8 weight-only torch._weight_int8pack_mm", ("cpu",), (torch.bfloat16,), (torch.int8,),
                    weight_zero_point=True, k_multiple=BF16_INT8PACK_K_MULTIPLE),
-        Capability("int4 weight-only torch._weight_int4pack_mm_for_cpu", ("cpu",), FLOAT_ACTIVATION_DTYPES, (INT4_DTYPE,),
+        Capability("int4 weight-only torch._weight_int4pack_mm_for_cpu; zero points in bf16 / fp16: qfuse C++",
+                   ("cpu",), FLOAT_ACTIVATION_DTYPES, (INT4_DTYPE,),
                    weight_scales=(Granularity.PER_GROUP,), weight_zero_point=True,
                    weight_group_multiple=min(int4_cpu.GROUP_SIZES), n_multiple=int4_cpu.N_MULTIPLE),
         Capability("int4 weight-only torch._weight_int4pack_mm (tinygemm)", ("cuda",), (torch.bfloat16,), (INT4_DTYPE,),
@@ -106,10 +107,6 @@ class TorchKernel(Kernel):
         if scheme.weight_group_size not in int4_cpu.GROUP_SIZES:
             return False, (f"_weight_int4pack_mm_for_cpu takes groups of {int4_cpu.GROUP_SIZES}, "
                            f"not {scheme.weight_group_size}")
-        if key.weight_zero_point and not key.weight_zero_point_foldable and not int4_cpu.holds_zero_points(
-                scheme.activation_dtype):
-            return False, ("_weight_int4pack_mm_for_cpu holds a zero point as a float in the activation's dtype, "
-                           f"where {dtype_name(scheme.activation_dtype)} would round it (kernels/int4_cpu.py)")
         return OK
 
     def why_inductor_is_faster(self, key: GemmKey, platform: Platform) -> str:
@@ -146,7 +143,7 @@ class TorchKernel(Kernel):
         """x @ ((b - azp_b) * scale_b) + bias for a float x and an int8 [K, N] weight (see
         `weight_only_int8_mm`), or an int4 weight packed by `prepare_int4_weight` (`int4_cpu.int4pack_mm`
         on CPU, `int4_tinygemm.int4pack_mm` on CUDA)."""
-        if weight.packing == Packing.INT4PACK_CPU:
+        if weight.packing in int4_cpu.PACKINGS:
             return int4_cpu.int4pack_mm(x, weight, bias, out_dtype)
         if weight.packing == Packing.INT4PACK_CUDA:
             return int4_tinygemm.int4pack_mm(x, weight, bias, out_dtype)

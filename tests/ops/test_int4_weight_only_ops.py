@@ -198,7 +198,8 @@ def call_intx(model, x, kernel="torch"):
 @pytest.mark.parametrize("dtype, zero_points, values, packing", [
     (FP32, "int4", "int4", "int4pack_cpu"),  # the CPU kernel holds float32 zero points
     (BF16, "zero", "int4", "int4pack_cpu"),  # zeros fold into the values: symmetric
-    (BF16, "int4", "int4", "dense"),  # bf16 would round the kernel's float zero: dequantized once
+    (BF16, "int4", "int4", "int4_zero_points_bf16"),  # bf16 would round ATen's float zero: qfuse's own kernel
+    (FP16, "int4", "int4", "int4_zero_points_fp16"),
     (FP32, "wide", "int4", "dense"),  # zero points outside int4's range
     (FP16, "none", "int8", "dense"),  # values outside int4's range
 ])
@@ -247,14 +248,14 @@ def test_bad_int8_storage_operands_raise_naming_the_problem(change, message):
         OP(**args)
 
 
-def test_a_dense_weight_of_sorted_rows_gathers_the_activation():
-    """Act order with zero points the CPU kernel cannot hold in bf16: the kernel dequantizes the
-    (group-sorted) rows once, and the op still gathers the activation's columns in their order."""
+def test_sorted_rows_with_zero_points_gather_the_activation():
+    """Act order with zero points in bf16 (which ATen's CPU kernel cannot hold): qfuse's own CPU kernel takes the
+    group-sorted rows, and the op gathers the activation's columns in their order."""
     model = gptq_packed_int4(BF16, group_size=64, symmetric=False, act_order=True)
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(BF16)
     out = OP(x, model.qweight, model.shifts, model.scales, model.qzeros, model.bias, 64, BF16, "torch", model.g_idx)
     _, prepared = prepared_int4_weight("torch", model.qweight, model.shifts, model.scales, model.qzeros, 64, model.g_idx)
-    assert prepared.packing == "dense" and prepared.input_order is not None
+    assert prepared.packing == "int4_zero_points_bf16" and prepared.input_order is not None
     reference = x.double() @ model.reference_weight.t() + model.bias.double()
     assert (out.double() - reference).abs().max() <= 2**-7 * reference.abs().max()
 

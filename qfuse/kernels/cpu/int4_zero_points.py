@@ -1,0 +1,79 @@
+"""int4 weight-only GEMM with zero points on the CPU, exact (`int4_zero_points.cpp`).
+
+    w[k, n] = (v[k, n] - z[k // g, n]) * s[k // g, n]     qfuse's int4 convention, rounded once to x's dtype
+
+ATen's `_weight_int4pack_mm_for_cpu` holds a zero point as a float in the activation's dtype, which bf16 and
+fp16 round (`qfuse.kernels.int4_cpu`); without a kernel, Inductor dequantized such a weight on every call. This
+one keeps the values as nibbles ([K / 2, N] uint8, u = v + 8, two rows of K a byte), the scales and the zero
+points (u's: z + 8) as float32, and rounds each (u - z) * s to bf16 / fp16 as eager does before the product,
+which it sums in float32: within one rounding of eager's output. Its `pack` is once per weight; each call
+converts x to float32 and runs the compiled kernel through ctypes (a few µs of Python; the GEMM takes
+milliseconds on a CPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from qfuse.kernels.prepared import Packing, PreparedWeight
+from qfuse.schemes import INT4_OFFSET
+
+SOURCE = Path(__file__).with_name("int4_zero_points.cpp")
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
+_ENTRY = {torch.bfloat16: "qfuse_int4_zero_points_mm_bf16", torch.float16: "qfuse_int4_zero_points_mm_fp16"}
+
+
+def why_not(values: torch.Tensor, group_size: int) -> str:
+    """Why the kernel's layout cannot hold this int8 [K, N] weight, or ''."""
+    k = values.shape[0]
+    if k % 2 or group_size % 2:
+        return f"K = {k} and groups of {group_size}: the kernel keeps two rows of K a byte (both even)"
+    if values.numel() and (values.min() < -8 or values.max() > 7):
+        return "values outside int4's range [-8, 7]"
+    return ""
+
+
+def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) -> PreparedWeight:
+    """int8 [K, N] values in [-8, 7], scale [K / g, N] (bf16 / fp16: the dtype the weight is rounded to), zero
+    point [K / g, N] (integers) in the kernel's layout: nibbles, float32 scales and zero points of u = v + 8."""
+    unsigned = (values.to(torch.int32) + INT4_OFFSET).to(torch.uint8)
+    nibbles = (unsigned[0::2] | (unsigned[1::2] << 4)).contiguous()  # [K / 2, N]
+    zero = (zero_point.to(torch.float32) + INT4_OFFSET).contiguous()
+    return PreparedWeight(nibbles, scale.to(torch.float32).contiguous(), zero, *values.shape,
+                          packing=Packing.INT4_ZERO_POINTS_BF16 if scale.dtype == torch.bfloat16
+                          else Packing.INT4_ZERO_POINTS_FP16)
+
+
+def int4_zero_points_mm(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None,
+                        out_dtype: torch.dtype) -> torch.Tensor:
+    """x [M, K] @ w + bias as `out_dtype`: the float32 sums rounded to x's dtype (as a float linear's output),
+    the bias added in that dtype (as eager's addmm / add)."""
+    dtype = torch.bfloat16 if weight.packing == Packing.INT4_ZERO_POINTS_BF16 else torch.float16
+    if x.dtype != dtype:
+        raise ValueError(f"this int4 weight was prepared for {dtype} activations (its values are rounded to it), "
+                         f"and x is {x.dtype}")
+    m, k = x.shape
+    xf = x.to(torch.float32).contiguous()
+    sums = torch.empty(m, weight.n, dtype=torch.float32)
+    if m:
+        _function(dtype)(weight.data.data_ptr(), weight.scale.data_ptr(), weight.zero_point.data_ptr(), xf.data_ptr(),
+                         sums.data_ptr(), m, weight.n, k, k // weight.scale.shape[0])
+    out = sums.to(dtype)
+    if bias is not None:
+        out = out + bias.to(dtype)
+    return out.to(out_dtype)
+
+
+@functools.cache
+def _function(dtype: torch.dtype):
+    from torch._inductor.codecache import CppCodeCache
+
+    library = CppCodeCache.load(SOURCE.read_text())
+    function = getattr(library, _ENTRY[dtype])
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4
+    return function

@@ -1,0 +1,91 @@
+"""qfuse's CPU int4 kernel with zero points (`qfuse.kernels.cpu.int4_zero_points`): each weight value rounded as
+eager's (q - z) * s in bf16 / fp16, summed in float32; odd shapes, inf / nan, and the weights it cannot hold."""
+
+import pytest
+import torch
+
+from qfuse.kernels import get_kernel
+from qfuse.kernels.cpu import int4_zero_points
+from qfuse.kernels.prepared import Packing
+
+BF16, FP16 = torch.bfloat16, torch.float16
+ROUNDING = {BF16: 2**-8, FP16: 2**-11}
+
+
+def weight(k: int, n: int, group: int, dtype: torch.dtype, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randint(-8, 8, (k, n), generator=generator, dtype=torch.int8)
+    scale = (torch.rand(k // group, n, generator=generator) / 16).to(dtype)
+    zero = torch.randint(-8, 8, (k // group, n), generator=generator, dtype=torch.int8)
+    return values, scale, zero
+
+
+def eager_weight(values, scale, zero):
+    """[K, N] as eager computes it: (q - z) in integers, then times the scale in its dtype (one rounding)."""
+    group = torch.arange(values.shape[0]) // (values.shape[0] // scale.shape[0])
+    return (values.to(torch.int32) - zero.to(torch.int32)[group]).to(scale.dtype) * scale[group]
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("m, k, n, group", [(0, 64, 32, 32), (1, 2, 16, 2), (1, 256, 48, 32), (5, 256, 80, 64),
+                                            (17, 512, 272, 128), (3, 384, 64, 384)])
+def test_the_sums_are_of_eagers_rounded_weight(dtype, m, k, n, group):
+    """Its float32 sums equal float32 products of eager's rounded weight (to float32 summation order): a weight
+    left unrounded would differ by 2^-9 of a value, far above that."""
+    values, scale, zero = weight(k, n, group, dtype)
+    prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)
+    assert prepared.packing == (Packing.INT4_ZERO_POINTS_BF16 if dtype == BF16 else Packing.INT4_ZERO_POINTS_FP16)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(dtype)
+    sums, x32 = torch.empty(m, n), x.float().contiguous()
+    if m:
+        int4_zero_points._function(dtype)(prepared.data.data_ptr(), prepared.scale.data_ptr(),
+                                          prepared.zero_point.data_ptr(), x32.data_ptr(), sums.data_ptr(), m, n, k,
+                                          group)
+    expected = x.double() @ eager_weight(values, scale, zero).double()
+    out = get_kernel("torch").weight_only_apply(x, prepared, None, dtype)
+    assert out.dtype == dtype and out.shape == (m, n)
+    if m:
+        largest = expected.abs().max()
+        assert (sums.double() - expected).abs().max() <= 1e-5 * largest
+        assert (out.double() - expected).abs().max() <= ROUNDING[dtype] * largest
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_bias_and_a_float32_output_as_a_float_linear(dtype):
+    values, scale, zero = weight(128, 32, 64, dtype)
+    prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)
+    x, bias = torch.randn(4, 128).to(dtype), torch.randn(32).to(dtype)
+    out = get_kernel("torch").weight_only_apply(x, prepared, bias, torch.float32)
+    eager = torch.nn.functional.linear(x, eager_weight(values, scale, zero).t(), bias).float()
+    assert out.dtype == torch.float32 and (out - eager).abs().max() <= 2 * ROUNDING[dtype] * eager.abs().max()
+
+
+def test_inf_and_nan_follow_eager():
+    """A scale of inf (its group's values inf or nan, as (q - z) * inf is), a nan scale, an inf in x."""
+    values, scale, zero = weight(128, 32, 32, BF16)
+    scale[1, 3], scale[2, 5] = float("inf"), float("nan")
+    x = torch.randn(3, 128).to(BF16)
+    x[2, 7] = float("inf")
+    prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)
+    out = get_kernel("torch").weight_only_apply(x, prepared, None, BF16)
+    eager = x @ eager_weight(values, scale, zero)
+    assert torch.equal(out.isnan(), eager.isnan()) and torch.equal(out.isinf(), eager.isinf())
+    finite = eager.isfinite()
+    assert (out[finite].float() - eager[finite].float()).abs().max() <= ROUNDING[BF16] * eager[finite].float().abs().max()
+
+
+def test_a_weight_it_cannot_hold_is_dequantized_once_and_says_why():
+    """Values outside [-8, 7] (torchao's int8 storage can hold them) or an odd K: the exact dense weight instead."""
+    values, scale, zero = weight(64, 16, 32, BF16)
+    assert int4_zero_points.why_not(values, 32) == ""
+    assert int4_zero_points.why_not(values.clone().fill_(9), 32) == "values outside int4's range [-8, 7]"
+    assert "both even" in int4_zero_points.why_not(values[:63], 63)
+    prepared = get_kernel("torch").prepare_int4_weight(values.clone().fill_(9), scale, zero)
+    assert prepared.packing == Packing.DENSE
+
+
+def test_an_activation_of_another_dtype_is_named():
+    values, scale, zero = weight(64, 16, 32, BF16)
+    prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)
+    with pytest.raises(ValueError, match="prepared for torch.bfloat16 activations"):
+        get_kernel("torch").weight_only_apply(torch.randn(1, 64, dtype=FP16), prepared, None, FP16)
