@@ -10,6 +10,7 @@ from qfuse.kernels.prepared import Packing
 
 BF16, FP16 = torch.bfloat16, torch.float16
 ROUNDING = {BF16: 2**-8, FP16: 2**-11}
+PACK = int4_zero_points.pack  # the module's own, before a test counts its calls
 
 
 def weight(k: int, n: int, group: int, dtype: torch.dtype, seed: int = 0):
@@ -89,3 +90,20 @@ def test_an_activation_of_another_dtype_is_named():
     prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)
     with pytest.raises(ValueError, match="prepared for torch.bfloat16 activations"):
         get_kernel("torch").weight_only_apply(torch.randn(1, 64, dtype=FP16), prepared, None, FP16)
+
+
+def test_a_compiled_awq_linear_prepares_its_weight_once(monkeypatch):
+    """AWQ's shifts reach the op as a new tensor every call (Inductor inlines a CPU constant of 8 values); the
+    prepared weight is still found, not made again, on the calls after the first."""
+    from tests.peers.weight_only_models import awq_int4, example_input
+
+    packs = []
+    monkeypatch.setattr(int4_zero_points, "pack", lambda *args: packs.append(1) or PACK(*args))
+    model, x = awq_int4(BF16), example_input(256, BF16)
+    compiled = torch.compile(model, backend="qfuse")
+    with torch.no_grad():
+        outs = [compiled(x) for _ in range(3)]
+        eager = model(x)
+    assert len(packs) == 1
+    assert all((out.float() - eager.float()).abs().max() <= 2**-7 * eager.float().abs().max() for out in outs)
+
