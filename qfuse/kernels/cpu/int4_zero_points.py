@@ -70,9 +70,13 @@ def int4_zero_points_mm(x: torch.Tensor, weight: PreparedWeight, bias: torch.Ten
 
 @functools.cache
 def _function(dtype: torch.dtype):
+    from torch._inductor import cpp_builder
     from torch._inductor.codecache import CppCodeCache
 
-    library = CppCodeCache.load(SOURCE.read_text())
+    # Inductor turns GCC's loop vectorizer off (its own code is vectorized by hand); this kernel's loops over a
+    # block of columns are written for it: 8x faster on an AVX2 machine with it on
+    vectorize = ("-ftree-loop-vectorize",) if cpp_builder.is_gcc() else ()
+    library = CppCodeCache.load(SOURCE.read_text(), needs_vec_isa=True, extra_flags=vectorize)
     function = getattr(library, _ENTRY[dtype])
     function.restype = None
     function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4
