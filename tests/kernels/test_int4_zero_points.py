@@ -61,18 +61,22 @@ def test_bias_and_a_float32_output_as_a_float_linear(dtype):
     assert out.dtype == torch.float32 and (out - eager).abs().max() <= 2 * ROUNDING[dtype] * eager.abs().max()
 
 
-def test_inf_and_nan_follow_eager():
-    """A scale of inf (its group's values inf or nan, as (q - z) * inf is), a nan scale, an inf in x."""
-    values, scale, zero = weight(128, 32, 32, BF16)
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_inf_and_nan_follow_eager(dtype):
+    """A scale of inf (its group's values inf or nan, as (q - z) * inf is), a nan scale, an inf in x; in fp16 a
+    scale whose products overflow to inf when rounded (60000 * 8)."""
+    values, scale, zero = weight(128, 32, 32, dtype)
     scale[1, 3], scale[2, 5] = float("inf"), float("nan")
-    x = torch.randn(3, 128).to(BF16)
+    if dtype == FP16:
+        scale[3, 9] = 60000.0
+    x = torch.randn(3, 128).to(dtype)
     x[2, 7] = float("inf")
     prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)
-    out = get_kernel("torch").weight_only_apply(x, prepared, None, BF16)
+    out = get_kernel("torch").weight_only_apply(x, prepared, None, dtype)
     eager = x @ eager_weight(values, scale, zero)
     assert torch.equal(out.isnan(), eager.isnan()) and torch.equal(out.isinf(), eager.isinf())
     finite = eager.isfinite()
-    assert (out[finite].float() - eager[finite].float()).abs().max() <= ROUNDING[BF16] * eager[finite].float().abs().max()
+    assert (out[finite].float() - eager[finite].float()).abs().max() <= ROUNDING[dtype] * eager[finite].float().abs().max()
 
 
 def test_a_weight_it_cannot_hold_is_dequantized_once_and_says_why():

@@ -14,6 +14,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -31,7 +34,22 @@ inline float round_to_bf16(float f) {
 
 inline float round_to_fp16(float f) { return static_cast<float>(static_cast<_Float16>(f)); }
 
-template <float (*ROUND)(float)>
+// v[0..n) rounded in place: bf16 by integer operations the compiler vectorizes, fp16 by F16C's conversions
+// eight at a time where the CPU has them (the compiler does not vectorize the casts through _Float16)
+inline void round_block_to_bf16(float* v, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) v[j] = round_to_bf16(v[j]);
+}
+
+inline void round_block_to_fp16(float* v, int64_t n) {
+    int64_t j = 0;
+#if defined(__F16C__)
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(v + j, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(v + j), _MM_FROUND_TO_NEAREST_INT)));
+#endif
+    for (; j < n; ++j) v[j] = round_to_fp16(v[j]);
+}
+
+template <void (*ROUND)(float*, int64_t)>
 void int4_zero_points_mm(const uint8_t* w, const float* s, const float* z, const float* x, float* out, int64_t M,
                          int64_t N, int64_t K, int64_t G) {
 #pragma omp parallel for schedule(static)
@@ -48,9 +66,11 @@ void int4_zero_points_mm(const uint8_t* w, const float* s, const float* z, const
                 const float* zg = z + (k / G) * N + n0;
                 const uint8_t* row = w + (k / 2) * N + n0;
                 for (int64_t j = 0; j < nb; ++j) {
-                    low[j] = ROUND((static_cast<float>(row[j] & 15) - zg[j]) * sg[j]);
-                    high[j] = ROUND((static_cast<float>(row[j] >> 4) - zg[j]) * sg[j]);
+                    low[j] = (static_cast<float>(row[j] & 15) - zg[j]) * sg[j];
+                    high[j] = (static_cast<float>(row[j] >> 4) - zg[j]) * sg[j];
                 }
+                ROUND(low, nb);
+                ROUND(high, nb);
                 for (int64_t m = 0; m < mb; ++m) {
                     const float x0 = x[(m0 + m) * K + k], x1 = x[(m0 + m) * K + k + 1];
                     for (int64_t j = 0; j < nb; ++j) acc[m][j] += x0 * low[j] + x1 * high[j];
@@ -66,10 +86,10 @@ void int4_zero_points_mm(const uint8_t* w, const float* s, const float* z, const
 
 extern "C" void qfuse_int4_zero_points_mm_bf16(const uint8_t* w, const float* s, const float* z, const float* x,
                                                float* out, int64_t M, int64_t N, int64_t K, int64_t G) {
-    int4_zero_points_mm<round_to_bf16>(w, s, z, x, out, M, N, K, G);
+    int4_zero_points_mm<round_block_to_bf16>(w, s, z, x, out, M, N, K, G);
 }
 
 extern "C" void qfuse_int4_zero_points_mm_fp16(const uint8_t* w, const float* s, const float* z, const float* x,
                                                float* out, int64_t M, int64_t N, int64_t K, int64_t G) {
-    int4_zero_points_mm<round_to_fp16>(w, s, z, x, out, M, N, K, G);
+    int4_zero_points_mm<round_block_to_fp16>(w, s, z, x, out, M, N, K, G);
 }
