@@ -23,7 +23,6 @@ from qfuse.kernels.prepared import Packing, PreparedWeight
 from qfuse.schemes import INT4_OFFSET
 
 SOURCE = Path(__file__).with_name("int4_zero_points.cpp")
-ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 _ENTRY = {torch.bfloat16: "qfuse_int4_zero_points_mm_bf16", torch.float16: "qfuse_int4_zero_points_mm_fp16"}
 
 
