@@ -85,7 +85,7 @@ struct XRows { const Words* tile[M_TILES]; };  // a lane's x rows, one a tile of
 // tile of x
 template <int U>
 __device__ __forceinline__ void multiply_chunks(float (&acc)[M_TILES][4], const Words (&w)[U], const Pair* pairs_lane,
-                                                const XRows& x, int c, int pair_stride) {
+                                                const XRows& x, int c, int xc, int pair_stride) {
     const Pair* group_pairs = pairs_lane + (long long)(c >> GROUP_SHIFT) * pair_stride;
     unsigned s_g, z_g, s_h, z_h;
 #pragma unroll
@@ -105,7 +105,7 @@ __device__ __forceinline__ void multiply_chunks(float (&acc)[M_TILES][4], const 
         }
 #pragma unroll
         for (int i = 0; i < M_TILES; ++i) {  // one tile's x live at a time, whatever M_TILES is
-            const Words xv[2] = {x.tile[i][8 * (c + u)], x.tile[i][8 * (c + u) + 1]};
+            const Words xv[2] = {x.tile[i][8 * (xc + u)], x.tile[i][8 * (xc + u) + 1]};
             const unsigned* xs = reinterpret_cast<const unsigned*>(xv);  // 8 pairs, k = 16 t + 2 p
 #pragma unroll
             for (int s = 0; s < 4; ++s) mma(acc[i], a[s][0], a[s][1], a[s][2], a[s][3], xs[2 * s], xs[2 * s + 1]);
@@ -113,62 +113,37 @@ __device__ __forceinline__ void multiply_chunks(float (&acc)[M_TILES][4], const 
     }
 }
 
-// U chunks from chunk c on loaded (U * 512 bytes in flight a warp), then multiplied
 template <int U>
-__device__ __forceinline__ void load_and_multiply(float (&acc)[M_TILES][4], const Words* w_lane, const Pair* pairs_lane,
-                                                  const XRows& x, int c, int pair_stride) {
-    Words w[U];
+__device__ __forceinline__ void load_chunks(Words (&w)[U], const Words* w_lane, int c) {
 #pragma unroll
     for (int u = 0; u < U; ++u) w[u] = load_streaming(w_lane + (long long)(c + u) * 32);
-    multiply_chunks<U>(acc, w, pairs_lane, x, c, pair_stride);
 }
 
-// Blocks a multiprocessor holds at least: up to 16 rows 32 warps (64 registers a thread: faster at M = 1 and 16 than
-// more registers and fewer warps, docs/benchmarks.md, "The int4 decode kernel's stream"); 24 warps (80) for 4 tiles of
-// B, 16 (128) for 8, about what the kernel took before the compiler was free to dequantize every chunk ahead
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS MIN_BLOCKS_FOR(M_TILES <= 2 ? 32 : M_TILES == 4 ? 24 : 16)
-#endif
-extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
-qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, const Pair* __restrict__ pairs,
-               const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K, int has_bias) {
-    __shared__ float partial[WARPS][32][4 * M_TILES];
-    const int tile = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int chunks = K >> 6;
-    const int aligned = imin(UNROLL, GROUP_CHUNKS);  // a warp's first chunk a multiple of it
-    const int per_warp = ((chunks + WARPS - 1) / WARPS + aligned - 1) / aligned * aligned;
-    const int begin = warp * per_warp;
-    const int end = imin(chunks, begin + per_warp);
-    const int row = tile * 16 + g;
-    const int row_words = K >> 3;  // 16-byte words (8 halves) per row of x
-    XRows x_rows;
-#pragma unroll
-    for (int i = 0; i < M_TILES; ++i) x_rows.tile[i] = x + (long long)imin(g + 8 * i, M - 1) * row_words + 2 * t;
-    const Pair* pairs_lane = pairs + tile * 8 + g;  // group q's pairs of rows g, g + 8: pairs_lane[q * N / 2]
-    float acc[M_TILES][4];
-#pragma unroll
-    for (int i = 0; i < M_TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    int c = begin;
-    const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
-    for (; c + UNROLL <= end; c += UNROLL) load_and_multiply<UNROLL>(acc, w_lane, pairs_lane, x_rows, c, N >> 1);
-    if (UNROLL > 4 && c + 4 <= end) load_and_multiply<4>(acc, w_lane, pairs_lane, x_rows, c, N >> 1), c += 4;
-    if (UNROLL > 2 && c + 2 <= end) load_and_multiply<2>(acc, w_lane, pairs_lane, x_rows, c, N >> 1), c += 2;
-    if (c < end) load_and_multiply<1>(acc, w_lane, pairs_lane, x_rows, c, N >> 1);
+// U chunks from chunk c on loaded (U * 512 bytes in flight a warp), then multiplied; x's chunk c is chunk xc of `x`
+template <int U>
+__device__ __forceinline__ void load_and_multiply(float (&acc)[M_TILES][4], const Words* w_lane, const Pair* pairs_lane,
+                                                  const XRows& x, int c, int xc, int pair_stride) {
+    Words w[U];
+    load_chunks<U>(w, w_lane, c);
+    multiply_chunks<U>(acc, w, pairs_lane, x, c, xc, pair_stride);
+}
 
-#pragma unroll
-    for (int i = 0; i < M_TILES; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) partial[warp][lane][4 * i + j] = acc[i][j];
-    __syncthreads();
-    if (warp != 0) return;
+typedef float Partials[32][4 * M_TILES];  // a warp's sums: 4 a lane for each tile of B
+
+// Warps [first, first + COUNT) of the block, each with the sums of one part of K of the same 16-row tile, added up
+// in a fixed order by the calling warp and written once: bias added, rounded to the output's dtype
+template <int COUNT>
+__device__ __forceinline__ void add_up_and_store(const Partials* partial, int first, int lane, int row,
+                                                 const unsigned short* __restrict__ bias, void* __restrict__ out,
+                                                 int M, int N, int has_bias) {
+    const int t = lane & 3;
 #pragma unroll
     for (int i = 0; i < M_TILES; ++i) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             float sum = 0.0f;
 #pragma unroll
-            for (int other = 0; other < WARPS; ++other) sum += partial[other][lane][4 * i + j];
+            for (int other = 0; other < COUNT; ++other) sum += partial[first + other][lane][4 * i + j];
             // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
             const int n = row + 8 * (j >> 1), m = 8 * i + 2 * t + (j & 1);
             if (m >= M) continue;
@@ -190,4 +165,52 @@ qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, con
 #endif
         }
     }
+}
+
+__device__ __forceinline__ void zero(float (&acc)[M_TILES][4]) {
+#pragma unroll
+    for (int i = 0; i < M_TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+}
+
+__device__ __forceinline__ void keep(Partials* partial, int warp, int lane, const float (&acc)[M_TILES][4]) {
+#pragma unroll
+    for (int i = 0; i < M_TILES; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) partial[warp][lane][4 * i + j] = acc[i][j];
+}
+
+// Blocks a multiprocessor holds at least: up to 16 rows 32 warps (64 registers a thread: faster at M = 1 and 16 than
+// more registers and fewer warps, docs/benchmarks.md, "The int4 decode kernel's stream"); 24 warps (80) for 4 tiles of
+// B, 16 (128) for 8, about what the kernel took before the compiler was free to dequantize every chunk ahead
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS MIN_BLOCKS_FOR(M_TILES <= 2 ? 32 : M_TILES == 4 ? 24 : 16)
+#endif
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
+qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, const Pair* __restrict__ pairs,
+               const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K, int has_bias) {
+    __shared__ Partials partial[WARPS];
+    const int tile = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int chunks = K >> 6;
+    const int aligned = imin(UNROLL, GROUP_CHUNKS);  // a warp's first chunk a multiple of it
+    const int per_warp = ((chunks + WARPS - 1) / WARPS + aligned - 1) / aligned * aligned;
+    const int begin = warp * per_warp;
+    const int end = imin(chunks, begin + per_warp);
+    const int row_words = K >> 3;  // 16-byte words (8 halves) per row of x
+    XRows x_rows;
+#pragma unroll
+    for (int i = 0; i < M_TILES; ++i) x_rows.tile[i] = x + (long long)imin(g + 8 * i, M - 1) * row_words + 2 * t;
+    const Pair* pairs_lane = pairs + tile * 8 + g;  // group q's pairs of rows g, g + 8: pairs_lane[q * N / 2]
+    float acc[M_TILES][4];
+    zero(acc);
+    int c = begin;
+    const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
+    for (; c + UNROLL <= end; c += UNROLL) load_and_multiply<UNROLL>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1);
+    if (UNROLL > 4 && c + 4 <= end) load_and_multiply<4>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1), c += 4;
+    if (UNROLL > 2 && c + 2 <= end) load_and_multiply<2>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1), c += 2;
+    if (c < end) load_and_multiply<1>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1);
+
+    keep(partial, warp, lane, acc);
+    __syncthreads();
+    if (warp == 0) add_up_and_store<WARPS>(partial, 0, lane, tile * 16 + g, bias, out, M, N, has_bias);
 }
