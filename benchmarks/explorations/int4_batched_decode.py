@@ -1,6 +1,6 @@
-"""The CUDA W4A16 decode kernel sharing x's loads across 16-row tiles, at 9-64 rows (an exploration, issue #38).
+"""The CUDA W4A16 decode kernel with x staged in shared memory, at 9-64 rows (an exploration, issue #38).
 
-    python benchmarks/explorations/int4_batched_decode.py [--kernel staged|row-tiles] [--ms 16,32,64] [--out FILE.json]
+    python benchmarks/explorations/int4_batched_decode.py [--ms 16,32,64] [--out FILE.json]
 
 `qfuse_int4_mma` gives each block one 16-row tile of the weight and lets its warps split K, so every block reads
 all of x: at 16 rows and more, x's trips through the L2 and L1, not the weight's, bound a launch
@@ -8,10 +8,8 @@ all of x: at 16 rows and more, x's trips through the L2 and L1, not the weight's
 ROW_TILES tiles and stages x in shared memory once a step for all of them. GPU µs per linear in one CUDA graph over weights past the
 L2 (best of three rounds in turns), each call's relative error against the float product, for:
 - the current launch rule (`int4_mma`: `qfuse_int4_mma`);
-- `--kernel staged`: `qfuse_int4_mma_rows` at row tiles x warps along K x chunks a step (and `__launch_bounds__`'
-  warps a multiprocessor, where given);
-- `--kernel row-tiles`: `qfuse_int4_mma` with each warp on 2 or 4 row tiles (-DROW_TILES), x loaded once for them,
-  at 4-16 warps and 2-8 chunks ahead;
+- `qfuse_int4_mma_rows` at row tiles x warps along K x chunks a step (and `__launch_bounds__`' warps a
+  multiprocessor, where given);
 - the nibble-plane Triton template (what kernel choice runs above 16 rows), tinygemm and the bf16 matmul.
 """
 
@@ -70,32 +68,13 @@ def variants(m: int, n: int) -> list[tuple[int, int, int, int]]:
     return tried
 
 
-def tile_variants(m: int, n: int) -> list[tuple[int, int, int, int]]:
-    """(row tiles a warp, warps a block, chunks loaded ahead, warps a multiprocessor: 0 the kernel's own) of
-    `qfuse_int4_mma` compiled with -DROW_TILES."""
-    bounds = {1: (0,), 2: (0, 16), 4: (0, 16), 8: (0, 8)}[int4_mma.column_tiles(m)]
-    return [shape for shape in itertools.product((2, 4), (4, 8, 16), (2, 4, 8), bounds)
-            if (n // 16) % shape[0] == 0 and not int4_mma.why_not_launch(m, shape[1], shape[0])]
-
-
-def tiles_call(x, weight: Int4Weight, out, row_tiles: int, warps: int, unroll: int, warps_per_sm: int):
-    m, k = x.shape
-    words, pairs = weight.mma
-    n = pairs.shape[1]
-    options = (f"-DM_TILES={int4_mma.column_tiles(m)}", f"-DWARPS={warps}", f"-DUNROLL={unroll}",
-               f"-DROW_TILES={row_tiles}", f"-DGROUP_SHIFT={int4_mma.group_shift(k, GROUP)}", "-DHALF_BF16")
-    options += (f"-DMIN_BLOCKS=MIN_BLOCKS_FOR({warps_per_sm})",) if warps_per_sm else ()
-    kernel = launch.compiled(int4_mma.SOURCE, "qfuse_int4_mma", options, int4_mma.ARGUMENT_TYPES, 0)
-    return lambda: kernel.launch(n // 16 // row_tiles, warps, (words, x, pairs, pairs, out, m, n, k, 0), x.device)
-
-
 def rows_call(x, weight: Int4Weight, out, row_tiles: int, k_warps: int, unroll: int, warps_per_sm: int):
     m, k = x.shape
     words, pairs = weight.mma
     n = pairs.shape[1]
     warps = row_tiles * k_warps
     m_tiles = int4_mma.column_tiles(m)
-    options = (f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}", f"-DBLOCK_TILES={row_tiles}",
+    options = (f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}", f"-DROW_TILES={row_tiles}",
                f"-DGROUP_SHIFT={int4_mma.group_shift(k, GROUP)}", "-DHALF_BF16")
     options += (f"-DMIN_BLOCKS=MIN_BLOCKS_FOR({warps_per_sm})",) if warps_per_sm else ()
     kernel = launch.compiled(rows_source(), "qfuse_int4_mma_rows", options, int4_mma.ARGUMENT_TYPES, 0,
@@ -103,7 +82,7 @@ def rows_call(x, weight: Int4Weight, out, row_tiles: int, k_warps: int, unroll: 
     return lambda: kernel.launch(n // 16 // row_tiles, warps, (words, x, pairs, pairs, out, m, n, k, 0), x.device)
 
 
-def run(ms: list[int], shapes, kernel: str) -> list[dict]:
+def run(ms: list[int], shapes) -> list[dict]:
     generator = torch.Generator(device="cuda").manual_seed(0)
     sms = multiprocessors(torch.device("cuda"))
     rows = []
@@ -121,14 +100,9 @@ def run(ms: list[int], shapes, kernel: str) -> list[dict]:
                 "tinygemm": [lambda w=w: int4_tinygemm.int4pack_mm(x, w.tinygemm, None, torch.bfloat16) for w in weights],
                 "bf16 mm": [lambda w=w: x @ w.t() for w in dense],
             }
-            if kernel == "staged":
-                for shape in variants(m, n):
-                    name = "rows {} x {} warps, unroll {}".format(*shape[:3]) + (f", {shape[3]} a SM" if shape[3] else "")
-                    calls[name] = [rows_call(x, w, out, *shape) for w, out in zip(weights, outs)]
-            else:
-                for shape in tile_variants(m, n):
-                    name = "{} row tiles, {} warps, unroll {}".format(*shape[:3]) + (f", {shape[3]} a SM" if shape[3] else "")
-                    calls[name] = [tiles_call(x, w, out, *shape) for w, out in zip(weights, outs)]
+            for shape in variants(m, n):
+                name = "rows {} x {} warps, unroll {}".format(*shape[:3]) + (f", {shape[3]} a SM" if shape[3] else "")
+                calls[name] = [rows_call(x, w, out, *shape) for w, out in zip(weights, outs)]
             expected = x.float() @ weights[0].dequantized().float()
             errors = {}
             for name, graph in calls.items():
@@ -151,13 +125,11 @@ def run(ms: list[int], shapes, kernel: str) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ms", default="16,32,64", help="rows of x, comma-separated")
-    parser.add_argument("--kernel", choices=("staged", "row-tiles"), default="staged",
-                        help="int4_mma_rows.cu's staged x, or int4_mma.cu's kernel on several row tiles a warp")
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in DECODER_SHAPES), help="N x K, comma-separated")
     add_output_arguments(parser, "gpu_int4_batched_decode")
     args = parser.parse_args()
     shapes = [tuple(int(size) for size in shape.split("x")) for shape in args.shapes.split(",")]
-    rows = run([int(m) for m in args.ms.split(",")], shapes, args.kernel)
+    rows = run([int(m) for m in args.ms.split(",")], shapes)
     header = ["n", "k", "m", "kernel", "us", "vs_bf16", "tb_per_s", "rel_error"]
     print(format_table([[row.get(column, "") for column in header] for row in rows], header))
     write(out_path(args, "gpu_int4_batched_decode"), rows, machine=machine())

@@ -78,148 +78,105 @@ __device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned
 #define GROUP_CHUNKS (1 << GROUP_SHIFT)
 #endif
 
-#ifndef ROW_TILES
-#define ROW_TILES 1
-#endif
-
 struct XRows { const Words* tile[M_TILES]; };  // a lane's x rows, one a tile of B: g + 8 i, or M - 1 past M
-struct Scales { unsigned s_g, z_g, s_h, z_h; };  // a group's (s, -(MAGIC + 8 + z)) pairs of rows g and g + 8
 
-// a chunk's A operands of step s, made once from its 16-byte word
-__device__ __forceinline__ void dequantize(unsigned (&a)[4][4], const Words& w, const Scales& p) {
-    const unsigned ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-        a[s][0] = pair_value(ws[s], p.z_g, p.s_g);
-        a[s][1] = pair_value(ws[s] >> 4, p.z_h, p.s_h);
-        a[s][2] = pair_value(ws[s] >> 8, p.z_g, p.s_g);
-        a[s][3] = pair_value(ws[s] >> 12, p.z_h, p.s_h);
-    }
-}
-
-// a chunk's four MMAs for one tile of B: its x, 8 pairs at k = 16 t + 2 p
-__device__ __forceinline__ void tile_mma(float (&acc)[4], const unsigned (&a)[4][4], const Words& x0, const Words& x1) {
-    const unsigned xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-    for (int s = 0; s < 4; ++s) mma(acc, a[s][0], a[s][1], a[s][2], a[s][3], xs[2 * s], xs[2 * s + 1]);
-}
-
-// U chunks from chunk c on of each of the warp's ROW_TILES 16-row tiles (c a multiple of min(U, GROUP_CHUNKS), so a
-// group's pairs are read once), their words in registers; x's chunk c is chunk xc of `x`. Each chunk's 16 A registers
-// are made once and used for every tile of B: one tile's x live at a time on one row tile, every tile's x loaded once
-// for all on more (ROW_TILES row tiles read x's bytes once)
+// U chunks from chunk c on (c a multiple of min(U, GROUP_CHUNKS), so a group's pairs are read once), their words in
+// registers: each chunk's 16 A registers made once, from its group's pairs of rows g and g + 8, and used for every
+// tile of x
 template <int U>
-__device__ __forceinline__ void multiply_chunks(float (&acc)[ROW_TILES][M_TILES][4], const Words (&w)[U][ROW_TILES],
-                                                const Pair* pairs_lane, const XRows& x, int c, int xc, int pair_stride) {
+__device__ __forceinline__ void multiply_chunks(float (&acc)[M_TILES][4], const Words (&w)[U], const Pair* pairs_lane,
+                                                const XRows& x, int c, int xc, int pair_stride) {
     const Pair* group_pairs = pairs_lane + (long long)(c >> GROUP_SHIFT) * pair_stride;
-    Scales p[ROW_TILES];
+    unsigned s_g, z_g, s_h, z_h;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-        if (u % GROUP_CHUNKS == 0) {
-#pragma unroll
-            for (int r = 0; r < ROW_TILES; ++r) {  // row tile r's pairs: 8 Pairs (16 columns) on
-                const Pair pair = group_pairs[(long long)(u / GROUP_CHUNKS) * pair_stride + 8 * r];
-                p[r].s_g = low_pair(pair.x), p[r].z_g = high_pair(pair.x);
-                p[r].s_h = low_pair(pair.y), p[r].z_h = high_pair(pair.y);
-            }
+        if (u % GROUP_CHUNKS == 0) {  // (rows g, g + 8)
+            const Pair pair = group_pairs[(long long)(u / GROUP_CHUNKS) * pair_stride];
+            s_g = low_pair(pair.x), z_g = high_pair(pair.x), s_h = low_pair(pair.y), z_h = high_pair(pair.y);
         }
-        unsigned a[4][4];
-        if (ROW_TILES == 1) {
-            dequantize(a, w[u][0], p[0]);
+        const unsigned ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+        unsigned a[4][4];  // the chunk's A operands, step s
 #pragma unroll
-            for (int i = 0; i < M_TILES; ++i) {
-                tile_mma(acc[0][i], a, x.tile[i][8 * (xc + u)], x.tile[i][8 * (xc + u) + 1]);
-            }
-        } else {
-            Words xv[M_TILES][2];
+        for (int s = 0; s < 4; ++s) {
+            a[s][0] = pair_value(ws[s], z_g, s_g);
+            a[s][1] = pair_value(ws[s] >> 4, z_h, s_h);
+            a[s][2] = pair_value(ws[s] >> 8, z_g, s_g);
+            a[s][3] = pair_value(ws[s] >> 12, z_h, s_h);
+        }
 #pragma unroll
-            for (int i = 0; i < M_TILES; ++i) xv[i][0] = x.tile[i][8 * (xc + u)], xv[i][1] = x.tile[i][8 * (xc + u) + 1];
+        for (int i = 0; i < M_TILES; ++i) {  // one tile's x live at a time, whatever M_TILES is
+            const Words xv[2] = {x.tile[i][8 * (xc + u)], x.tile[i][8 * (xc + u) + 1]};
+            const unsigned* xs = reinterpret_cast<const unsigned*>(xv);  // 8 pairs, k = 16 t + 2 p
 #pragma unroll
-            for (int r = 0; r < ROW_TILES; ++r) {
-                dequantize(a, w[u][r], p[r]);
-#pragma unroll
-                for (int i = 0; i < M_TILES; ++i) tile_mma(acc[r][i], a, xv[i][0], xv[i][1]);
-            }
+            for (int s = 0; s < 4; ++s) mma(acc[i], a[s][0], a[s][1], a[s][2], a[s][3], xs[2 * s], xs[2 * s + 1]);
         }
     }
 }
 
-// U chunks from chunk c on of each row tile (`chunks` a row tile), U * ROW_TILES * 512 bytes in flight a warp
 template <int U>
-__device__ __forceinline__ void load_chunks(Words (&w)[U][ROW_TILES], const Words* w_lane, int c, int chunks) {
+__device__ __forceinline__ void load_chunks(Words (&w)[U], const Words* w_lane, int c) {
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int r = 0; r < ROW_TILES; ++r) w[u][r] = load_streaming(w_lane + (long long)r * chunks * 32 + (long long)(c + u) * 32);
+    for (int u = 0; u < U; ++u) w[u] = load_streaming(w_lane + (long long)(c + u) * 32);
 }
 
-// U chunks from chunk c on loaded, then multiplied
+// U chunks from chunk c on loaded (U * 512 bytes in flight a warp), then multiplied; x's chunk c is chunk xc of `x`
 template <int U>
-__device__ __forceinline__ void load_and_multiply(float (&acc)[ROW_TILES][M_TILES][4], const Words* w_lane,
-                                                  const Pair* pairs_lane, const XRows& x, int c, int xc, int chunks,
-                                                  int pair_stride) {
-    Words w[U][ROW_TILES];
-    load_chunks<U>(w, w_lane, c, chunks);
+__device__ __forceinline__ void load_and_multiply(float (&acc)[M_TILES][4], const Words* w_lane, const Pair* pairs_lane,
+                                                  const XRows& x, int c, int xc, int pair_stride) {
+    Words w[U];
+    load_chunks<U>(w, w_lane, c);
     multiply_chunks<U>(acc, w, pairs_lane, x, c, xc, pair_stride);
 }
 
-typedef float Partials[32][ROW_TILES * M_TILES * 4];  // a warp's sums: 4 a lane for each row tile and tile of B
+typedef float Partials[32][4 * M_TILES];  // a warp's sums: 4 a lane for each tile of B
 
-// Warps [first, first + COUNT) of the block, each with the sums of one part of K of the same ROW_TILES 16-row tiles
-// (the first at `row`, a lane's row g), added up in a fixed order by the calling warp and written once: bias added,
-// rounded to the output's dtype
+// Warps [first, first + COUNT) of the block, each with the sums of one part of K of the same 16-row tile, added up
+// in a fixed order by the calling warp and written once: bias added, rounded to the output's dtype
 template <int COUNT>
 __device__ __forceinline__ void add_up_and_store(const Partials* partial, int first, int lane, int row,
                                                  const unsigned short* __restrict__ bias, void* __restrict__ out,
                                                  int M, int N, int has_bias) {
     const int t = lane & 3;
 #pragma unroll
-    for (int r = 0; r < ROW_TILES; ++r) {
+    for (int i = 0; i < M_TILES; ++i) {
 #pragma unroll
-        for (int i = 0; i < M_TILES; ++i) {
+        for (int j = 0; j < 4; ++j) {
+            float sum = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                float sum = 0.0f;
-#pragma unroll
-                for (int other = 0; other < COUNT; ++other) sum += partial[first + other][lane][(r * M_TILES + i) * 4 + j];
-                // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
-                const int n = row + 16 * r + 8 * (j >> 1), m = 8 * i + 2 * t + (j & 1);
-                if (m >= M) continue;
-                if (has_bias) {
+            for (int other = 0; other < COUNT; ++other) sum += partial[first + other][lane][4 * i + j];
+            // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
+            const int n = row + 8 * (j >> 1), m = 8 * i + 2 * t + (j & 1);
+            if (m >= M) continue;
+            if (has_bias) {
 #ifdef HALF_BF16
-                    sum += bits_as_float(((unsigned)bias[n]) << 16);
+                sum += bits_as_float(((unsigned)bias[n]) << 16);
 #else
-                    float b;
-                    asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(bias[n]));
-                    sum += b;
-#endif
-                }
-#ifdef OUT_F32
-                reinterpret_cast<float*>(out)[(long long)m * N + n] = sum;
-#else
-                unsigned short h;
-                asm(FROM_FLOAT " %0, %1;" : "=h"(h) : "f"(sum));
-                reinterpret_cast<unsigned short*>(out)[(long long)m * N + n] = h;
+                float b;
+                asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(bias[n]));
+                sum += b;
 #endif
             }
+#ifdef OUT_F32
+            reinterpret_cast<float*>(out)[(long long)m * N + n] = sum;
+#else
+            unsigned short h;
+            asm(FROM_FLOAT " %0, %1;" : "=h"(h) : "f"(sum));
+            reinterpret_cast<unsigned short*>(out)[(long long)m * N + n] = h;
+#endif
         }
     }
 }
 
-__device__ __forceinline__ void zero(float (&acc)[ROW_TILES][M_TILES][4]) {
+__device__ __forceinline__ void zero(float (&acc)[M_TILES][4]) {
 #pragma unroll
-    for (int r = 0; r < ROW_TILES; ++r)
-#pragma unroll
-        for (int i = 0; i < M_TILES; ++i) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0.0f;
+    for (int i = 0; i < M_TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 }
 
-__device__ __forceinline__ void keep(Partials* partial, int warp, int lane, const float (&acc)[ROW_TILES][M_TILES][4]) {
+__device__ __forceinline__ void keep(Partials* partial, int warp, int lane, const float (&acc)[M_TILES][4]) {
 #pragma unroll
-    for (int r = 0; r < ROW_TILES; ++r)
+    for (int i = 0; i < M_TILES; ++i)
 #pragma unroll
-        for (int i = 0; i < M_TILES; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) partial[warp][lane][(r * M_TILES + i) * 4 + j] = acc[r][i][j];
+        for (int j = 0; j < 4; ++j) partial[warp][lane][4 * i + j] = acc[i][j];
 }
 
 // Blocks a multiprocessor holds at least: up to 16 rows 32 warps (64 registers a thread: faster at M = 1 and 16 than
@@ -232,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, const Pair* __restrict__ pairs,
                const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K, int has_bias) {
     __shared__ Partials partial[WARPS];
-    const int tile = blockIdx.x * ROW_TILES, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tile = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int chunks = K >> 6;
     const int aligned = imin(UNROLL, GROUP_CHUNKS);  // a warp's first chunk a multiple of it
@@ -244,15 +201,14 @@ qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, con
 #pragma unroll
     for (int i = 0; i < M_TILES; ++i) x_rows.tile[i] = x + (long long)imin(g + 8 * i, M - 1) * row_words + 2 * t;
     const Pair* pairs_lane = pairs + tile * 8 + g;  // group q's pairs of rows g, g + 8: pairs_lane[q * N / 2]
-    float acc[ROW_TILES][M_TILES][4];
+    float acc[M_TILES][4];
     zero(acc);
     int c = begin;
     const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
-    const int stride = N >> 1;  // Pairs a group
-    for (; c + UNROLL <= end; c += UNROLL) load_and_multiply<UNROLL>(acc, w_lane, pairs_lane, x_rows, c, c, chunks, stride);
-    if (UNROLL > 4 && c + 4 <= end) load_and_multiply<4>(acc, w_lane, pairs_lane, x_rows, c, c, chunks, stride), c += 4;
-    if (UNROLL > 2 && c + 2 <= end) load_and_multiply<2>(acc, w_lane, pairs_lane, x_rows, c, c, chunks, stride), c += 2;
-    if (c < end) load_and_multiply<1>(acc, w_lane, pairs_lane, x_rows, c, c, chunks, stride);
+    for (; c + UNROLL <= end; c += UNROLL) load_and_multiply<UNROLL>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1);
+    if (UNROLL > 4 && c + 4 <= end) load_and_multiply<4>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1), c += 4;
+    if (UNROLL > 2 && c + 2 <= end) load_and_multiply<2>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1), c += 2;
+    if (c < end) load_and_multiply<1>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1);
 
     keep(partial, warp, lane, acc);
     __syncthreads();
