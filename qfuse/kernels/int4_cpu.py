@@ -49,9 +49,10 @@ def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | N
     """The int4 weight (int8 [K, N] values in [-8, 7], scale [K / g, N], zero point [K / g, N] or None)
     in ATen's CPU layout; where the zero points are not held exactly (scales in bf16 / fp16), in the layout of
     qfuse's exact kernel with zero points (`qfuse.kernels.cpu.int4_zero_points`), or DENSE where that cannot
-    hold the weight (values outside [-8, 7], odd K or group)."""
+    hold the weight (values outside [-8, 7], odd K or group) or did not build here."""
     if zero_point is not None and not holds_zero_points(scale.dtype):
-        if not (reason := int4_zero_points.why_not(values, values.shape[0] // scale.shape[0])):
+        group_size = values.shape[0] // scale.shape[0]
+        if not (reason := int4_zero_points.why_not(values, group_size) or int4_zero_points.why_not_built(scale.dtype)):
             return int4_zero_points.pack(values, scale, zero_point)
         return dense_int4_weight(values, scale, zero_point, f"qfuse's int4 kernel with zero points cannot take it: {reason}")
     unsigned = (values.to(torch.int32) + INT4_OFFSET).t().contiguous()  # [N, K], 0..15

@@ -7,6 +7,7 @@ import torch
 from qfuse.kernels import get_kernel
 from qfuse.kernels.cpu import int4_zero_points
 from qfuse.kernels.prepared import Packing
+from qfuse.ops.int4_weight_only import int4_product
 
 BF16, FP16 = torch.bfloat16, torch.float16
 ROUNDING = {BF16: 2**-8, FP16: 2**-11}
@@ -87,6 +88,26 @@ def test_a_weight_it_cannot_hold_is_dequantized_once_and_says_why():
     assert "both even" in int4_zero_points.why_not(values[:63], 63)
     prepared = get_kernel("torch").prepare_int4_weight(values.clone().fill_(9), scale, zero)
     assert prepared.packing == Packing.DENSE
+
+
+def test_a_kernel_that_did_not_build_leaves_the_exact_dense_weight(monkeypatch):
+    """No working C++ compiler (or a torch whose code cache the kernel does not know): the weight is prepared
+    dense, with the reason, and the linear still gives eager's result."""
+    def fail(dtype):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(int4_zero_points, "_function", fail)
+    int4_zero_points.why_not_built.cache_clear()
+    try:
+        assert int4_zero_points.why_not_built(BF16) == "its C++ did not build here (RuntimeError: no compiler)"
+        values, scale, zero = weight(64, 16, 32, BF16)
+        prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)
+        assert prepared.packing == Packing.DENSE
+        x = torch.randn(3, 64).to(BF16)
+        out = int4_product(get_kernel("torch"), x, prepared, None, BF16)
+        torch.testing.assert_close(out, x @ eager_weight(values, scale, zero))
+    finally:
+        int4_zero_points.why_not_built.cache_clear()
 
 
 def test_an_activation_of_another_dtype_is_named():

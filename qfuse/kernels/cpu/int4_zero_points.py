@@ -14,6 +14,7 @@ milliseconds on a CPU).
 from __future__ import annotations
 
 import ctypes
+import inspect
 import functools
 from pathlib import Path
 
@@ -33,6 +34,18 @@ def why_not(values: torch.Tensor, group_size: int) -> str:
         return f"K = {k} and groups of {group_size}: the kernel keeps two rows of K a byte (both even)"
     if values.numel() and (values.min() < -8 or values.max() > 7):
         return "values outside int4's range [-8, 7]"
+    return ""
+
+
+@functools.cache
+def why_not_built(dtype: torch.dtype) -> str:
+    """Why the kernel for `dtype` activations does not run here (its C++ did not build), or ''. Built once, when a
+    weight is prepared for it: a machine without a working compiler gets the weight in another layout, not an
+    error in the model's call."""
+    try:
+        _function(dtype)
+    except Exception as error:  # noqa: BLE001 (a missing or failing compiler raises many types; the reason is kept)
+        return f"its C++ did not build here ({type(error).__name__}: {error})"
     return ""
 
 
@@ -74,8 +87,11 @@ def _function(dtype: torch.dtype):
 
     # Inductor turns GCC's loop vectorizer off (its own code is vectorized by hand); this kernel's loops over a
     # block of columns are written for it: 8x faster on an AVX2 machine with it on
-    vectorize = ("-ftree-loop-vectorize",) if cpp_builder.is_gcc() else ()
-    library = CppCodeCache.load(SOURCE.read_text(), needs_vec_isa=True, extra_flags=vectorize)
+    options = {"extra_flags": ("-ftree-loop-vectorize",) if cpp_builder.is_gcc() else ()}
+    # the ISA's flags (-mavx2 -mf16c ...): torch >= 2.12 adds them where asked, earlier versions always
+    if "needs_vec_isa" in inspect.signature(CppCodeCache.load_async).parameters:
+        options["needs_vec_isa"] = True
+    library = CppCodeCache.load(SOURCE.read_text(), **options)
     function = getattr(library, _ENTRY[dtype])
     function.restype = None
     function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4
