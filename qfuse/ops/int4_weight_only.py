@@ -63,6 +63,9 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_OFFSET
 
 _OP = "int4_weight_only_mm"
 NIBBLES_PER_WORD = 8
+#: words `unpack` turns into values at a time: its int32 temporaries stay at 32 MiB whatever the weight (a 70B model's
+#: joined gate / up weight would otherwise take 8 bytes a value, gigabytes, while its values take one)
+UNPACK_WORDS = 2**20
 INT4_RANGE = (-INT4_OFFSET, INT4_OFFSET - 1)
 
 
@@ -142,8 +145,11 @@ def unpack(packed: Tensor, shifts: Tensor | None, scales: Tensor, packed_zeros: 
         return packed.t(), scales.t(), None if packed_zeros is None else packed_zeros.t()
     if shifts is None:
         shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
-    q = ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(packed.shape[0], -1)  # [N, K], or [K, N] along N
-    values = (q - INT4_OFFSET).to(torch.int8)
+    values = torch.empty(packed.shape[0], packed.shape[1] * NIBBLES_PER_WORD, dtype=torch.int8, device=packed.device)
+    rows = max(1, UNPACK_WORDS // max(1, packed.shape[1]))  # int32 temporaries of at most UNPACK_WORDS x 8 values
+    for start in range(0, packed.shape[0], rows):  # [N, K], or [K, N] along N
+        block = packed[start:start + rows]
+        values[start:start + rows] = (((block.unsqueeze(-1) >> shifts) & 0xF) - INT4_OFFSET).reshape(block.shape[0], -1)
     values = values if packed_along_n else values.t()
     zeros = None
     if packed_zeros is not None:

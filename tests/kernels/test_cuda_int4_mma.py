@@ -174,3 +174,24 @@ def test_on_the_gpu_every_group_size(m, group_size):
     w = (values.to(torch.int32) - zero.to(torch.int32)[group]).to(torch.bfloat16) * scale[group]
     expected = x.double() @ w.double()
     assert (out.double() - expected).abs().max().item() <= 2 * ROUNDING[torch.bfloat16] * expected.abs().max().item()
+
+
+@GPU
+def test_on_the_gpu_a_gptq_weight_is_prepared_in_a_few_bytes_a_value():
+    """Unpacking a GPTQ weight and repacking it for the kernel holds at most 6 bytes a value at once on the GPU (the
+    values, their copies and the repack's bytes; int64 nibbles took over 16: gigabytes for a large model's joined
+    gate / up weight), and the words it makes are the kernel's."""
+    from qfuse.ops.int4_weight_only import prepared_int4_weight
+
+    n, k = 4096, 4096
+    packed = torch.randint(-2**31, 2**31 - 1, (n, k // 8), device="cuda", dtype=torch.int32)
+    scales = (torch.rand(n, k // 128, device="cuda") / 16).to(torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    _, prepared = prepared_int4_weight("cuda", packed, None, scales, None, 128)
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak <= 6 * n * k, f"{peak / (n * k):.1f} bytes a value"
+    values = (((packed.unsqueeze(-1) >> torch.arange(0, 32, 4, device="cuda")) & 0xF) - 8).reshape(n, k)
+    words, _ = repack(values.t().to(torch.int8), scales.t().contiguous(), None)
+    assert torch.equal(prepared.data, words)

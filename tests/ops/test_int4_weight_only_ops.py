@@ -15,6 +15,7 @@ import torch
 
 import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
 from qfuse.kernels.prepared import cached_weight_count
+from qfuse.ops import int4_weight_only
 from qfuse.ops.int4_weight_only import folded_zero_points, prepared_int4_weight, unpack
 from tests.peers.weight_only_models import (autogptq_int4, awq_int4, gptq_packed_int4, pack_int4_along_first,
                                             torchao_intx_int4)
@@ -62,6 +63,19 @@ def test_the_op_reads_the_shifts_it_is_given():
     model_with_reversed = gptq_packed_int4(FP32, group_size=32)
     model_with_reversed.shifts = reversed_shifts
     torch.testing.assert_close(call(model, x, shifts=reversed_shifts), model_with_reversed(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("packed_along_n", [False, True])
+def test_words_are_unpacked_a_block_of_rows_at_a_time_as_whole(monkeypatch, packed_along_n):
+    """`unpack` bounds its int32 temporaries by taking UNPACK_WORDS words at a time: with 7 (blocks of two rows of
+    3 words, the last of one row) the values equal the formula's on the whole matrix."""
+    packed = torch.randint(-2**31, 2**31 - 1, (13, 3), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    shifts = torch.tensor([0, 16, 4, 20, 8, 24, 12, 28], dtype=torch.int32)
+    scales = torch.rand(13, 1) if not packed_along_n else torch.rand(1, 24)
+    monkeypatch.setattr(int4_weight_only, "UNPACK_WORDS", 7)
+    values, _, _ = unpack(packed, shifts, scales, None, 24 if not packed_along_n else 13, packed_along_n=packed_along_n)
+    whole = (((packed.unsqueeze(-1) >> shifts) & 0xF) - 8).reshape(13, 24).to(torch.int8)
+    assert torch.equal(values, whole if packed_along_n else whole.t())
 
 
 def test_the_weight_is_unpacked_and_packed_once():

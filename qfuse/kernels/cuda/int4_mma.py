@@ -32,8 +32,9 @@ MAX_ROWS = 64
 COLUMNS_PER_TILE = 8  # rows of x a tile of the MMA's B: its 8 columns
 SHARED_BYTES = 48 * 2**10  # a block's static shared memory, at most
 _MAGIC = {torch.bfloat16: 128, torch.float16: 1024}  # the half float whose ulp is 1
-# the nibble of (row half h, k offset e) in a word: bits 4 j, j = h + 2 (e >> 1) + 4 (e & 1) (the .cu header)
-_NIBBLE_SHIFTS = [[4 * (h + 2 * (e >> 1) + 4 * (e & 1)) for e in range(4)] for h in range(2)]
+# a word's nibble j = h + 2 (e >> 1) + 4 (e & 1) holds row half h at k offset e (the .cu header): byte b = j >> 1
+# holds k offset e = _BYTE_OFFSETS[b], row g in its low nibble and row g + 8 in its high one
+_BYTE_OFFSETS = [0, 2, 1, 3]
 PACKINGS = {torch.bfloat16: Packing.INT4_MMA_BF16, torch.float16: Packing.INT4_MMA_FP16}  # by the scales' (and x's) dtype
 
 
@@ -61,11 +62,14 @@ def repack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor |
     k, n = values.shape
     if reason := why_not_shape(n, k, k // scale.shape[0]):
         raise ValueError(f"the cuda kernel's int4 layout cannot hold this weight: {reason}")
-    nibbles = (values.t().to(torch.int64) + 8).reshape(n // 16, 2, 8, k // 64, 4, 4, 4)  # [T, h, g, C, t, s, e]
-    nibbles = nibbles.permute(0, 3, 2, 4, 5, 1, 6)  # [T, C, g, t, s, h, e]
-    shifts = torch.tensor(_NIBBLE_SHIFTS, dtype=torch.int64, device=values.device)
-    words = (nibbles << shifts).sum(dim=(-2, -1))  # [T, C, g, t, s]: eight disjoint nibbles
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(n // 16, k // 64, 32, 4)
+    # one byte a nibble u = v + 8 (uint8 wraps -8 .. 7 + 8 to 0 .. 15), [T, h, g, C, t, s, e]: row 16 T + 8 h + g,
+    # k = 64 C + 16 t + 4 s + e
+    nibbles = values.t().to(torch.uint8, memory_format=torch.contiguous_format).add_(8)
+    nibbles = nibbles.reshape(n // 16, 2, 8, k // 64, 4, 4, 4)
+    # byte b of a word: its nibbles j = 2 b (row g) and 2 b + 1 (row g + 8) at k + e, e = _BYTE_OFFSETS[b]
+    low, high = nibbles[:, 0][..., _BYTE_OFFSETS], nibbles[:, 1][..., _BYTE_OFFSETS]  # [T, g, C, t, s, b]
+    words = (low | (high << 4)).permute(0, 2, 1, 3, 4, 5).contiguous()  # [T, C, g, t, s, b]: little-endian words
+    words = words.view(torch.int32).reshape(n // 16, k // 64, 32, 4)  # (no wider temporary than a byte a value)
     zero = torch.zeros_like(scale, dtype=torch.int32) if zero_point is None else zero_point.to(torch.int32)
     minus_zero = (-(zero + 8 + _MAGIC[scale.dtype])).to(scale.dtype)  # exact: integers below 2 MAGIC
     pairs = torch.stack([scale, minus_zero], dim=-1).contiguous().view(torch.int32).squeeze(-1)  # [K / G, N]
