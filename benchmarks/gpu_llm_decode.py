@@ -301,6 +301,12 @@ VARIANTS = {  # name -> (linear form, backend[, qfuse options])
 }
 
 
+def picked_variants(wanted: list[str]) -> dict:
+    """The variants `wanted` names: a whole name that variant alone, a part of names every variant whose name has it."""
+    return {name: value for name, value in VARIANTS.items()
+            if any(part == name or part in name and part not in VARIANTS for part in wanted)}
+
+
 def compile_options(mode: str, qfuse_options: dict | None = None) -> dict:
     """torch.compile's keywords for `mode` (and qfuse's options: torch.compile takes a mode or options, so the
     mode goes in as its Inductor settings)."""
@@ -474,8 +480,8 @@ def main() -> None:
     if args.quick:
         layers, batches, modes = 2, [1], ["reduce-overhead"]
     wanted = [part for part in args.variants.split(",") if part]
-    variants = {name: value for name, value in VARIANTS.items() if name.startswith("bf16") or not wanted or any(
-        part == name or part in name and part not in VARIANTS for part in wanted)}  # a whole name: that variant alone
+    variants = {name: value for name, value in VARIANTS.items()
+                if name.startswith("bf16") or not wanted or name in picked_variants(wanted)}
     if args.profile:
         rows = [row for mode in modes for row in profile_rows(layers, batches, variants, mode)]
         header = ["batch", "mode", "variant", "kernel", "us_per_step", "launches_per_step"]

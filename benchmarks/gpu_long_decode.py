@@ -23,12 +23,13 @@ import gc
 import torch
 from torch._dynamo.utils import counters
 
-from gpu_llm_decode import DIM, MAX_SEQ, START, VARIANTS, Decoder
+from gpu_llm_decode import DIM, MAX_SEQ, START, VARIANTS, Decoder, compile_options, picked_variants
 from qfuse.bench import add_output_arguments, format_table, machine, out_path, progress, write
 from qfuse.kernels.prepared import prepared_weights
 
 MIB = 2**20
 REQUEST_STEPS = MAX_SEQ - START
+DEFAULT_FORMS = ("gptq int4", "fp8 W8A8", "int8 W8A8", "int8 weight-only")  # each under Inductor and qfuse
 
 
 def tensor_bytes(tensors) -> int:
@@ -41,7 +42,7 @@ def prepared_bytes() -> int:
 
 def long_run(name: str, layers: int, steps: int, batches: tuple[int, ...], sample_every: int) -> dict:
     """One variant's run (see the module docstring): its memory, compiles and largest error against eager."""
-    form, backend = VARIANTS[name]
+    form, backend, *qfuse_options = VARIANTS[name]
     torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
@@ -49,7 +50,7 @@ def long_run(name: str, layers: int, steps: int, batches: tuple[int, ...], sampl
     model = Decoder(form, layers, max(batches)).eval()
     weights = torch.cuda.memory_allocated() - before
     torch.cuda.reset_peak_memory_stats()
-    compiled = torch.compile(model, backend=backend, mode="reduce-overhead")
+    compiled = torch.compile(model, backend=backend, **compile_options("reduce-overhead", *qfuse_options))
     generator = torch.Generator(device="cuda").manual_seed(1)
     pool = {batch: [torch.randn(batch, 1, DIM, device="cuda", dtype=torch.bfloat16, generator=generator) * 0.1
                     for _ in range(4)] for batch in batches}
@@ -89,16 +90,17 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batches", default="1,4,8")
     parser.add_argument("--sample-every", type=int, default=500)
-    parser.add_argument("--variants", default="gptq,fp8 W8A8,int8 W8A8,int8 weight-only",
-                        help="substrings of the variants to run (each under Inductor and under qfuse)")
+    parser.add_argument("--variants", default=",".join(f"{form} ({backend})" for form in DEFAULT_FORMS
+                                                       for backend in ("Inductor", "qfuse")),
+                        help="the variants to run (gpu_llm_decode's names: a whole name that variant alone, a part "
+                             "of names every variant whose name has it)")
     add_output_arguments(parser, "gpu_long_decode", quick="600 steps, batches 1 and 4")
     args = parser.parse_args()
     steps, batches = args.steps, tuple(int(b) for b in args.batches.split(","))
     if args.quick:
         steps, batches = 600, (1, 4)
     wanted = [part for part in args.variants.split(",") if part]
-    rows = [long_run(name, args.layers, steps, batches, args.sample_every)
-            for name in VARIANTS if any(part in name for part in wanted)]
+    rows = [long_run(name, args.layers, steps, batches, args.sample_every) for name in picked_variants(wanted)]
     header = list(rows[0])
     print(format_table([[row[column] for column in header] for row in rows], header))
     write(out_path(args, "gpu_long_decode"), rows, machine=machine())
