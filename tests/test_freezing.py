@@ -129,10 +129,10 @@ def test_a_training_graph_is_not_taken_in_the_joint_stage():
 
 
 def test_a_near_miss_of_the_joint_stage_is_no_float_matmul_of_the_post_grad_stage():
-    """Under freezing the joint stage records AWQ's float32 linear at 16 rows as a near miss (the CPU int4 kernel
-    takes float32 at one row only); the post-grad stage sees the same linear as a new matmul node, computed from
-    the stored int32 words that freezing keeps: it is no float matmul (it was listed as one beside the near miss)."""
-    model, x = wo.awq_int4(torch.float32), wo.example_input(256, torch.float32)
+    """Under freezing the joint stage records AWQ's float32 linear at 144 rows as a near miss (the CPU int4 kernels
+    take up to 128 rows); the post-grad stage sees the same linear as a new matmul node, computed from the stored
+    int32 words that freezing keeps: it is no float matmul (it was listed as one beside the near miss)."""
+    model, x = wo.awq_int4(torch.float32), wo.example_input(256, torch.float32, tokens=144)
     torch._dynamo.reset()
     with torch._inductor.config.patch(freezing=True), pass_skipping_caches_off(), torch.no_grad():
         marker = qfuse.graphs_compiled()

@@ -11,7 +11,11 @@ eager's (q - z) * s is; in bf16 or fp16 a 4-bit integer times the scale can need
 bits than the dtype has, and the rounding of f would be a new error of up to 8 scale units. ATen's
 kernel therefore takes zero points with float32 activations only (`holds_zero_points`); with bf16 /
 fp16 activations `pack` prepares the weight for qfuse's own C++ kernel, which rounds each (q - z) * s as
-eager does (`qfuse.kernels.cpu.int4_zero_points`). torchao's int8 storage has its zero points looked at
+eager does (`qfuse.kernels.cpu.int4_zero_points`). With float32 activations that kernel takes every weight
+(zero points or none): ATen's float32 kernel's time grows by its one-row time with every row (about 15 ms a row
+at K = N = 4096 on the development CPU), while qfuse's computes eager's float32 product (q - z) * s itself and beat Inductor's own dequantize
++ mm by 22x at one row and 1.95x at 128 (docs/benchmarks.md, "int4 with float32 activations on the CPU"); ATen's
+layout is the fallback where it did not build. torchao's int8 storage has its zero points looked at
 when the weight is prepared: those that fold into the values (all zero, for its symmetric default) leave
 no zero point; values outside [-8, 7] get a weight dequantized once (`Packing.DENSE`, exact, twice the int8
 weight's memory).
@@ -19,9 +23,7 @@ weight's memory).
 Against Inductor's own code for the GPTQ form (bf16) the compiled op is far faster at decode, its lead
 shrinking with M until Inductor's dequantize + mm is faster at 256 rows (measured: docs/benchmarks.md,
 "qfuse's int4 weight-only linear"). So a static M above `MAX_ROWS` is left to Inductor
-(`TorchKernel.can_implement`); a dynamic M runs here at every M. In float32 the kernel's time grows by about
-its one-row time with every row (docs/benchmarks.md, "torchao's int4 \"intx\" form"), so float32 runs here at a
-static M = 1 only.
+(`TorchKernel.why_inductor_is_faster`); a dynamic M runs here at every M.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ MAX_ROWS = 128
 N_MULTIPLE = 16
 _INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)
 #: what `pack` prepares: ATen's layout, or qfuse's kernel with zero points (`int4pack_mm` runs either)
-PACKINGS = (Packing.INT4PACK_CPU, Packing.INT4_ZERO_POINTS_BF16, Packing.INT4_ZERO_POINTS_FP16)
+PACKINGS = (Packing.INT4PACK_CPU, *int4_zero_points.PACKINGS.values())
 
 
 def holds_zero_points(activation_dtype: torch.dtype) -> bool:
@@ -47,14 +49,18 @@ def holds_zero_points(activation_dtype: torch.dtype) -> bool:
 
 def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> PreparedWeight:
     """The int4 weight (int8 [K, N] values in [-8, 7], scale [K / g, N], zero point [K / g, N] or None)
-    in ATen's CPU layout; where the zero points are not held exactly (scales in bf16 / fp16), in the layout of
-    qfuse's exact kernel with zero points (`qfuse.kernels.cpu.int4_zero_points`), or DENSE where that cannot
-    hold the weight (values outside [-8, 7], odd K or group) or did not build here."""
-    if zero_point is not None and not holds_zero_points(scale.dtype):
+    in the layout of qfuse's exact C++ kernel (`qfuse.kernels.cpu.int4_zero_points`) for float32 activations, and
+    for bf16 / fp16 ones where the zero points are not held exactly (the module docstring); else in ATen's CPU
+    layout. Where qfuse's kernel cannot hold the weight (values outside [-8, 7], odd K or group) or did not build
+    here: ATen's layout in float32, DENSE (exact) with bf16 / fp16 zero points."""
+    float32, asymmetric = scale.dtype == torch.float32, zero_point is not None and not holds_zero_points(scale.dtype)
+    if float32 or asymmetric:
         group_size = values.shape[0] // scale.shape[0]
         if not (reason := int4_zero_points.why_not(values, group_size) or int4_zero_points.why_not_built(scale.dtype)):
             return int4_zero_points.pack(values, scale, zero_point)
-        return dense_int4_weight(values, scale, zero_point, f"qfuse's int4 kernel with zero points cannot take it: {reason}")
+        if asymmetric:
+            return dense_int4_weight(values, scale, zero_point,
+                                     f"qfuse's int4 kernel with zero points cannot take it: {reason}")
     unsigned = (values.to(torch.int32) + INT4_OFFSET).t().contiguous()  # [N, K], 0..15
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, _INNER_K_TILES)
     zero = torch.zeros_like(scale) if zero_point is None else -zero_point.to(scale.dtype) * scale
@@ -64,7 +70,7 @@ def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | N
 def int4pack_mm(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """x [M, K] @ w + bias, cast to `out_dtype` (the bias added in x's dtype, as a float linear would), on the
     kernel `pack` prepared the weight for."""
-    if weight.packing in (Packing.INT4_ZERO_POINTS_BF16, Packing.INT4_ZERO_POINTS_FP16):
+    if weight.packing in int4_zero_points.PACKINGS.values():
         return int4_zero_points.int4_zero_points_mm(x, weight, bias, out_dtype)
     group_size = weight.k // weight.scale.shape[0]
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), weight.data, group_size,

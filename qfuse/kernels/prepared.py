@@ -55,6 +55,7 @@ class Packing(str, enum.Enum):
     INT4PACK_CUDA = "int4pack_cuda"  # ATen's tinygemm layout (`kernels.int4_tinygemm`)
     INT4_ZERO_POINTS_BF16 = "int4_zero_points_bf16"  # qfuse's CPU int4 kernel with zero points, bf16 (`kernels.cpu`)
     INT4_ZERO_POINTS_FP16 = "int4_zero_points_fp16"  # the same, fp16
+    INT4_ZERO_POINTS_FP32 = "int4_zero_points_fp32"  # the same, float32 (no rounding of the weight)
     INT4_WORDS_NK = "int4_words_nk"  # int4 words along K, [N, K / 8] (`kernels.int4_words`; the Triton kernels)
     INT4_WORDS_NK_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 minus one
     INT4_MMA_BF16 = "int4_mma_bf16"  # the cuda int4 kernel's words and (s, z) pairs, for bf16 activations

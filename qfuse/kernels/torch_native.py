@@ -20,10 +20,10 @@ on CPU the int8 weight-only linear (W8A16, a float activation):
                  other runs in float32, minus rowsum(x) * azp_b * scale_b; above M = 64 rows the
                  weight is dequantized and a bf16 mm runs (faster there, measured)
     int4 weight-only  aten._weight_int4pack_mm_for_cpu on the weight repacked once, group sizes 32 /
-                 64 / 128 / 256, N a multiple of 16, float32 at a static M = 1 only (slower than
-                 Inductor's code above it); zero points with bf16 / fp16 activations on qfuse's own
-                 C++ kernel, which rounds each weight value as eager does (`qfuse.kernels.int4_cpu`, which
-                 says why; `qfuse.kernels.cpu.int4_zero_points`); on NVIDIA GPUs ATen's tinygemm
+                 64 / 128 / 256, N a multiple of 16, up to 128 rows; float32 activations and zero points
+                 with bf16 / fp16 ones on qfuse's own C++ kernel, which
+                 computes each weight value as eager does (`qfuse.kernels.int4_cpu`, which says why;
+                 `qfuse.kernels.cpu.int4_zero_points`); on NVIDIA GPUs ATen's tinygemm
                  aten._weight_int4pack_mm, bf16, symmetric weights with bf16 scales, taken at M = 1
                  under CUDA graphs only (`qfuse.kernels.int4_tinygemm`, which says why)
 
@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 
 from qfuse.kernels import int4_cpu, int4_tinygemm
+from qfuse.kernels.cpu import int4_zero_points
 from qfuse.kernels.array_ops import TORCH_OPS, ArrayOps
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
@@ -83,7 +84,7 @@ class TorchKernel(Kernel):
         # K a multiple of 16: torch 2.13's bf16 kernel crashes on other K.
         Capability("int8 weight-only torch._weight_int8pack_mm", ("cpu",), (torch.bfloat16,), (torch.int8,),
                    weight_zero_point=True, k_multiple=BF16_INT8PACK_K_MULTIPLE),
-        Capability("int4 weight-only torch._weight_int4pack_mm_for_cpu; zero points in bf16 / fp16: qfuse C++",
+        Capability("int4 weight-only torch._weight_int4pack_mm_for_cpu; float32, zero points in bf16 / fp16: qfuse C++",
                    ("cpu",), FLOAT_ACTIVATION_DTYPES, (INT4_DTYPE,),
                    weight_scales=(Granularity.PER_GROUP,), weight_zero_point=True,
                    weight_group_multiple=min(int4_cpu.GROUP_SIZES), n_multiple=int4_cpu.N_MULTIPLE),
@@ -113,14 +114,16 @@ class TorchKernel(Kernel):
         scheme = key.scheme
         if scheme.weight_dtype != INT4_DTYPE or key.device_type != "cpu":
             return ""
-        if scheme.activation_dtype == torch.float32 and key.m != 1:
-            return ("in float32 _weight_int4pack_mm_for_cpu's time grows by its one-row time with every row, "
-                    "slower than Inductor's own dequantize + mm from a few rows on (docs/benchmarks.md, \"torchao's "
-                    f"int4 'intx' form\"): taken at a static M = 1 only, not at "
-                    f"{'a dynamic M' if key.m is None else f'M = {key.m}'}")
+        if scheme.activation_dtype == torch.float32 and key.m != 1 and (
+                reason := int4_zero_points.why_not_built(torch.float32)):  # ATen's float32 kernel alone
+            return ("in float32 _weight_int4pack_mm_for_cpu's time grows by its one-row time with every row, slower "
+                    "than Inductor's own dequantize + mm from a few rows on (docs/benchmarks.md, \"torchao's int4 "
+                    f"'intx' form\"), and qfuse's C++ kernel for float32: {reason}: taken at a static M = 1 only, not "
+                    f"at {'a dynamic M' if key.m is None else f'M = {key.m}'}")
         if key.m is not None and key.m > int4_cpu.MAX_ROWS:
-            return (f"at M = {key.m} _weight_int4pack_mm_for_cpu is slower than Inductor's own dequantize + "
-                    "mm (above 128 rows; docs/benchmarks.md, \"qfuse's int4 weight-only linear\")")
+            return (f"at M = {key.m} the CPU int4 kernels are slower than Inductor's own dequantize + mm (above "
+                    f"{int4_cpu.MAX_ROWS} rows; docs/benchmarks.md, \"qfuse's int4 weight-only linear\", \"int4 with "
+                    "float32 activations on the CPU\")")
         return ""
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:

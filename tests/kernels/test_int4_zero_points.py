@@ -1,5 +1,6 @@
-"""qfuse's CPU int4 kernel with zero points (`qfuse.kernels.cpu.int4_zero_points`): each weight value rounded as
-eager's (q - z) * s in bf16 / fp16, summed in float32; odd shapes, inf / nan, and the weights it cannot hold."""
+"""qfuse's CPU int4 kernel with zero points (`qfuse.kernels.cpu.int4_zero_points`): each weight value computed as
+eager's (q - z) * s in bf16 / fp16 / float32, summed in float32; odd shapes, inf / nan, and the weights it cannot
+hold."""
 
 import pytest
 import torch
@@ -9,8 +10,8 @@ from qfuse.kernels.cpu import int4_zero_points
 from qfuse.kernels.prepared import Packing
 from qfuse.ops.int4_weight_only import int4_product
 
-BF16, FP16 = torch.bfloat16, torch.float16
-ROUNDING = {BF16: 2**-8, FP16: 2**-11}
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+ROUNDING = {BF16: 2**-8, FP16: 2**-11, FP32: 2**-20}
 PACK = int4_zero_points.pack  # the module's own, before a test counts its calls
 
 
@@ -28,15 +29,17 @@ def eager_weight(values, scale, zero):
     return (values.to(torch.int32) - zero.to(torch.int32)[group]).to(scale.dtype) * scale[group]
 
 
-@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("dtype, zero_points", [(BF16, True), (FP16, True), (FP32, True), (FP32, False)])
 @pytest.mark.parametrize("m, k, n, group", [(0, 64, 32, 32), (1, 2, 16, 2), (1, 256, 48, 32), (5, 256, 80, 64),
                                             (17, 512, 272, 128), (3, 384, 64, 384)])
-def test_the_sums_are_of_eagers_rounded_weight(dtype, m, k, n, group):
-    """Its float32 sums equal float32 products of eager's rounded weight (to float32 summation order): a weight
-    left unrounded would differ by 2^-9 of a value, far above that."""
+def test_the_sums_are_of_eagers_rounded_weight(dtype, zero_points, m, k, n, group):
+    """Its float32 sums equal float32 products of eager's rounded weight (to float32 summation order): a bf16 / fp16
+    weight left unrounded would differ by 2^-9 of a value, far above that. It takes float32 weights without zero
+    points too (symmetric bf16 / fp16 ones are ATen's kernel's: kernels/int4_cpu.py)."""
     values, scale, zero = weight(k, n, group, dtype)
-    prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)
-    assert prepared.packing == (Packing.INT4_ZERO_POINTS_BF16 if dtype == BF16 else Packing.INT4_ZERO_POINTS_FP16)
+    zero = zero if zero_points else torch.zeros_like(zero)
+    prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero if zero_points else None)
+    assert prepared.packing == int4_zero_points.PACKINGS[dtype]
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(dtype)
     sums, x32 = torch.empty(m, n), x.float().contiguous()
     if m:
@@ -52,7 +55,7 @@ def test_the_sums_are_of_eagers_rounded_weight(dtype, m, k, n, group):
         assert (out.double() - expected).abs().max() <= ROUNDING[dtype] * largest
 
 
-@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
 def test_bias_and_a_float32_output_as_a_float_linear(dtype):
     values, scale, zero = weight(128, 32, 64, dtype)
     prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)
@@ -62,7 +65,7 @@ def test_bias_and_a_float32_output_as_a_float_linear(dtype):
     assert out.dtype == torch.float32 and (out - eager).abs().max() <= 2 * ROUNDING[dtype] * eager.abs().max()
 
 
-@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
 def test_inf_and_nan_follow_eager(dtype):
     """A scale of inf (its group's values inf or nan, as (q - z) * inf is), a nan scale, an inf in x; in fp16 a
     scale whose products overflow to inf when rounded (60000 * 8)."""

@@ -257,12 +257,14 @@ def test_a_kernel_slower_here_is_still_taken_when_no_later_one_can_run():
     (512, BF16, False, None, "takes groups of (32, 64, 128, 256), not 512"),
     (128, BF16, True, None, ""),  # zero points in bf16: qfuse's own kernel (kernels/cpu/int4_zero_points.py)
     (128, BF16, False, 256, "slower than Inductor's own dequantize + mm"),
-    (128, FP32, False, None, "taken at a static M = 1 only, not at a dynamic M"),
-    (128, FP32, False, 4, "taken at a static M = 1 only, not at M = 4"),
-    (128, FP32, False, 0, "taken at a static M = 1 only, not at M = 0"),
+    (128, FP32, False, None, ""),  # float32: qfuse's own kernel up to 128 rows, a dynamic M at every M
+    (128, FP32, False, 4, ""),
+    (128, FP32, True, 128, ""),
+    (128, FP32, False, 129, "slower than Inductor's own dequantize + mm"),
     (128, BF16, "foldable", None, ""),  # torchao's int8-stored zero points: folded, else a dense weight
 ])
 def test_int4_weight_only_on_cpu_is_the_torch_kernels(group, activation, zero_point, m, reason):
+    """Which int4 linears the torch kernel takes on a CPU (the speed rules' reasons where it does not)."""
     scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, activation, weight_group_size=group)
     key = GemmKey(scheme, m=m, n=4096, k=4096, out_dtype=activation, bias_dtype=None, device_type="cpu",
                   weight_zero_point=bool(zero_point), weight_zero_point_foldable=zero_point == "foldable")
@@ -273,6 +275,20 @@ def test_int4_weight_only_on_cpu_is_the_torch_kernels(group, activation, zero_po
         assert choice.kernel is None and reason in choice.rejected["torch"]
         if "Inductor's own" in reason:  # a speed rule: a forced kernel still runs the linear
             assert choose_kernel(key, ZEN4, forced="torch").kernel.name == "torch"
+
+
+@pytest.mark.parametrize("m, reason", [(1, ""), (4, "taken at a static M = 1 only, not at M = 4"),
+                                       (None, "taken at a static M = 1 only, not at a dynamic M")])
+def test_float32_int4_without_qfuses_cpu_kernel_is_atens_at_one_row_only(monkeypatch, m, reason):
+    """Where qfuse's C++ kernel did not build, float32 int4 runs on ATen's kernel, whose time grows by its one-row
+    time with every row: at a static M = 1 only."""
+    from qfuse.kernels.cpu import int4_zero_points
+
+    monkeypatch.setattr(int4_zero_points, "why_not_built", lambda dtype: "its C++ did not build here (no compiler)")
+    scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, FP32, weight_group_size=128)
+    key = GemmKey(scheme, m=m, n=4096, k=4096, out_dtype=FP32, bias_dtype=None, device_type="cpu")
+    choice = choose_kernel(key, ZEN4)
+    assert (choice.kernel.name == "torch") if not reason else reason in choice.rejected["torch"]
 
 
 @pytest.mark.parametrize("group, zero_point, m", [(128, False, 1), (32, True, None), (4096, False, 4096)])

@@ -210,7 +210,7 @@ def call_intx(model, x, kernel="torch"):
 
 @pytest.mark.parametrize("kernel", ["torch", "reference"])
 @pytest.mark.parametrize("dtype, zero_points, values, packing", [
-    (FP32, "int4", "int4", "int4pack_cpu"),  # the CPU kernel holds float32 zero points
+    (FP32, "int4", "int4", "int4_zero_points_fp32"),  # float32: qfuse's own kernel, eager's product
     (BF16, "zero", "int4", "int4pack_cpu"),  # zeros fold into the values: symmetric
     (BF16, "int4", "int4", "int4_zero_points_bf16"),  # bf16 would round ATen's float zero: qfuse's own kernel
     (FP16, "int4", "int4", "int4_zero_points_fp16"),

@@ -4,7 +4,8 @@
 //
 // u the stored nibble (0..15), z its zero point as a float (any integer), s the group scale as a float. The
 // difference is an integer of at most 5 bits and s has 8 (bf16) or 11 (fp16) significant bits, so their float32
-// product is exact and ROUND gives eager's one rounding of (q - z) * s in bf16 / fp16 (nearest even, NaN kept).
+// product is exact and ROUND gives eager's one rounding of (q - z) * s in bf16 / fp16 (nearest even, NaN kept); with
+// float32 activations a float32 scale has 24 bits and the product is eager's float32 one, rounded once as eager's is.
 //
 // The weight [K / 2, N] uint8 holds k = 2 i in its low nibble and 2 i + 1 in its high one (`int4_zero_points.py`,
 // `pack`): a row of bytes is contiguous along N, so the compiler vectorizes the loops over a block of NB columns.
@@ -49,6 +50,8 @@ inline void round_block_to_fp16(float* v, int64_t n) {
     for (; j < n; ++j) v[j] = round_to_fp16(v[j]);
 }
 
+inline void keep_block(float*, int64_t) {}  // float32 activations: the exact product is eager's float32 weight
+
 template <void (*ROUND)(float*, int64_t)>
 void int4_zero_points_mm(const uint8_t* w, const float* s, const float* z, const float* x, float* out, int64_t M,
                          int64_t N, int64_t K, int64_t G) {
@@ -92,4 +95,9 @@ extern "C" void qfuse_int4_zero_points_mm_bf16(const uint8_t* w, const float* s,
 extern "C" void qfuse_int4_zero_points_mm_fp16(const uint8_t* w, const float* s, const float* z, const float* x,
                                                float* out, int64_t M, int64_t N, int64_t K, int64_t G) {
     int4_zero_points_mm<round_block_to_fp16>(w, s, z, x, out, M, N, K, G);
+}
+
+extern "C" void qfuse_int4_zero_points_mm_fp32(const uint8_t* w, const float* s, const float* z, const float* x,
+                                               float* out, int64_t M, int64_t N, int64_t K, int64_t G) {
+    int4_zero_points_mm<keep_block>(w, s, z, x, out, M, N, K, G);
 }

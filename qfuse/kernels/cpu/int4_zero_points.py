@@ -6,7 +6,9 @@ ATen's `_weight_int4pack_mm_for_cpu` holds a zero point as a float in the activa
 fp16 round (`qfuse.kernels.int4_cpu`); without a kernel, Inductor dequantized such a weight on every call. This
 one keeps the values as nibbles ([K / 2, N] uint8, u = v + 8, two rows of K a byte), the scales and the zero
 points (u's: z + 8) as float32, and rounds each (u - z) * s to bf16 / fp16 as eager does before the product,
-which it sums in float32: within one rounding of eager's output. Its `pack` is once per weight; each call
+which it sums in float32: within one rounding of eager's output. With float32 activations (any int4 weight, zero
+points or none: ATen's float32 kernel is slower, `qfuse.kernels.int4_cpu`) the float32 product (u - z) * s is
+eager's weight itself. Its `pack` is once per weight; each call
 converts x to float32 and runs the compiled kernel through ctypes (a few µs of Python; the GEMM takes
 milliseconds on a CPU).
 """
@@ -24,7 +26,12 @@ from qfuse.kernels.prepared import Packing, PreparedWeight
 from qfuse.schemes import INT4_OFFSET
 
 SOURCE = Path(__file__).with_name("int4_zero_points.cpp")
-_ENTRY = {torch.bfloat16: "qfuse_int4_zero_points_mm_bf16", torch.float16: "qfuse_int4_zero_points_mm_fp16"}
+_ENTRY = {torch.bfloat16: "qfuse_int4_zero_points_mm_bf16", torch.float16: "qfuse_int4_zero_points_mm_fp16",
+          torch.float32: "qfuse_int4_zero_points_mm_fp32"}
+#: the packing of a weight prepared for activations of each dtype (its values rounded to it)
+PACKINGS = {torch.bfloat16: Packing.INT4_ZERO_POINTS_BF16, torch.float16: Packing.INT4_ZERO_POINTS_FP16,
+            torch.float32: Packing.INT4_ZERO_POINTS_FP32}
+_DTYPE_OF_PACKING = {packing: dtype for dtype, packing in PACKINGS.items()}
 
 
 def why_not(values: torch.Tensor, group_size: int) -> str:
@@ -49,22 +56,23 @@ def why_not_built(dtype: torch.dtype) -> str:
     return ""
 
 
-def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) -> PreparedWeight:
-    """int8 [K, N] values in [-8, 7], scale [K / g, N] (bf16 / fp16: the dtype the weight is rounded to), zero
-    point [K / g, N] (integers) in the kernel's layout: nibbles, float32 scales and zero points of u = v + 8."""
+def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> PreparedWeight:
+    """int8 [K, N] values in [-8, 7], scale [K / g, N] (bf16 / fp16 / float32: the dtype the weight is rounded to),
+    zero point [K / g, N] (integers; None: zero) in the kernel's layout: nibbles, float32 scales and zero points of
+    u = v + 8."""
     unsigned = (values.to(torch.int32) + INT4_OFFSET).to(torch.uint8)
     nibbles = (unsigned[0::2] | (unsigned[1::2] << 4)).contiguous()  # [K / 2, N]
-    zero = (zero_point.to(torch.float32) + INT4_OFFSET).contiguous()
+    zero = torch.zeros_like(scale, dtype=torch.float32) if zero_point is None else zero_point.to(torch.float32)
+    zero = (zero + INT4_OFFSET).contiguous()
     return PreparedWeight(nibbles, scale.to(torch.float32).contiguous(), zero, *values.shape,
-                          packing=Packing.INT4_ZERO_POINTS_BF16 if scale.dtype == torch.bfloat16
-                          else Packing.INT4_ZERO_POINTS_FP16)
+                          packing=PACKINGS[scale.dtype])
 
 
 def int4_zero_points_mm(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None,
                         out_dtype: torch.dtype) -> torch.Tensor:
     """x [M, K] @ w + bias as `out_dtype`: the float32 sums rounded to x's dtype (as a float linear's output),
     the bias added in that dtype (as eager's addmm / add)."""
-    dtype = torch.bfloat16 if weight.packing == Packing.INT4_ZERO_POINTS_BF16 else torch.float16
+    dtype = _DTYPE_OF_PACKING[weight.packing]
     if x.dtype != dtype:
         raise ValueError(f"this int4 weight was prepared for {dtype} activations (its values are rounded to it), "
                          f"and x is {x.dtype}")
