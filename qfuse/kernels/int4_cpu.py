@@ -13,9 +13,9 @@ kernel therefore takes zero points with float32 activations only (`holds_zero_po
 fp16 activations `pack` prepares the weight for qfuse's own C++ kernel, which rounds each (q - z) * s as
 eager does (`qfuse.kernels.cpu.int4_zero_points`). With float32 activations that kernel takes every weight
 (zero points or none): ATen's float32 kernel's time grows by its one-row time with every row (about 15 ms a row
-at K = N = 4096 on the development CPU), while qfuse's computes eager's float32 product (q - z) * s itself and beat Inductor's own dequantize
-+ mm by 22x at one row and 1.95x at 128 (docs/benchmarks.md, "int4 with float32 activations on the CPU"); ATen's
-layout is the fallback where it did not build. torchao's int8 storage has its zero points looked at
+at K = N = 4096 on the development CPU), while qfuse's computes eager's float32 product (q - z) * s itself and
+beat Inductor's own dequantize + mm by 22x at one row and 1.95x at 128 (docs/benchmarks.md, "int4 with float32
+activations on the CPU"); ATen's layout is the fallback where it did not build. torchao's int8 storage has its zero points looked at
 when the weight is prepared: those that fold into the values (all zero, for its symmetric default) leave
 no zero point; values outside [-8, 7] get a weight dequantized once (`Packing.DENSE`, exact, twice the int8
 weight's memory).
@@ -38,7 +38,7 @@ GROUP_SIZES = (32, 64, 128, 256)
 MAX_ROWS = 128
 N_MULTIPLE = 16
 _INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)
-#: what `pack` prepares: ATen's layout, or qfuse's kernel with zero points (`int4pack_mm` runs either)
+#: what `pack` prepares: ATen's layout, or qfuse's C++ kernel's for each activation dtype (`int4pack_mm` runs either)
 PACKINGS = (Packing.INT4PACK_CPU, *int4_zero_points.PACKINGS.values())
 
 
@@ -51,16 +51,17 @@ def pack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | N
     """The int4 weight (int8 [K, N] values in [-8, 7], scale [K / g, N], zero point [K / g, N] or None)
     in the layout of qfuse's exact C++ kernel (`qfuse.kernels.cpu.int4_zero_points`) for float32 activations, and
     for bf16 / fp16 ones where the zero points are not held exactly (the module docstring); else in ATen's CPU
-    layout. Where qfuse's kernel cannot hold the weight (values outside [-8, 7], odd K or group) or did not build
-    here: ATen's layout in float32, DENSE (exact) with bf16 / fp16 zero points."""
-    float32, asymmetric = scale.dtype == torch.float32, zero_point is not None and not holds_zero_points(scale.dtype)
-    if float32 or asymmetric:
-        group_size = values.shape[0] // scale.shape[0]
-        if not (reason := int4_zero_points.why_not(values, group_size) or int4_zero_points.why_not_built(scale.dtype)):
+    layout. Where qfuse's kernel cannot hold the weight (values outside [-8, 7], odd K or group): DENSE (exact);
+    where it did not build here: ATen's layout in float32, DENSE with bf16 / fp16 zero points."""
+    float32 = scale.dtype == torch.float32
+    rounded_zero_points = zero_point is not None and not holds_zero_points(scale.dtype)
+    if float32 or rounded_zero_points:
+        if reason := int4_zero_points.why_not(values, values.shape[0] // scale.shape[0]):
+            return dense_int4_weight(values, scale, zero_point, f"qfuse's CPU int4 kernel cannot take it: {reason}")
+        if not (reason := int4_zero_points.why_not_built(scale.dtype)):
             return int4_zero_points.pack(values, scale, zero_point)
-        if asymmetric:
-            return dense_int4_weight(values, scale, zero_point,
-                                     f"qfuse's int4 kernel with zero points cannot take it: {reason}")
+        if rounded_zero_points:
+            return dense_int4_weight(values, scale, zero_point, f"qfuse's CPU int4 kernel: {reason}")
     unsigned = (values.to(torch.int32) + INT4_OFFSET).t().contiguous()  # [N, K], 0..15
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, _INNER_K_TILES)
     zero = torch.zeros_like(scale) if zero_point is None else -zero_point.to(scale.dtype) * scale

@@ -189,7 +189,9 @@ def _lower_int4(call: Int4WeightOnlyMmArgs):
     layout as graph constants (a weight whose preparation is no int4pack layout stays the extern call)."""
     weight = prepared_now(call, constant_weight(call))
     if weight.packing != Packing.INT4PACK_CPU:
-        return extern_call(call, "the weight's preparation is no int4pack layout (dequantized once)")
+        reason = ("the weight was dequantized once (no int4 kernel takes it exactly)" if weight.packing == Packing.DENSE
+                  else "qfuse's C++ int4 kernel runs as the op's extern call")
+        return extern_call(call, reason)
     x2d, lead, _, _ = as_matrix(call.x)
     packed = tensor_constant(weight.data, "qfuse_int4pack_weight")
     scales_and_zeros = tensor_constant(weight.scale.to(x2d.get_dtype()), "qfuse_int4pack_scales")

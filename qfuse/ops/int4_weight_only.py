@@ -63,8 +63,9 @@ from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, INT4_OFFSET
 
 _OP = "int4_weight_only_mm"
 NIBBLES_PER_WORD = 8
-#: words `unpack` turns into values at a time: its int32 temporaries stay at 32 MiB whatever the weight (a 70B model's
-#: joined gate / up weight would otherwise take 8 bytes a value, gigabytes, while its values take one)
+#: words `unpack` turns into values at a time: its temporaries (two of 32 MiB at once with int32 shifts) stay so
+#: whatever the weight (a 70B model's joined gate / up weight would otherwise take 8 bytes a value, gigabytes, while its
+#: values take one)
 UNPACK_WORDS = 2**20
 INT4_RANGE = (-INT4_OFFSET, INT4_OFFSET - 1)
 

@@ -180,7 +180,7 @@ def test_on_the_gpu_every_group_size(m, group_size):
 def test_on_the_gpu_a_gptq_weight_is_prepared_in_a_few_bytes_a_value():
     """Unpacking a GPTQ weight and repacking it for the kernel holds at most 6 bytes a value at once on the GPU (the
     values, their copies and the repack's bytes; int64 nibbles took over 16: gigabytes for a large model's joined
-    gate / up weight), and the words it makes are the kernel's."""
+    gate / up weight), and its words are `repack`'s of the words' values (whose layout the emulation above checks)."""
     from qfuse.ops.int4_weight_only import prepared_int4_weight
 
     n, k = 4096, 4096

@@ -113,6 +113,17 @@ def test_a_kernel_that_did_not_build_leaves_the_exact_dense_weight(monkeypatch):
         int4_zero_points.why_not_built.cache_clear()
 
 
+def test_float32_without_the_kernel_is_atens_layout_and_eagers_result(monkeypatch):
+    """Where the C++ kernel did not build, a float32 weight (zero points held exactly in float32) is ATen's."""
+    monkeypatch.setattr(int4_zero_points, "why_not_built", lambda dtype: "its C++ did not build here (no compiler)")
+    values, scale, zero = weight(64, 16, 32, FP32)
+    prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)
+    assert prepared.packing == Packing.INT4PACK_CPU
+    x = torch.randn(3, 64)
+    out = int4_product(get_kernel("torch"), x, prepared, None, FP32)
+    torch.testing.assert_close(out, x @ eager_weight(values, scale, zero), rtol=1e-5, atol=1e-5)
+
+
 def test_an_activation_of_another_dtype_is_named():
     values, scale, zero = weight(64, 16, 32, BF16)
     prepared = get_kernel("torch").prepare_int4_weight(values, scale, zero)

@@ -2,7 +2,8 @@
 
 The expected result is the peer model's own forward (tests/peers/weight_only_models.py writes the
 GPTQ / compressed-tensors dequantize as model code does) and its float64 reference weight. Covered:
-the `torch` kernel (ATen's `_weight_int4pack_mm_for_cpu`) against both, symmetric and with zero
+the `torch` kernel (ATen's `_weight_int4pack_mm_for_cpu`; in float32, and with bf16 / fp16 zero points,
+qfuse's C++ kernel) against both, symmetric and with zero
 points, 2D and 3D, M = 0 / 1 / odd; the op following whatever shifts it is given; the weight
 unpacked and repacked once per weight; `torch.library.opcheck`; ValueErrors naming the problem;
 GPTQ's act order (`g_idx`: the weight's rows sorted by group once, the activation's columns gathered;

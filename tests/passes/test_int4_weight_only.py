@@ -10,7 +10,6 @@ bias or not, M = 1 and odd, a dynamic batch; the stored tensors reach the op (no
 in the compiled graph); forms that must not be rewritten here, each with its reason.
 """
 
-
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""int4 weight-only GEMM with zero points on the CPU, exact (`int4_zero_points.cpp`).
+"""int4 weight-only GEMM on the CPU, exact, zero points or none (`int4_zero_points.cpp`).
 
     w[k, n] = (v[k, n] - z[k // g, n]) * s[k // g, n]     qfuse's int4 convention, rounded once to x's dtype
 
@@ -16,8 +16,8 @@ milliseconds on a CPU).
 from __future__ import annotations
 
 import ctypes
-import inspect
 import functools
+import inspect
 from pathlib import Path
 
 import torch
@@ -46,9 +46,10 @@ def why_not(values: torch.Tensor, group_size: int) -> str:
 
 @functools.cache
 def why_not_built(dtype: torch.dtype) -> str:
-    """Why the kernel for `dtype` activations does not run here (its C++ did not build), or ''. Built once, when a
-    weight is prepared for it: a machine without a working compiler gets the weight in another layout, not an
-    error in the model's call."""
+    """Why the kernel for `dtype` activations does not run on this machine (its C++ did not build), or ''. Built
+    once a process, at the first kernel choice or weight preparation that asks (kernel choice asks for float32 on a
+    CPU, whatever platform it is told: the kernel is this machine's): a machine without a working compiler gets
+    the weight in another layout, not an error in the model's call."""
     try:
         _function(dtype)
     except Exception as error:  # noqa: BLE001 (a missing or failing compiler raises many types; the reason is kept)

@@ -82,7 +82,7 @@ struct XRows { const Words* tile[M_TILES]; };  // a lane's x rows, one a tile of
 
 // U chunks from chunk c on (c a multiple of min(U, GROUP_CHUNKS), so a group's pairs are read once), their words in
 // registers: each chunk's 16 A registers made once, from its group's pairs of rows g and g + 8, and used for every
-// tile of x
+// tile of x (x's chunk c + u is chunk xc + u of `x`: xc = c here, a stage's own index in a kernel that stages x)
 template <int U>
 __device__ __forceinline__ void multiply_chunks(float (&acc)[M_TILES][4], const Words (&w)[U], const Pair* pairs_lane,
                                                 const XRows& x, int c, int xc, int pair_stride) {
