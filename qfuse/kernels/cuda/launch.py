@@ -8,9 +8,9 @@ builds a ctypes array a call, about ten times the host time (docs/benchmarks.md,
 CUDA graphs"), which is all of a decode kernel's GPU time again.
 
 Kernel choice takes these kernels where the platform has both ("nvrtc" among its runtime libraries,
-`qfuse.platform`). A launch is 1-D: `blocks` blocks of `warps` warps, with the kernel's dynamic shared memory (fixed when it is
-compiled; the launcher raises the kernel's limit above 48 KiB where it asks for more), on the current stream of
-the tensors' device (so a CUDA graph capture records it).
+`qfuse.platform`). A launch is 1-D: `blocks` blocks of `warps` warps, with the kernel's dynamic shared memory
+(fixed when it is compiled; the launcher raises the kernel's limit above 48 KiB where it asks for more), on the
+current stream of the tensors' device (so a CUDA graph capture records it).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ class CompiledKernel:
             with torch.cuda.device(index):
                 return self.launch(blocks, warps, arguments, device)
         torch._C._StaticCudaLauncher._launch_kernel(self.function, blocks, 1, 1, warps, self.shared_bytes,
-                                                     self.argument_types,
-                                                     arguments, torch._C._cuda_getCurrentRawStream(index))
+                                                     self.argument_types, arguments,
+                                                     torch._C._cuda_getCurrentRawStream(index))
 
 
 @functools.cache
