@@ -15,9 +15,9 @@ eager does (`qfuse.kernels.cpu.int4_zero_points`). With float32 activations that
 (zero points or none): ATen's float32 kernel's time grows by its one-row time with every row (about 15 ms a row
 at K = N = 4096 on the development CPU), while qfuse's computes eager's float32 product (q - z) * s itself and
 beat Inductor's own dequantize + mm by 22x at one row and 1.95x at 128 (docs/benchmarks.md, "int4 with float32
-activations on the CPU"); ATen's layout is the fallback where it did not build. torchao's int8 storage has its zero points looked at
-when the weight is prepared: those that fold into the values (all zero, for its symmetric default) leave
-no zero point; values outside [-8, 7] get a weight dequantized once (`Packing.DENSE`, exact, twice the int8
+activations on the CPU"); ATen's layout is the fallback where it did not build. torchao's int8 storage has its
+zero points looked at when the weight is prepared: those that fold into the values (all zero, for its symmetric
+default) leave no zero point; values outside [-8, 7] get a weight dequantized once (`Packing.DENSE`, exact, twice the int8
 weight's memory).
 
 Against Inductor's own code for the GPTQ form (bf16) the compiled op is far faster at decode, its lead

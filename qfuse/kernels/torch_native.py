@@ -21,9 +21,9 @@ on CPU the int8 weight-only linear (W8A16, a float activation):
                  weight is dequantized and a bf16 mm runs (faster there, measured)
     int4 weight-only  aten._weight_int4pack_mm_for_cpu on the weight repacked once, group sizes 32 /
                  64 / 128 / 256, N a multiple of 16, up to 128 rows; float32 activations and zero points
-                 with bf16 / fp16 ones on qfuse's own C++ kernel, which
-                 computes each weight value as eager does (`qfuse.kernels.int4_cpu`, which says why;
-                 `qfuse.kernels.cpu.int4_zero_points`); on NVIDIA GPUs ATen's tinygemm
+                 with bf16 / fp16 ones on qfuse's own C++ kernel, which computes each weight value as
+                 eager does (`qfuse.kernels.int4_cpu`, which says why; `qfuse.kernels.cpu.int4_zero_points`);
+                 on NVIDIA GPUs ATen's tinygemm
                  aten._weight_int4pack_mm, bf16, symmetric weights with bf16 scales, taken at M = 1
                  under CUDA graphs only (`qfuse.kernels.int4_tinygemm`, which says why)
 

@@ -8,9 +8,8 @@ one keeps the values as nibbles ([K / 2, N] uint8, u = v + 8, two rows of K a by
 points (u's: z + 8) as float32, and rounds each (u - z) * s to bf16 / fp16 as eager does before the product,
 which it sums in float32: within one rounding of eager's output. With float32 activations (any int4 weight, zero
 points or none: ATen's float32 kernel is slower, `qfuse.kernels.int4_cpu`) the float32 product (u - z) * s is
-eager's weight itself. Its `pack` is once per weight; each call
-converts x to float32 and runs the compiled kernel through ctypes (a few µs of Python; the GEMM takes
-milliseconds on a CPU).
+eager's weight itself. Its `pack` is once per weight; each call converts x to float32 and runs the compiled kernel
+through ctypes (a few µs of Python; the GEMM takes milliseconds on a CPU).
 """
 
 from __future__ import annotations
