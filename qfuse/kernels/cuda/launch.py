@@ -48,14 +48,15 @@ class CompiledKernel:
 
 @functools.cache
 def compiled(source: Path, name: str, options: tuple[str, ...], argument_types: str, device_index: int,
-             shared_bytes: int = 0) -> CompiledKernel:
-    """The kernel `name` of `source`, compiled with `options` (NVRTC's -D switches) for the device, once, launched
-    with `shared_bytes` of dynamic shared memory a block."""
+             shared_bytes: int = 0, architecture: str | None = None) -> CompiledKernel:
+    """The kernel `name` of `source`, compiled with `options` (NVRTC's -D switches) for the device (or for
+    `architecture`, "90a" say: Hopper's wgmma needs the arch-specific target), once, launched with `shared_bytes` of
+    dynamic shared memory a block."""
     from torch.cuda._utils import _nvrtc_compile
 
     with torch.cuda.device(device_index):  # compiled for its architecture, loaded into its context
         cubin, lowered_name = _nvrtc_compile(COMMON.read_text() + source.read_text(), name,
-                                             nvcc_options=list(options))
+                                             compute_capability=architecture, nvcc_options=list(options))
         descriptor, path = tempfile.mkstemp(suffix=".cubin", prefix=f"qfuse_{name}_")
         try:
             with os.fdopen(descriptor, "wb") as file:
