@@ -7,22 +7,25 @@
 // k16 steps), dequantized by its `pair_value` into the register-sourced A operand of wgmma.m64nNk16 (the
 // harness puts int4_mma.cu's helpers and the `wgmma` wrapper for TOKENS in front of this file).
 //
-// A block takes one slice of K (`split_chunks` chunks of 64; blockIdx.x = row block * splits + split):
-// - it asks for its first UNROLL chunks of weight, then stages the slice's x in shared memory once, k permuted
-//   into the A operands' order (a thread loads 64 bytes of one row of x and stores four 16-byte rows of
-//   core matrices), one barrier, and streams its weight UNROLL chunks ahead with no barrier after that;
-// - each chunk: 16 A registers made (double-buffered), four wgmma on the chunk's x, one wgmma group in flight;
-// - the weight arrives either straight into registers, UNROLL chunks ahead (the decode kernel's way), or with
-//   -DRING=r through a ring of r slots a warp in shared memory, filled by each lane's own 16-byte cp.async r - 1
-//   chunks ahead (and its 8-byte pair at each group's first chunk): bytes in flight that cost no registers, and
-//   no barrier, since a lane reads back only what it copied;
+// A block takes one slice of K (`split_chunks` chunks of 64) for `row_blocks` consecutive blocks of 64 WG rows
+// (blockIdx.x = row group * splits + split):
+// - it stages the slice's x in shared memory once, k permuted into the A operands' order (a thread loads 64 bytes
+//   of one row of x and stores four 16-byte rows of core matrices), one barrier, then streams the weight of its row
+//   blocks one after the other through that x, with no barrier but the split reduction's;
+// - each chunk: 16 A registers made (double-buffered, one wgmma group in flight; or -DSINGLE_A: one set, the
+//   group waited for), four wgmma on the chunk's x;
+// - the weight arrives (-DSTREAM) straight into registers two steps of UNROLL chunks deep (0: loads of the next
+//   step in flight while one is multiplied), one step deep (1: loaded, then multiplied, the decode kernel's way:
+//   fewer registers), or (2) through a ring of RING slots a warp in shared memory, filled by each lane's own
+//   16-byte cp.async RING - 1 chunks ahead (and its 8-byte pair at each group's first chunk): bytes in flight that
+//   cost no registers, and no barrier, since a lane reads back only what it copied;
 // - with one split the block stores its tile (bias, one rounding); with several, each block writes its float sums to
 //   `partial` [splits, M, N], and the last block of a row block (an atomic counter, reset by it) adds them in split
 //   order, so the result does not depend on which block finishes last.
 //
 // -DTOKENS=8|16|...|64 (a multiple of 8, >= M), -DWG=1|2, -DUNROLL=2|4|8 (slices are whole steps of it),
-// -DRING=4|8|16, -DGROUP_SHIFT (int4_mma.cu's), -DMIN_BLOCKS (launch bounds), -DHALF_BF16; ablations (timed only,
-// wrong results): -DSKIP_STAGE, -DSKIP_WGMMA.
+// -DSTREAM=0|1|2, -DRING=4|8|16, -DSINGLE_A, -DGROUP_SHIFT (int4_mma.cu's), -DMIN_BLOCKS (launch bounds),
+// -DHALF_BF16; ablations (timed only, wrong results): -DSKIP_STAGE, -DSKIP_WGMMA.
 
 #ifdef HALF_BF16
 #define HALF "bf16"
@@ -45,6 +48,12 @@
 #define PAIRS (UNROLL >= GROUP_CHUNKS ? UNROLL / GROUP_CHUNKS : 1)  // groups a step of UNROLL chunks touches
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
+#endif
+#ifndef STREAM
+#define STREAM 0
+#endif
+#ifndef STAGE_PIECES
+#define STAGE_PIECES 2  // pieces of x (64 bytes each) a thread has in flight while staging
 #endif
 
 // WGMMA_WRAPPER (the harness puts `wgmma(d, a, desc)` for TOKENS here)
@@ -97,7 +106,11 @@ __device__ __forceinline__ void multiply_chunk(float* acc, unsigned* a, const Wo
     for (int s = 0; s < 4; ++s) wgmma(acc, a + 4 * s, descriptor(base + 2 * s * LBO_BYTES));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     fence_operands(acc);
+#ifdef SINGLE_A
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#else
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+#endif
 }
 
 // the step's chunks on the tensor cores; x's chunk c_local of the slice at x_base
@@ -106,12 +119,17 @@ __device__ __forceinline__ void multiply_step(float* acc, unsigned (&a)[2][16], 
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         const Pair pair = step.p[PAIRS > 1 ? u / GROUP_CHUNKS : 0];
-        multiply_chunk(acc, a[u & 1], step.w[u], low_pair(pair.x), high_pair(pair.x), low_pair(pair.y),
+#ifdef SINGLE_A
+        unsigned* au = a[0];
+#else
+        unsigned* au = a[u & 1];
+#endif
+        multiply_chunk(acc, au, step.w[u], low_pair(pair.x), high_pair(pair.x), low_pair(pair.y),
                        high_pair(pair.y), x_base + (c_local + u) * CHUNK_BYTES);
     }
 }
 
-#ifdef RING
+#if STREAM == 2
 // The ring: a lane's chunk c of its slice in slot (c - c0) % RING, its words at w_ring + 512 slot, its group's pair
 // (copied at a group's first chunk, and at the slice's) at p_ring + 256 slot
 __device__ __forceinline__ bool starts_group(int c, int c0) { return c == c0 || (c & (GROUP_CHUNKS - 1)) == 0; }
@@ -154,10 +172,10 @@ __device__ __forceinline__ void ring_chunk(float* acc, unsigned* a, unsigned (&s
 __device__ __forceinline__ void stage_x(const Words* __restrict__ x, unsigned x_base, int c0, int c1, int M, int K) {
     const int row_words = K >> 3;
     const int pieces = TOKENS * (c1 - c0) * 2;  // (token, chunk, half j of its core matrices)
-    for (int p0 = threadIdx.x; p0 < pieces; p0 += 4 * THREADS) {
-        Words v[4][4];
+    for (int p0 = threadIdx.x; p0 < pieces; p0 += STAGE_PIECES * THREADS) {
+        Words v[STAGE_PIECES][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // four pieces' loads in flight before any store
+        for (int i = 0; i < STAGE_PIECES; ++i) {  // the pieces' loads in flight before any store
             const int p = p0 + i * THREADS;
             if (p < pieces) {
                 const int token = p % TOKENS, rest = p / TOKENS, j = rest & 1, c = rest >> 1;
@@ -167,7 +185,7 @@ __device__ __forceinline__ void stage_x(const Words* __restrict__ x, unsigned x_
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < STAGE_PIECES; ++i) {
             const int p = p0 + i * THREADS;
             if (p < pieces) {
                 const int token = p % TOKENS, rest = p / TOKENS, j = rest & 1, c = rest >> 1;
@@ -187,49 +205,35 @@ __device__ __forceinline__ void stage_x(const Words* __restrict__ x, unsigned x_
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, seen by wgmma's async proxy
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-qfuse_int4_wgmma_decode(const Words* __restrict__ words, const Words* __restrict__ x, const Pair* __restrict__ pairs,
-                        const unsigned short* __restrict__ bias, void* __restrict__ out, float* __restrict__ partial,
-                        int* __restrict__ counters, int M, int N, int K, int split_chunks, int has_bias) {
-    extern __shared__ __align__(128) unsigned char x_chunks[];
-    const int splits = ((K >> 6) + split_chunks - 1) / split_chunks;
-    const int row_block = blockIdx.x / splits, split = blockIdx.x % splits;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int chunks = K >> 6;
-    const int tile = row_block * (4 * WG) + warp;  // this warp's 16-row tile: rows 16 (warp % 4) .. of its wgmma
-    const int c0 = split * split_chunks, c1 = imin(chunks, c0 + split_chunks);
-    const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
-    const Pair* pairs_lane = pairs + tile * 8 + g;
-    const int pair_stride = N >> 1;
-    const unsigned x_base = (unsigned)__cvta_generic_to_shared(x_chunks);
-
-    float acc[TOKENS / 2];
-#pragma unroll
-    for (int i = 0; i < TOKENS / 2; ++i) acc[i] = 0.0f;
-    unsigned a[2][16];
-#ifdef RING
-    const unsigned ring = x_base + split_chunks * CHUNK_BYTES;  // after the slice of x
-    const unsigned w_ring = ring + warp * RING * 512 + lane * 16;
-    const unsigned p_ring = ring + 4 * WG * RING * 512 + warp * RING * 256 + lane * 8;
+// one tile's sums over chunks [c0, c1) of K through x's slice at x_base (the weight's stream by STREAM)
+__device__ __forceinline__ void stream_tile(float* acc, unsigned (&a)[2][16], const Words* w_lane,
+                                            const Pair* pairs_lane, unsigned x_base, unsigned ring_base, int c0,
+                                            int c1, int pair_stride) {
+#if STREAM == 2
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const unsigned w_ring = ring_base + warp * RING * 512 + lane * 16;
+    const unsigned p_ring = ring_base + 4 * WG * RING * 512 + warp * RING * 256 + lane * 8;
 #pragma unroll
     for (int i = 0; i < RING - 1; ++i) copy_chunk(w_ring, p_ring, w_lane, pairs_lane, c0 + i, c0, c1, pair_stride);
-#ifndef SKIP_STAGE  // ablation (wrong results): x's slice left as it is
-    stage_x(x, x_base, c0, c1, M, K);
-#endif  // while the weight's first chunks are on their way
-    __syncthreads();
     unsigned sz[4];  // the current group's (s, z) of rows g and g + 8
     for (int c = c0; c < c1; c += 2) {  // (the slice is a whole number of pairs of chunks)
         ring_chunk(acc, a[0], sz, w_ring, p_ring, w_lane, pairs_lane, x_base, c, c0, c1, pair_stride);
+#ifdef SINGLE_A
+        ring_chunk(acc, a[0], sz, w_ring, p_ring, w_lane, pairs_lane, x_base, c + 1, c0, c1, pair_stride);
+#else
         ring_chunk(acc, a[1], sz, w_ring, p_ring, w_lane, pairs_lane, x_base, c + 1, c0, c1, pair_stride);
+#endif
+    }
+#elif STREAM == 1
+    for (int c = c0; c < c1; c += UNROLL) {  // (the slice is a multiple of UNROLL chunks)
+        Step now;
+        load_step(now, w_lane, pairs_lane, c, pair_stride);
+        multiply_step(acc, a, now, x_base, c - c0);
     }
 #else
     Step now, next;
-    load_step(now, w_lane, pairs_lane, c0, pair_stride);  // the weight's first loads in flight while x is staged
-#ifndef SKIP_STAGE  // ablation (wrong results): x's slice left as it is
-    stage_x(x, x_base, c0, c1, M, K);
-#endif
-    __syncthreads();
-    for (int c = c0; c < c1; c += 2 * UNROLL) {  // (the slice is a multiple of UNROLL chunks)
+    load_step(now, w_lane, pairs_lane, c0, pair_stride);
+    for (int c = c0; c < c1; c += 2 * UNROLL) {
         const bool second = c + UNROLL < c1;
         if (second) load_step(next, w_lane, pairs_lane, c + UNROLL, pair_stride);
         multiply_step(acc, a, now, x_base, c - c0);
@@ -241,9 +245,16 @@ qfuse_int4_wgmma_decode(const Words* __restrict__ words, const Words* __restrict
 #endif
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     fence_operands(acc);
+}
 
-    // acc[4 i + e]: weight row 16 tile + g + 8 (e >> 1), token 8 i + 2 t + (e & 1)
-    const int row = tile * 16 + g;
+// a row block's sums written: with one split stored (bias, one rounding); with several, this split's sums into
+// `partial` and, in the last block to finish the row block, all splits' added in split order and stored
+__device__ __forceinline__ void finish(const float* acc, int row_block, int tile, int split, int splits,
+                                       const unsigned short* __restrict__ bias, void* __restrict__ out,
+                                       float* __restrict__ partial, int* __restrict__ counters, int M, int N,
+                                       int has_bias) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int row = tile * 16 + g;  // acc[4 i + e]: weight row row + 8 (e >> 1), token 8 i + 2 t + (e & 1)
     if (splits > 1) {
 #pragma unroll
         for (int i = 0; i < TOKENS / 8; ++i)
@@ -273,4 +284,35 @@ qfuse_int4_wgmma_decode(const Words* __restrict__ words, const Words* __restrict
         }
     }
     if (splits > 1 && threadIdx.x == 0) counters[row_block] = 0;  // ready for the next launch
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+qfuse_int4_wgmma_decode(const Words* __restrict__ words, const Words* __restrict__ x, const Pair* __restrict__ pairs,
+                        const unsigned short* __restrict__ bias, void* __restrict__ out, float* __restrict__ partial,
+                        int* __restrict__ counters, int M, int N, int K, int split_chunks, int row_blocks,
+                        int has_bias) {
+    extern __shared__ __align__(128) unsigned char x_chunks[];
+    const int chunks = K >> 6;
+    const int splits = (chunks + split_chunks - 1) / split_chunks;
+    const int row_group = blockIdx.x / splits, split = blockIdx.x % splits;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    const int c0 = split * split_chunks, c1 = imin(chunks, c0 + split_chunks);
+    const int pair_stride = N >> 1;
+    const unsigned x_base = (unsigned)__cvta_generic_to_shared(x_chunks);
+    const int first = row_group * row_blocks, last = imin(N / (64 * WG), first + row_blocks);
+
+#ifndef SKIP_STAGE  // ablation (wrong results): x's slice left as it is
+    stage_x(x, x_base, c0, c1, M, K);
+#endif
+    __syncthreads();
+    for (int row_block = first; row_block < last; ++row_block) {
+        const int tile = row_block * (4 * WG) + warp;  // this warp's 16-row tile: rows 16 (warp % 4) .. of its wgmma
+        float acc[TOKENS / 2];
+#pragma unroll
+        for (int i = 0; i < TOKENS / 2; ++i) acc[i] = 0.0f;
+        unsigned a[2][16];
+        stream_tile(acc, a, words + (long long)tile * chunks * 32 + lane, pairs + tile * 8 + g, x_base,
+                    x_base + split_chunks * CHUNK_BYTES, c0, c1, pair_stride);
+        finish(acc, row_block, tile, split, splits, bias, out, partial, counters, M, N, has_bias);
+    }
 }

@@ -18,6 +18,7 @@ import functools
 import itertools
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,7 +32,8 @@ from qfuse.kernels.triton.int4_planes import triton_int4_planes_mm  # noqa: E402
 from qfuse.kernels.triton.scaled_mm import multiprocessors  # noqa: E402
 
 HERE = Path(__file__).parent
-ARGUMENT_TYPES = "OOOOOOOiiiii"  # words, x, pairs, bias, out, partial, counters; M, N, K, split_chunks, has_bias
+# words, x, pairs, bias, out, partial, counters; M, N, K, split_chunks, row_blocks, has_bias
+ARGUMENT_TYPES = "OOOOOOOiiiiii"
 MOST_SHARED = 200 * 2**10
 
 
@@ -66,9 +68,52 @@ def tokens_for(m: int) -> int:
     return max(8, -(-m // 8) * 8)
 
 
-def shared_bytes(tokens: int, split_chunks: int, wg: int = 1, ring: int = 0) -> int:
-    """The slice of x, and the weight's ring where there is one (512 bytes of words and 256 of pairs a slot a warp)."""
-    return tokens * split_chunks * 128 + 4 * wg * ring * (512 + 256)
+@dataclass(frozen=True)
+class Variant:
+    """One compiled kernel and launch: `wg` warpgroups a block, the weight's stream (`STREAM`: "steps" two steps of
+    `depth` chunks in registers, "loaded" one, "ring" a cp.async ring of `depth` slots a warp), K in about `splits`
+    slices, `row_blocks` row blocks a block through one staging of x, one set of A registers (`single_a`), the launch
+    bounds' blocks a multiprocessor."""
+
+    wg: int = 1
+    stream: str = "steps"
+    depth: int = 4
+    splits: int = 1
+    row_blocks: int = 1
+    single_a: bool = False
+    min_blocks: int = 1
+
+    @property
+    def unroll(self) -> int:  # slices are whole steps (whole pairs of chunks with a ring)
+        return 2 if self.stream == "ring" else self.depth
+
+    def slice_chunks(self, k: int) -> int:
+        """Chunks of 64 of K a block takes."""
+        return -(-(-(-(k // 64) // self.splits)) // self.unroll) * self.unroll
+
+    def shared_bytes(self, m: int, k: int) -> int:
+        """The slice of x, and the weight's ring where there is one (512 bytes of words and 256 of pairs a slot a
+        warp)."""
+        ring = self.depth if self.stream == "ring" else 0
+        return tokens_for(m) * self.slice_chunks(k) * 128 + 4 * self.wg * ring * (512 + 256)
+
+    def why_not(self, m: int, n: int, k: int) -> str:
+        if n % (64 * self.wg) or (k // 64) % self.unroll:
+            return "N or K not whole row blocks or steps"
+        return "shared memory" if self.shared_bytes(m, k) > MOST_SHARED else ""
+
+    def name(self) -> str:
+        text = f"wgmma {self.wg} wg, {self.stream} {self.depth}, {self.splits} splits, {self.row_blocks} rb"
+        return text + (", single A" if self.single_a else "") + (f", {self.min_blocks} a SM" if self.min_blocks > 1 else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "Variant":
+        """From "wg,stream,depth,splits,row_blocks,single_a,min_blocks"."""
+        wg, stream, depth, splits, row_blocks, single_a, min_blocks = text.split(",")
+        return cls(int(wg), stream, int(depth), int(splits), int(row_blocks), bool(int(single_a)), int(min_blocks))
+
+
+STREAMS = {"steps": 0, "loaded": 1, "ring": 2}
 
 
 @functools.cache
@@ -77,59 +122,51 @@ def counters(device_index: int) -> torch.Tensor:
     return torch.zeros(2**16, device=f"cuda:{device_index}", dtype=torch.int32)
 
 
-def slice_chunks(k: int, unroll: int, splits: int) -> int:
-    """Chunks of 64 of K a block takes when K is cut into about `splits` slices of whole steps of `unroll`."""
-    return -(-(-(-(k // 64) // splits)) // unroll) * unroll
-
-
-def fits(m: int, k: int, unroll: int, splits: int, wg: int = 1, ring: int = 0) -> bool:
-    return shared_bytes(tokens_for(m), slice_chunks(k, unroll, splits), wg, ring) <= MOST_SHARED
-
-
-def call(x, words, pairs, bias, out, group, wg: int, unroll: int, splits: int, min_blocks: int = 1, ring: int = 0):
-    """A closure launching the kernel on these tensors: K in `splits` slices (a multiple of `unroll` chunks each), the
-    weight through a ring of `ring` slots a warp (0: straight into registers, `unroll` chunks ahead)."""
+def call(x, words, pairs, bias, out, group, variant: Variant):
+    """A closure launching the kernel on these tensors."""
     m, k = x.shape
     n = pairs.shape[1]
     chunks = k // 64
-    split_chunks = slice_chunks(k, unroll, splits)
-    tokens = tokens_for(m)
-    options = [f"-DTOKENS={tokens}", f"-DWG={wg}", f"-DUNROLL={unroll}", f"-DMIN_BLOCKS={min_blocks}",
-               f"-DGROUP_SHIFT={int4_mma.group_shift(k, group)}"]
+    split_chunks = variant.slice_chunks(k)
+    options = [f"-DTOKENS={tokens_for(m)}", f"-DWG={variant.wg}", f"-DUNROLL={variant.unroll}",
+               f"-DMIN_BLOCKS={variant.min_blocks}", f"-DGROUP_SHIFT={int4_mma.group_shift(k, group)}",
+               f"-DSTREAM={STREAMS[variant.stream]}", f"-DRING={variant.depth}"]
     options += ["-DHALF_BF16"] if x.dtype == torch.bfloat16 else []
-    options += [f"-DRING={ring}"] if ring else []
+    options += ["-DSINGLE_A"] if variant.single_a else []
     options += list(ABLATIONS)
-    kernel = launch.compiled(source_path(tokens), "qfuse_int4_wgmma_decode", tuple(options), ARGUMENT_TYPES,
-                             x.device.index or 0, shared_bytes(tokens, split_chunks, wg, ring), "90a")
-    real_splits = -(-chunks // split_chunks)
-    partial = torch.empty(real_splits if real_splits > 1 else 0, m, n, device=x.device)
-    blocks = n // (64 * wg) * real_splits
+    kernel = launch.compiled(source_path(tokens_for(m)), "qfuse_int4_wgmma_decode", tuple(options), ARGUMENT_TYPES,
+                             x.device.index or 0, variant.shared_bytes(m, k), "90a")
+    splits = -(-chunks // split_chunks)
+    partial = torch.empty(splits if splits > 1 else 0, m, n, device=x.device)
+    blocks = -(-(n // (64 * variant.wg)) // variant.row_blocks) * splits
     arguments = (words, x, pairs, pairs if bias is None else bias, out, partial, counters(x.device.index or 0), m, n, k,
-                 split_chunks,
-                 int(bias is not None))
-    return lambda: kernel.launch(blocks, 4 * wg, arguments, x.device)
+                 split_chunks, variant.row_blocks, int(bias is not None))
+    return lambda: kernel.launch(blocks, 4 * variant.wg, arguments, x.device)
 
 
-MIN_BLOCKS = (1,)  # __launch_bounds__' blocks a multiprocessor tried (--min-blocks)
-RINGS = (0,)  # the weight's ring slots tried, 0 for none (--rings)
+SWEEP = dict(wg=(1, 2), stream=("steps",), depth=(4, 8), splits=(1, 2, 4, 8, 16, 32), row_blocks=(1,),
+             single_a=(False,), min_blocks=(1,))  # --sweep field=values;field=values overrides
 ONLY = []  # --variant
 ABLATIONS = ()  # -D switches for every timed kernel (--ablate SKIP_STAGE,...): the numerics are checked without them
 
 
-def variants(m: int, n: int, k: int) -> list[tuple[int, int, int, int, int]]:
-    """(warpgroups a block, chunks ahead, splits of K, launch bounds' blocks, ring slots) that fit: a whole number
-    of row blocks, slices of whole steps (pairs of chunks with a ring)."""
-    chunks = k // 64
-    tried, slices = [], set()
-    for wg, unroll, splits, ring in itertools.product((1, 2), (4, 8), (1, 2, 4, 8, 16, 32), RINGS):
-        unroll = 2 if ring else unroll
-        split_chunks = slice_chunks(k, unroll, splits)
-        key = (wg, unroll, split_chunks, ring)
-        if n % (64 * wg) or chunks % unroll or key in slices or not fits(m, k, unroll, splits, wg, ring):
+def variants(m: int, n: int, k: int) -> list[Variant]:
+    """The sweep's variants that fit, one a distinct slice of K."""
+    tried, seen = [], set()
+    for values in itertools.product(*SWEEP.values()):
+        variant = Variant(**dict(zip(SWEEP, values)))
+        key = (variant.wg, variant.stream, variant.depth, variant.slice_chunks(k), variant.row_blocks, variant.single_a,
+               variant.min_blocks)
+        if key in seen or variant.why_not(m, n, k):
             continue
-        slices.add(key)
-        tried += [(wg, unroll, splits, blocks, ring) for blocks in MIN_BLOCKS]
+        seen.add(key)
+        tried.append(variant)
     return tried
+
+
+CHECKED = [Variant(1, "steps", 4, 1), Variant(2, "steps", 4, 2), Variant(1, "steps", 8, 4), Variant(1, "steps", 2, 3),
+           Variant(1, "ring", 8, 2), Variant(2, "ring", 4, 3), Variant(1, "ring", 16, 1), Variant(1, "loaded", 4, 2, 3),
+           Variant(1, "loaded", 8, 1, 2, True), Variant(2, "steps", 4, 3, 2, True), Variant(1, "ring", 4, 2, 4, True)]
 
 
 def check_numerics() -> list[dict]:
@@ -149,20 +186,19 @@ def check_numerics() -> list[dict]:
         bias = torch.randn(n, device="cuda", dtype=dtype) if with_bias else None
         exact = x.double() @ dense.double() + (0 if bias is None else bias.double())
         eager = torch.nn.functional.linear(x, dense.t(), bias).double()
-        for wg, unroll, splits, ring in [(1, 4, 1, 0), (2, 4, 2, 0), (1, 8, 4, 0), (1, 2, 3, 0), (1, 2, 2, 8),
-                                         (2, 2, 3, 4), (1, 2, 1, 16)]:
-            if n % (64 * wg) or (k // 64) % unroll or not fits(m, k, unroll, splits, wg, ring):
+        for variant in CHECKED:
+            if variant.why_not(m, n, k):
                 continue
             out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
             try:
                 for _ in range(2):  # twice: the counters must be reset by the first launch
                     out.fill_(float("nan"))
-                    call(x, words, pairs, bias, out, group, wg, unroll, splits, 1, ring)()
+                    call(x, words, pairs, bias, out, group, variant)()
             except RuntimeError as error:
-                progress(f"failed: m={m} n={n} k={k} wg={wg} unroll={unroll} splits={splits} ring={ring}: {error}")
+                progress(f"failed: m={m} n={n} k={k} {variant.name()}: {error}")
                 raise
             rows.append(dict(dtype=str(dtype).split(".")[-1], m=m, n=n, k=k, group=group, zero_points=zero_points,
-                             bias=with_bias, wg=wg, unroll=unroll, splits=splits, ring=ring,
+                             bias=with_bias, variant=variant.name(),
                              error=(out.double() - exact).abs().max().item(),
                              eager_error=(eager - exact).abs().max().item()))
     return rows
@@ -185,10 +221,8 @@ def run(ms: list[int], shapes) -> list[dict]:
                                                                     GROUP, torch.bfloat16, sms) for w in weights],
                 "bf16 mm": [lambda w=w: x @ w.t() for w in dense],
             }
-            for wg, unroll, splits, blocks, ring in ONLY or variants(m, n, k):
-                name = f"wgmma {wg} wg, " + (f"ring {ring}" if ring else f"unroll {unroll}") + f", {splits} splits"
-                calls[name + (f", {blocks} blocks" if blocks > 1 else "")] = [
-                    call(x, *w.mma, None, out, GROUP, wg, unroll, splits, blocks, ring) for w, out in zip(weights, outs)]
+            for variant in ONLY or variants(m, n, k):
+                calls[variant.name()] = [call(x, *w.mma, None, out, GROUP, variant) for w, out in zip(weights, outs)]
             expected = x.double() @ weights[0].dequantized().double()
             errors = {}
             for name, graph in calls.items():
@@ -212,26 +246,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ms", default="8,16,32,64", help="rows of x, comma-separated")
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in DECODER_SHAPES), help="N x K, comma-separated")
-    parser.add_argument("--min-blocks", default="1", help="launch bounds' blocks a multiprocessor, comma-separated")
-    parser.add_argument("--rings", default="0", help="the weight's ring slots a warp (0: none), comma-separated")
+    parser.add_argument("--sweep", default="", help='the sweep\'s fields overridden: "stream=loaded,ring;depth=4,8"')
     parser.add_argument("--ablate", default="", help="SKIP_STAGE and / or SKIP_WGMMA, comma-separated")
     parser.add_argument("--skip-checks", action="store_true")
-    parser.add_argument("--variant", help="only this wgmma variant: wg,unroll,splits,blocks,ring")
+    parser.add_argument("--variant", help="only these variants: wg,stream,depth,splits,row_blocks,single_a,min_blocks;...")
     parser.add_argument("--source", type=int, nargs="?", const=16, help="print the full source for TOKENS and stop")
     add_output_arguments(parser, "gpu_int4_wgmma_decode")
     args = parser.parse_args()
     if args.source:
         print(full_source(args.source))
         return
-    global MIN_BLOCKS, RINGS
-    MIN_BLOCKS = tuple(int(blocks) for blocks in args.min_blocks.split(","))
-    RINGS = tuple(int(ring) for ring in args.rings.split(","))
+    for field in filter(None, args.sweep.split(";")):
+        name, values = field.split("=")
+        kind = type(SWEEP[name][0])
+        SWEEP[name] = tuple(value if kind is str else kind(int(value)) for value in values.split(","))
     checks = check_numerics() if not args.skip_checks else []
     if checks:
         worst = max(checks, key=lambda row: row["error"] / max(row["eager_error"], 1e-30))
         progress(f"{len(checks)} checks; worst error / eager's: {worst}")
     global ABLATIONS, ONLY
-    ONLY = [tuple(int(v) for v in args.variant.split(","))] if args.variant else []
+    ONLY = [Variant.parse(text) for text in args.variant.split(";")] if args.variant else []
     ABLATIONS = tuple(f"-D{name}" for name in args.ablate.split(",") if name)
     shapes = [tuple(int(size) for size in shape.split("x")) for shape in args.shapes.split(",")]
     rows = run([int(m) for m in args.ms.split(",")], shapes)
