@@ -172,11 +172,6 @@ class KernelRequest:
         return tuple(bound for bound, next_m in zip(steps, above)
                      if choices[bound].kernel is not choices[next_m].kernel), choices
 
-    def possible_choices(self, platform: Platform) -> list[KernelChoice]:
-        """Every choice this request can make: the one of a static M, or one a bucket of a dynamic M."""
-        bounds, choices = self._buckets(platform) if self.key.m is None else ((), {})
-        return [choices[m] for m in sorted(choices)] if bounds else [self.choose(platform)]
-
     def choose_by_rows(self, platform: Platform, rows_at_most: Callable[[int], bool]) -> tuple[KernelChoice, str]:
         """The choice for an M known only through `rows_at_most(bound)` (a dynamic M, which the caller
         guards on each bound it is asked: so it is asked only the bounds of `row_bounds`, in turn), and

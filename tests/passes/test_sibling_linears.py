@@ -5,6 +5,7 @@ stay apart: act order, another activation, a kernel that runs no siblings, freez
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
 import qfuse
@@ -71,6 +72,33 @@ def test_a_dynamic_batch_stays_one_call():
             assert_close(out, model(x))
             if tokens == 3:
                 assert "int4_weight_only_mm_siblings" in code
+
+
+def test_a_dynamic_m_is_one_call_in_the_buckets_whose_kernel_runs_siblings(monkeypatch):
+    """A dynamic M is asked at its bucket, guarded: with the torch kernel said slower than Inductor above 4 rows
+    (so no kernel runs the joined weight there), 3 and 2 rows are one sibling call of one compiled graph, and 7 rows
+    compile again with the members apart. Asked for every bucket at once, the 3-row graph kept them apart too."""
+    from qfuse.kernels.torch_native import TorchKernel
+
+    faster = TorchKernel.why_inductor_is_faster
+    monkeypatch.setattr(TorchKernel, "speed_row_bounds", lambda self, key, platform: (4,))
+    monkeypatch.setattr(TorchKernel, "why_inductor_is_faster", lambda self, key, platform: (
+        "slower above 4 rows (this test's rule)" if key.m is not None and key.m > 4 else faster(self, key, platform)))
+    model = Attention().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="qfuse", dynamic=True)
+    codes, graphs = {}, []
+    with torch.no_grad():
+        for tokens in (3, 2, 7):
+            x = torch.randn(tokens, 256).to(BF16)
+            before = counters["stats"]["unique_graphs"]
+            out, code = run_and_get_code(compiled, x) if tokens != 2 else (compiled(x), [])
+            graphs.append(counters["stats"]["unique_graphs"] - before)
+            assert_close(out, model(x))
+            codes[tokens] = "\n".join(code)
+    assert graphs == [1, 0, 1]  # 2 rows: the 3-row graph (its guard: 2 <= M <= 4)
+    assert codes[3].count(SIBLINGS_OP + "(") == 1 and MEMBER_OP + "(" not in codes[3]
+    assert "siblings" not in codes[7] and codes[7].count(MEMBER_OP + "(") == 3
 
 
 @pytest.mark.parametrize("case, expected", [

@@ -6,9 +6,13 @@ activation node, its scale and zero point, the settings) are siblings. They beco
 `qfuse::<op>_siblings` call whose output the members read as column slices, where
 
 - kernel choice for the concatenated shape (N the members' sum; a per-tensor weight scale read as
-  per channel) picks, at every M the graph can see, a kernel that runs siblings as one call
-  (`Kernel.runs_siblings_of`: it runs the op as an extern call on a weight copy of its own, so the
-  concatenation, made once, costs no memory and no lowering is lost);
+  per channel) picks, at the graph's M, a kernel that runs siblings as one call (`Kernel.runs_siblings_of`:
+  it runs the op as an extern call on a weight copy of its own, so the concatenation, made once, costs no
+  memory and no lowering is lost). A dynamic M is asked at its bucket (`KernelRequest.choose_by_rows`, each
+  bound a guard, as the lowering guards it: `ir.rows_at_most`), so a batch that changes within the decode
+  bucket stays one call, and an M of another bucket compiles again, where the members may stay apart. (Asked
+  for every bucket at once, a dynamic graph left its siblings apart wherever a larger M would run another
+  kernel: each member then prepared a weight of its own beside the static graphs' joined one);
 - the members can be concatenated (`qfuse.ops.siblings`' `why_not_one_call`: no block scales, no
   act order, one dtype);
 - no member's weight is computed from another member's output;
@@ -27,13 +31,15 @@ a sibling call would give up.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 
 import torch
 from torch._inductor import config as inductor_config
 from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from qfuse.kernels import KernelRequest
+from qfuse.kernels import KernelChoice, KernelRequest
 from qfuse.ops import RECORD_KEY, SIBLING_ARGUMENTS, SIBLING_FORMS
 from qfuse.ops.siblings import SiblingForm
 from qfuse.passes.core.fused_linear import PassContext
@@ -134,6 +140,18 @@ def _computed_per_call(value) -> Node | None:
     return value if isinstance(value, Node) and value.op not in ("placeholder", "get_attr") else None
 
 
+def _choice(request: KernelRequest, call) -> KernelChoice:
+    """The joined call's kernel choice at the graph's M: for a dynamic M, its bucket's, each bound asked a guard
+    (as the lowering asks them: `ir.rows_at_most`; an M with no hint counts as large). The op's first argument is
+    its activation, whose leading dims are M."""
+    x = fake_value(call[0])
+    platform = current_platform(x.device.type)
+    if request.key.m is not None:
+        return request.choose(platform)
+    rows = math.prod(x.shape[:-1])
+    return request.choose_by_rows(platform, lambda bound: guard_or_false(rows <= bound))[0]
+
+
 def _why_apart(form: SiblingForm, nodes: list[Node], call, reads_a_member: bool) -> tuple[str, KernelRequest | None]:
     """(why these siblings stay apart or '', the merged request)."""
     records = [node.meta[RECORD_KEY] for node in nodes]
@@ -151,14 +169,13 @@ def _why_apart(form: SiblingForm, nodes: list[Node], call, reads_a_member: bool)
     request = _merged_request(form, records, widths)
     if isinstance(request, str):
         return request, None
-    platform = current_platform(fake_value(nodes[0]).device.type)
-    for choice in request.possible_choices(platform):
-        if choice.kernel is None:
-            return f"no kernel runs the concatenated weight ({choice.rejections()})", None
-        if form.name not in choice.kernel.runs_siblings_of:
-            return f"kernel {choice.kernel.name} runs no sibling calls of {form.name}", None
     if reads_a_member:
         return "a member's weight is computed from another member's output", None
+    choice = _choice(request, call)  # last: a dynamic M's bucket is a guard
+    if choice.kernel is None:
+        return f"no kernel runs the concatenated weight ({choice.rejections()})", None
+    if form.name not in choice.kernel.runs_siblings_of:
+        return f"kernel {choice.kernel.name} runs no sibling calls of {form.name}", None
     return "", request
 
 
@@ -191,7 +208,7 @@ def _join(graph: Graph, form: SiblingForm, nodes: list[Node], context: PassConte
         for record in records:
             record.add_note(f"not one call with its siblings ({names}): {reason}")
         return
-    choice = request.choose(current_platform(fake_value(nodes[0]).device.type))
+    choice = _choice(request, call)
     sibling = call._replace(kernel=choice.kernel.name)
     for node in late:  # before the first member, where the sibling call goes
         nodes[0].prepend(node)
