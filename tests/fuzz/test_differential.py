@@ -16,7 +16,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, event, given, seed, settings
 
-from tests.fuzz.cases import NEAR_FORMS, Case
+from tests.fuzz.cases import DEVICE, NEAR_FORMS, Case
 from tests.fuzz.differential import run_case
 from tests.fuzz.strategies import cases
 
@@ -53,10 +53,12 @@ FOUND_BEFORE = [
     # and an inf in a PT2E per-token asymmetric activation with K == 1: the row's scale is inf and its zero
     # point nan, cast to int64's minimum; eager dequantizes q - zero_point in float32 (+-inf out), the fused op
     # takes the zero point as int32 (0), so q - zero_point is 0 and 0 x inf is nan. Not fixed: a zero point
-    # outside int32 is garbage in both; kept so a change of either side shows.
+    # outside int32 is garbage in both; kept so a change of either side shows. On the GPU (an H200, session 36) the
+    # case agrees with eager: expected to fail on the CPU only.
     pytest.param(Case("pt2e", activation="dynamic_token", weight="tensor", scale_spelling="one_element", bias=False,
                       leading=(1,), k=1, n=5, special="inf"),
-                 marks=pytest.mark.xfail(strict=True, reason="a nan zero point: eager's float32 dequantize vs int32")),
+                 marks=pytest.mark.xfail(DEVICE == "cpu", strict=True,
+                                         reason="a nan zero point: eager's float32 dequantize vs int32")),
 ]
 
 
