@@ -123,9 +123,10 @@ class Kernel(abc.ABC):
                 "cost outweighs its faster GEMM: Inductor's own GEMM is faster (measured, docs/benchmarks.md)")
 
     def speed_row_bounds(self, key: GemmKey, platform: Platform) -> tuple[int, ...]:
-        """The M values at which `why_slower_here`'s verdict on `key` changes (it is the same for every M
-        between two of them): where M is dynamic, the lowering asks kernel choice again per bucket
-        (`registry.KernelRequest.choose_by_rows`). A kernel whose rule looks at M declares its steps here."""
+        """The M values at which `why_slower_here`'s or `why_inductor_is_faster`'s verdict on `key` changes (each
+        is the same for every M between two of them): where M is dynamic, the lowering asks kernel choice again per
+        bucket (`registry.KernelRequest.choose_by_rows`), and a bucket no kernel takes runs Inductor's own code
+        where the op has it (`lowerings.dispatch`). A kernel whose rule looks at M declares its steps here."""
         return ()
 
     def prepare_weight(

@@ -23,7 +23,8 @@ weight's memory).
 Against Inductor's own code for the GPTQ form (bf16) the compiled op is far faster at decode, its lead
 shrinking with M until Inductor's dequantize + mm is faster at 256 rows (measured: docs/benchmarks.md,
 "qfuse's int4 weight-only linear"). So a static M above `MAX_ROWS` is left to Inductor
-(`TorchKernel.why_inductor_is_faster`); a dynamic M runs here at every M.
+(`TorchKernel.why_inductor_is_faster`), and a dynamic M is guarded on `MAX_ROWS`: above it, the lowering writes
+Inductor's own dequantize + mm (`TorchKernel.speed_row_bounds`, `lowerings.dispatch`).
 """
 
 from __future__ import annotations

@@ -133,7 +133,11 @@ class TorchKernel(Kernel):
         return super().why_slower_here(key, platform)
 
     def speed_row_bounds(self, key: GemmKey, platform: Platform) -> tuple[int, ...]:
-        return int4_tinygemm.row_bounds(key, platform) if key.scheme.weight_dtype == INT4_DTYPE else ()
+        if key.scheme.weight_dtype != INT4_DTYPE:
+            return ()
+        if key.device_type == "cpu":  # `why_inductor_is_faster`'s step: above it a dynamic M runs Inductor's code
+            return (int4_cpu.MAX_ROWS,)
+        return int4_tinygemm.row_bounds(key, platform)
 
     def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:
         if values.device.type == "cuda":

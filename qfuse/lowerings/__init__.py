@@ -23,6 +23,7 @@ def register_lowerings() -> bool:
 
         for kernel_lowerings in (torch_native, cutlass, onednn, triton, cuda):
             dispatch.add(kernel_lowerings.KERNEL, kernel_lowerings.LOWERINGS)
+        dispatch.add_inductors_own(triton.INDUCTORS_OWN)
         dispatch.register()
     except (ImportError, AttributeError, TypeError) as error:
         log.warning("qfuse: Inductor lowerings unavailable (%s); fused ops run as extern calls", error)

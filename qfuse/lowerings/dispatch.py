@@ -7,7 +7,8 @@
                kernels apply per bucket), taken where the bucket kernel's lowering takes the call
     lowering = the `KernelLowering` that kernel's module registered for the op (`lowerings/<kernel>.py`)
     out      = lowering.lower(call) where lowering.why_not(call) is '', else the op's extern call with
-               that kernel, and why (in the record and the debug log)
+               that kernel, and why (in the record and the debug log); where a dynamic M's bucket has no
+               kernel that beats Inductor's own code, that code (the op's math in IR, `add_inductors_own`)
 
 No lowering compares kernel names: a kernel's module says what it takes and how it enters the code,
 beside the kernel's eager `apply` (docs/architecture.md, "A kernel").
@@ -41,6 +42,9 @@ class KernelLowering:
 
 #: (op's named-arguments class, kernel name) -> its lowering; filled by `add` from each kernel's module
 _LOWERINGS: dict[tuple[type, str], KernelLowering] = {}
+#: op's named-arguments class -> Inductor's own code for a call of it, `lower(call, why)` (the op's math in IR, what
+#: Inductor makes of the unfused graph): for a dynamic M's bucket where kernel choice finds Inductor's code faster
+_INDUCTORS_OWN: dict[type, Callable[[Any, str], Any]] = {}
 
 
 def add(kernel: str, lowerings: dict[type, KernelLowering]) -> None:
@@ -49,35 +53,46 @@ def add(kernel: str, lowerings: dict[type, KernelLowering]) -> None:
         _LOWERINGS[arguments_type, kernel] = lowering
 
 
-def _kernel_of_bucket(call) -> tuple[Any, str]:
-    """(the call with the kernel of its M bucket, why that is not the pass's kernel, or ''). The op's first
-    argument is its activation, whose leading dims are M. A static M was chosen for by the pass; an op
-    the passes did not emit has no request to ask again. The bucket's kernel is taken where its lowering
-    takes the call, or where it has none for this op (it runs as the op's extern call by design); where
-    its lowering declines the call, the pass's kernel stays (an extern call of another kernel than the
-    one measured would prepare a second copy of the weight for no measured gain)."""
+def add_inductors_own(lowerings: dict[type, Callable[[Any, str], Any]]) -> None:
+    """Register Inductor's own code for ops, by their named-arguments class."""
+    _INDUCTORS_OWN.update(lowerings)
+
+
+def _kernel_of_bucket(call) -> tuple[Any, str, bool]:
+    """(the call with the kernel of its M bucket, why that is not the pass's kernel or '', whether Inductor's own
+    code runs the bucket instead of any kernel). The op's first argument is its activation, whose leading dims are
+    M. A static M was chosen for by the pass; an op the passes did not emit has no request to ask again. The
+    bucket's kernel is taken where its lowering takes the call, or where it has none for this op (it runs as the
+    op's extern call by design); where its lowering declines the call, the pass's kernel stays (an extern call of
+    another kernel than the one measured would prepare a second copy of the weight for no measured gain). A bucket
+    where every kernel is slower than Inductor's own code gets that code where the op has it
+    (`add_inductors_own`), else the pass's kernel."""
     record = current_record()
     request = None if record is None else record.request
     rows = rows_and_k(call[0])[0]
     if request is None or sympy.sympify(rows).is_number:
-        return call, ""
+        return call, "", False
     platform = current_platform(call[0].get_device().type)
     choice, bucket = request.choose_by_rows(platform, lambda bound: rows_at_most(rows, bound))
+    if choice.kernel is None and type(call) in _INDUCTORS_OWN:
+        return call, f"{bucket} (a dynamic M, guarded): {choice.rejections()}", True
     if choice.kernel is None or choice.kernel.name == call.kernel:
-        return call, ""
+        return call, "", False
     bucket_call = call._replace(kernel=choice.kernel.name)
     lowering = _LOWERINGS.get((type(call), bucket_call.kernel))
     if lowering is not None and lowering.why_not(bucket_call):
-        return call, ""
+        return call, "", False
     why = (f"{bucket} (a dynamic M, guarded) runs {choice.kernel.name}, not {call.kernel}: "
            f"{choice.rejected.get(call.kernel, '')}")
-    return bucket_call, why
+    return bucket_call, why, False
 
 
 def _lowering_of(arguments_type: type) -> Callable:
     @falls_back_to_extern_call(arguments_type)
     def lowering(*args, **kwargs):
-        call, why_this_kernel = _kernel_of_bucket(arguments_type(*args, **kwargs))
+        call, why_this_kernel, inductors_own = _kernel_of_bucket(arguments_type(*args, **kwargs))
+        if inductors_own:
+            return _INDUCTORS_OWN[arguments_type](call, why_this_kernel)
         kernel_lowering = _LOWERINGS.get((arguments_type, call.kernel))
         reason = (f"kernel {call.kernel!r} runs as an extern call" if kernel_lowering is None
                   else kernel_lowering.why_not(call))

@@ -257,7 +257,7 @@ def test_a_kernel_slower_here_is_still_taken_when_no_later_one_can_run():
     (512, BF16, False, None, "takes groups of (32, 64, 128, 256), not 512"),
     (128, BF16, True, None, ""),  # zero points in bf16: qfuse's own kernel (kernels/cpu/int4_zero_points.py)
     (128, BF16, False, 256, "slower than Inductor's own dequantize + mm"),
-    (128, FP32, False, None, ""),  # float32: qfuse's own kernel up to 128 rows, a dynamic M at every M
+    (128, FP32, False, None, ""),  # float32: qfuse's own kernel up to 128 rows (a dynamic M guarded there)
     (128, FP32, False, 4, ""),
     (128, FP32, True, 128, ""),
     (128, FP32, False, 129, "slower than Inductor's own dequantize + mm"),
@@ -275,6 +275,19 @@ def test_int4_weight_only_on_cpu_is_the_torch_kernels(group, activation, zero_po
         assert choice.kernel is None and reason in choice.rejected["torch"]
         if "Inductor's own" in reason:  # a speed rule: a forced kernel still runs the linear
             assert choose_kernel(key, ZEN4, forced="torch").kernel.name == "torch"
+
+
+@pytest.mark.parametrize("activation", [BF16, FP32])
+def test_a_dynamic_m_of_cpu_int4_has_its_bucket_at_the_kernels_rows(activation):
+    """The int4 kernels' step at 128 rows is a bound: above it no kernel (Inductor's own code), below the torch
+    kernel, as a static M gets."""
+    scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, activation, weight_group_size=128)
+    request = KernelRequest(GemmKey(scheme, m=None, n=4096, k=4096, out_dtype=activation, bias_dtype=None,
+                                    device_type="cpu"))
+    assert request.row_bounds(ZEN4) == (128,)
+    for m, kernel in ((1, "torch"), (128, "torch"), (129, None), (4096, None)):
+        choice, _ = request.choose_by_rows(ZEN4, lambda bound: m <= bound)
+        assert (choice.kernel and choice.kernel.name) == kernel, m
 
 
 @pytest.mark.parametrize("m, reason", [(1, ""), (4, "taken at a static M = 1 only, not at M = 4"),

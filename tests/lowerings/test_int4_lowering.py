@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
+import qfuse
+from qfuse.kernels import int4_cpu
 from qfuse.lowerings import register_lowerings
 from tests.helpers import DEQUANTIZE_MARK, decode_template_in, outputs_and_code_per_call
 from tests.peers.weight_only_models import autogptq_int4, awq_int4, gptq_packed_int4, torchao_intx_int4
@@ -57,6 +59,29 @@ def test_dynamic_m_compiles_once_per_m_bucket():
     codes = [code for _, code in results]
     assert [bool(code) for code in codes] == [True, True, False, False]
     assert EXTERN_CALL not in codes[0] and EXTERN_CALL in codes[1]
+
+
+def test_a_dynamic_m_above_the_cpu_kernels_rows_is_inductors_dequantize_and_mm():
+    """On the CPU the int4 kernels are slower than Inductor's dequantize + mm above `int4_cpu.MAX_ROWS` rows (a static
+    M there is not fused): a dynamic M is guarded on it, the kernel's extern call below, Inductor's own code above,
+    each bucket compiled once. (Before, a dynamic M ran the kernel at every M.)"""
+    assert register_lowerings()
+    model = gptq_packed_int4(torch.bfloat16, group_size=128).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="qfuse", dynamic=True)
+    calls = [(torch.randn(m, 256).to(torch.bfloat16),) for m in (3, 200, 128, 300)]
+    marker = qfuse.graphs_compiled()
+    with torch.no_grad():
+        results = outputs_and_code_per_call(compiled, calls)
+        for (out, _), (x,) in zip(results, calls):
+            expected = model(x)
+            torch.testing.assert_close(out, expected, rtol=2**-7, atol=2**-7 * expected.abs().max().item())
+    codes = [code for _, code in results]
+    assert [bool(code) for code in codes] == [True, True, False, False]
+    assert "qfuse.int4_weight_only_mm" in codes[0] and "qfuse" not in codes[1]
+    above = [record for report in qfuse.reports_since(marker) for record in report.fused][-1]
+    assert above.lowered.startswith("Inductor's own dequantize + mm (M above 128 (a dynamic M, guarded): ")
+    assert f"torch: at M = {int4_cpu.MAX_ROWS + 1} the CPU int4 kernels are slower" in above.lowered
 
 
 @pytest.mark.parametrize("form", ["act_order_plus_one", "autogptq_plus_one_mod_16", "awq_packed_along_n"])

@@ -77,7 +77,8 @@ def test_a_dynamic_batch_stays_one_call():
 def test_a_dynamic_m_is_one_call_in_the_buckets_whose_kernel_runs_siblings(monkeypatch):
     """A dynamic M is asked at its bucket, guarded: with the torch kernel said slower than Inductor above 4 rows
     (so no kernel runs the joined weight there), 3 and 2 rows are one sibling call of one compiled graph, and 7 rows
-    compile again with the members apart. Asked for every bucket at once, the 3-row graph kept them apart too."""
+    compile again with the members apart (each Inductor's own code there). Asked for every bucket at once, the
+    3-row graph kept them apart too."""
     from qfuse.kernels.torch_native import TorchKernel
 
     faster = TorchKernel.why_inductor_is_faster
@@ -98,7 +99,7 @@ def test_a_dynamic_m_is_one_call_in_the_buckets_whose_kernel_runs_siblings(monke
             codes[tokens] = "\n".join(code)
     assert graphs == [1, 0, 1]  # 2 rows: the 3-row graph (its guard: 2 <= M <= 4)
     assert codes[3].count(SIBLINGS_OP + "(") == 1 and MEMBER_OP + "(" not in codes[3]
-    assert "siblings" not in codes[7] and codes[7].count(MEMBER_OP + "(") == 3
+    assert "siblings" not in codes[7] and MEMBER_OP not in codes[7]  # each member: Inductor's own dequantize + mm
 
 
 @pytest.mark.parametrize("case, expected", [

@@ -26,3 +26,6 @@ LOWERINGS = {
     DynamicQuantArgs: KernelLowering(quantize.why_not, quantize.lower_dynamic_quant),
     SiluMulQuantArgs: KernelLowering(quantize.why_not, quantize.lower_silu_mul_quant),
 }
+#: Inductor's own code for a dynamic M's bucket that no kernel runs faster (`dispatch.add_inductors_own`): the int4
+#: dequantize + mm this module writes above its templates' rows, on any device
+INDUCTORS_OWN = {Int4WeightOnlyMmArgs: int4.inductors_own}

@@ -53,7 +53,9 @@ Both are faster than Inductor's code on the same form; the extern call stops at 
 256 rows it was slower, and above the template's rows the sorted weight was slower than
 the gathers (measured: docs/benchmarks.md, "Act order on a weight sorted once: freezing and CUDA graphs").
 
-The CPU `torch` kernel's lowering is `lowerings.torch_native`'s.
+The CPU `torch` kernel's lowering is `lowerings.torch_native`'s. The same dequantize + mm, on any device, is the
+code `lowerings.dispatch` gives a dynamic M's bucket where every kernel is slower than Inductor's own
+(`inductors_own`: on the CPU, M above `int4_cpu.MAX_ROWS`).
 """
 
 from __future__ import annotations
@@ -168,17 +170,21 @@ def lower_call(call: Int4WeightOnlyMmArgs):
     bucket = rows_bucket(rows, bounds) if call.x.get_device().type == "cuda" else 0  # CPU: never a template
     if not bucket:
         dynamic = not sympy.sympify(rows).is_number
-        if call.g_idx is not None:
-            why = ACT_ORDER
-        else:
-            why = f"M above {bounds[-1]}" + (": a dynamic M, guarded" if dynamic else "")
-        out, dequantized = _dequantize_and_mm(call, x2d, n, int(k))
-        record_lowering(f"{dequantized} ({why}); the bias in the GEMM, the cast and what follows "
-                        "in its fused pointwise code")
+        why = ACT_ORDER if call.g_idx is not None else f"M above {bounds[-1]}" + (": a dynamic M, guarded" if dynamic else "")
+        out = _dequantize_and_mm(call, x2d, n, int(k), why)
     else:
         out = _template(call, x2d, rows, n, int(k), bucket)
     if sorted_call is not None:
         append_to_lowering("; act order: the frozen weight sorted by group at compile time, the activation gathered")
+    return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
+
+
+def inductors_own(call: Int4WeightOnlyMmArgs, why: str):
+    """The call as Inductor's own code on any device (`lowerings.dispatch`: a dynamic M's bucket where every kernel
+    is slower): w dequantized by the op's formula, then Inductor's mm; `why` goes to the record."""
+    x2d, lead, _, k = as_matrix(call.x)
+    n = int(call.scales.get_size()[0])
+    out = _dequantize_and_mm(call, x2d, n, int(k), why)
     return lower(aten.reshape.default, convert(out, call.out_dtype), [*lead, n])
 
 
@@ -278,12 +284,12 @@ def _permuted_by_plane(x, x2d, rows, k: int):
     return made[id(x)][1]
 
 
-def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
-    """(x @ w^T (+ bias), how w was made) with w dequantized by the op's formula, w = (q - z) * s rounded
-    once to x's dtype (the product is exact in float32), then Inductor's own mm / addmm. On CUDA without act
-    order w is the template's (`qfuse.lowerings.triton.dequantize`); else Inductor IR, grouped as [N, K / g, g]
-    values against [N, K / g, 1] scales, or with a `g_idx` as [N, K, 1] against the scales and zero points
-    gathered per column."""
+def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int, why: str):
+    """x @ w^T (+ bias) with w dequantized by the op's formula, w = (q - z) * s rounded once to x's dtype (the
+    product is exact in float32), then Inductor's own mm / addmm; the record says how, and `why`. On CUDA without
+    act order w is the template's (`qfuse.lowerings.triton.dequantize`); else Inductor IR, grouped as
+    [N, K / g, g] values against [N, K / g, 1] scales, or with a `g_idx` as [N, K, 1] against the scales and zero
+    points gathered per column."""
     device = x2d.get_device()
     if call.g_idx is None and device.type == "cuda":  # (Triton imported only here: the CPU may have none)
         from qfuse.kernels.triton.int4_mm import weight_meta
@@ -295,10 +301,11 @@ def _dequantize_and_mm(call: Int4WeightOnlyMmArgs, x2d, n: int, k: int):
                                     n, k, call.group_size, x2d.get_dtype(), meta)
     else:
         w, how = _dequantized_in_ir(call, n, k, x2d.get_dtype(), device), "Inductor's own dequantize + mm"
+    record_lowering(f"{how} ({why}); the bias in the GEMM, the cast and what follows in its fused pointwise code")
     w_t = lower(aten.permute.default, w, [1, 0])
     if call.bias is None:
-        return lower(aten.mm.default, x2d, w_t), how
-    return lower(aten.addmm.default, convert(call.bias, x2d.get_dtype()), x2d, w_t), how
+        return lower(aten.mm.default, x2d, w_t)
+    return lower(aten.addmm.default, convert(call.bias, x2d.get_dtype()), x2d, w_t)
 
 
 def _dequantized_in_ir(call: Int4WeightOnlyMmArgs, n: int, k: int, dtype: torch.dtype, device):
