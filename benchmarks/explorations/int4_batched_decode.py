@@ -82,7 +82,11 @@ def rows_call(x, weight: Int4Weight, out, row_tiles: int, k_warps: int, unroll: 
     return lambda: kernel.launch(n // 16 // row_tiles, warps, (words, x, pairs, pairs, out, m, n, k, 0), x.device)
 
 
-def run(ms: list[int], shapes) -> list[dict]:
+def timed_against_the_rule(ms: list[int], shapes, variant_calls, tinygemm: bool = True) -> list[dict]:
+    """For each N x K of `shapes` and M of `ms`, a row a kernel: GPU µs per linear in one CUDA graph over weights past
+    the L2 (best of three rounds in turns) and the first call's relative error against the float product, for the
+    launch rule of `qfuse_int4_mma`, the nibble-plane template, tinygemm (where asked), bf16's matmul and the named
+    lists of calls `variant_calls(x, weights, outs)` gives (a call a weight; one that returns None writes its out)."""
     generator = torch.Generator(device="cuda").manual_seed(0)
     sms = multiprocessors(torch.device("cuda"))
     rows = []
@@ -97,29 +101,39 @@ def run(ms: list[int], shapes) -> list[dict]:
                                        for w in weights],
                 "triton planes": [lambda w=w: triton_int4_planes_mm(x, w.words, None, w.scales_nk, w.zeros_packed, None,
                                                                     GROUP, torch.bfloat16, sms) for w in weights],
-                "tinygemm": [lambda w=w: int4_tinygemm.int4pack_mm(x, w.tinygemm, None, torch.bfloat16) for w in weights],
                 "bf16 mm": [lambda w=w: x @ w.t() for w in dense],
             }
-            for shape in variants(m, n):
-                name = "rows {} x {} warps, unroll {}".format(*shape[:3]) + (f", {shape[3]} a SM" if shape[3] else "")
-                calls[name] = [rows_call(x, w, out, *shape) for w, out in zip(weights, outs)]
-            expected = x.float() @ weights[0].dequantized().float()
+            if tinygemm:
+                calls["tinygemm"] = [lambda w=w: int4_tinygemm.int4pack_mm(x, w.tinygemm, None, torch.bfloat16)
+                                     for w in weights]
+            calls.update(variant_calls(x, weights, outs))
+            expected = x.double() @ weights[0].dequantized().double()
             errors = {}
             for name, graph in calls.items():
                 if name != "bf16 mm":
                     result = graph[0]()
                     result = outs[0] if result is None else result
-                    errors[name] = ((result.float() - expected).norm() / expected.norm()).item()
+                    errors[name] = ((result.double() - expected).norm() / expected.norm()).item()
             times = graph_us_in_turns(calls)
-            for name, us in sorted(times.items(), key=lambda item: item[1]):
+            ranked = sorted(times.items(), key=lambda item: item[1])
+            for name, us in ranked:
                 rows.append(dict(n=n, k=k, m=m, kernel=name, us=round(us, 2), vs_bf16=round(times["bf16 mm"] / us, 2),
                                  tb_per_s=round(weights[0].bytes / us / 1e6, 2), rel_error=errors.get(name)))
-            progress(f"N={n} K={k} M={m}: " + ", ".join(f"{name} {us:.2f}" for name, us in
-                                                          sorted(times.items(), key=lambda item: item[1])[:5])
+            progress(f"N={n} K={k} M={m}: " + ", ".join(f"{name} {us:.2f}" for name, us in ranked[:5])
                      + f"; rule {times['cuda (launch rule)']:.2f}, planes {times['triton planes']:.2f},"
                        f" bf16 {times['bf16 mm']:.2f}")
         del weights, dense
     return rows
+
+
+def run(ms: list[int], shapes) -> list[dict]:
+    def staged(x, weights, outs):
+        calls = {}
+        for shape in variants(x.shape[0], weights[0].mma[1].shape[1]):
+            name = "rows {} x {} warps, unroll {}".format(*shape[:3]) + (f", {shape[3]} a SM" if shape[3] else "")
+            calls[name] = [rows_call(x, w, out, *shape) for w, out in zip(weights, outs)]
+        return calls
+    return timed_against_the_rule(ms, shapes, staged)
 
 
 def main() -> None:

@@ -13,14 +13,6 @@
 // Ablation switches: -DNO_CONVERT (A = the raw words), -DNO_STAGE (register staging: x staged once).
 // Results: docs/benchmarks.md, "W4A16 prefill on wgmma with the weight in registers".
 
-#ifdef HALF_BF16
-#define HALF "bf16"
-#define HALF_CODE 2  // common.cuh's dtype codes
-#else
-#define HALF "f16"
-#define HALF_CODE 3
-#endif
-
 #ifndef TOKENS
 #define TOKENS 256
 #endif
@@ -68,23 +60,14 @@ struct Chunk {  // what a lane reads of one chunk of its 16-row tile: the words 
     unsigned pair_g, pair_h;
 };
 
-__device__ __forceinline__ void convert(unsigned* a, const Chunk& ch) {
+__device__ __forceinline__ void convert(unsigned (&a)[16], const Chunk& ch) {
 #ifdef NO_CONVERT
     const unsigned raw[4] = {ch.w.x, ch.w.y, ch.w.z, ch.w.w};
 #pragma unroll
     for (int i = 0; i < 16; ++i) a[i] = raw[i & 3] & 0x3F3F3F3Fu;
     return;
 #endif
-    const unsigned s_g = low_pair(ch.pair_g), z_g = high_pair(ch.pair_g);
-    const unsigned s_h = low_pair(ch.pair_h), z_h = high_pair(ch.pair_h);
-    const unsigned ws[4] = {ch.w.x, ch.w.y, ch.w.z, ch.w.w};
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-        a[4 * s + 0] = pair_value(ws[s], z_g, s_g);
-        a[4 * s + 1] = pair_value(ws[s] >> 4, z_h, s_h);
-        a[4 * s + 2] = pair_value(ws[s] >> 8, z_g, s_g);
-        a[4 * s + 3] = pair_value(ws[s] >> 12, z_h, s_h);
-    }
+    a_operands(a, ch.w, low_pair(ch.pair_g), high_pair(ch.pair_g), low_pair(ch.pair_h), high_pair(ch.pair_h));
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -203,7 +186,7 @@ qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, c
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
 
-    auto iteration = [&](int c, unsigned* a_now, unsigned* a_next, Chunk& ch_next) {
+    auto iteration = [&](int c, unsigned (&a_now)[16], unsigned (&a_next)[16], Chunk& ch_next) {
         multiply(c, a_now);  // then chunk c - 1's MMAs are done: its stage free
         if (c + 1 < chunks) {
             convert(a_next, ch_next);
@@ -225,7 +208,7 @@ qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, c
     if (chunks > 2) next[0] = load_chunk(2);
     __syncthreads();
 
-    auto iteration = [&](int c, unsigned* a_now, unsigned* a_next, Chunk& ch_next) {
+    auto iteration = [&](int c, unsigned (&a_now)[16], unsigned (&a_next)[16], Chunk& ch_next) {
         multiply(c, a_now);
         if (c + 1 < chunks) {
             convert(a_next, ch_next);
@@ -254,9 +237,7 @@ qfuse_int4_wgmma(const Words* __restrict__ words, const Words* __restrict__ x, c
             if (m >= M) continue;
             float sum = acc[4 * i + e];
             if (has_bias) sum += load_as_float<HALF_CODE>(bias, n);
-            unsigned short h;
-            asm(FROM_FLOAT " %0, %1;" : "=h"(h) : "f"(sum));
-            reinterpret_cast<unsigned short*>(out)[(long long)m * N + n] = h;
+            store_from_float<HALF_CODE>(out, (long long)m * N + n, sum);
         }
     }
 }

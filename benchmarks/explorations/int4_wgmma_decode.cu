@@ -27,14 +27,6 @@
 // -DSTREAM=0|1|2, -DRING=4|8|16, -DSINGLE_A, -DGROUP_SHIFT (int4_mma.cu's), -DMIN_BLOCKS (launch bounds),
 // -DHALF_BF16; ablations (timed only, wrong results): -DSKIP_STAGE, -DSKIP_WGMMA.
 
-#ifdef HALF_BF16
-#define HALF "bf16"
-#define HALF_CODE 2  // common.cuh's dtype codes
-#else
-#define HALF "f16"
-#define HALF_CODE 3
-#endif
-
 #if GROUP_SHIFT >= 30
 #define GROUP_CHUNKS (1 << 30)  // one group along K
 #else
@@ -83,16 +75,9 @@ __device__ __forceinline__ void load_step(Step& step, const Words* w_lane, const
 
 // one chunk on the tensor cores: its A operands `a` made from its words (rows g, g + 8 scaled by their pairs), then
 // four wgmma on the chunk's x at `base`; returns once the previous chunk's wgmma are done (its `a` free)
-__device__ __forceinline__ void multiply_chunk(float* acc, unsigned* a, const Words& w, unsigned s_g, unsigned z_g,
-                                               unsigned s_h, unsigned z_h, unsigned base) {
-    const unsigned ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-        a[4 * s + 0] = pair_value(ws[s], z_g, s_g);
-        a[4 * s + 1] = pair_value(ws[s] >> 4, z_h, s_h);
-        a[4 * s + 2] = pair_value(ws[s] >> 8, z_g, s_g);
-        a[4 * s + 3] = pair_value(ws[s] >> 12, z_h, s_h);
-    }
+__device__ __forceinline__ void multiply_chunk(float* acc, unsigned (&a)[16], const Words& w, unsigned s_g,
+                                               unsigned z_g, unsigned s_h, unsigned z_h, unsigned base) {
+    a_operands(a, w, s_g, z_g, s_h, z_h);
 #ifdef SKIP_WGMMA  // ablation (wrong results): the A operands made and chained into one sum, no tensor core
     unsigned folded = 0;
 #pragma unroll
@@ -120,9 +105,9 @@ __device__ __forceinline__ void multiply_step(float* acc, unsigned (&a)[2][16], 
     for (int u = 0; u < UNROLL; ++u) {
         const Pair pair = step.p[PAIRS > 1 ? u / GROUP_CHUNKS : 0];
 #ifdef SINGLE_A
-        unsigned* au = a[0];
+        unsigned (&au)[16] = a[0];
 #else
-        unsigned* au = a[u & 1];
+        unsigned (&au)[16] = a[u & 1];
 #endif
         multiply_chunk(acc, au, step.w[u], low_pair(pair.x), high_pair(pair.x), low_pair(pair.y),
                        high_pair(pair.y), x_base + (c_local + u) * CHUNK_BYTES);
@@ -148,7 +133,7 @@ __device__ __forceinline__ void copy_chunk(unsigned w_ring, unsigned p_ring, con
 }
 
 // chunk c from its slot (landed: RING - 2 younger groups may be in flight), the slot refilled with chunk c + RING - 1
-__device__ __forceinline__ void ring_chunk(float* acc, unsigned* a, unsigned (&sz)[4], unsigned w_ring,
+__device__ __forceinline__ void ring_chunk(float* acc, unsigned (&a)[16], unsigned (&sz)[4], unsigned w_ring,
                                            unsigned p_ring, const Words* w_lane, const Pair* pairs_lane, unsigned x_base,
                                            int c, int c0, int c1, int pair_stride) {
     asm volatile("cp.async.wait_group %0;" ::"n"(RING - 2) : "memory");

@@ -24,12 +24,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from gpu_int4_mma import DECODER_SHAPES, GROUP, Int4Weight, stack_size  # noqa: E402
+from gpu_int4_mma import DECODER_SHAPES, GROUP  # noqa: E402
+from int4_batched_decode import timed_against_the_rule  # noqa: E402
 
-from qfuse.bench import add_output_arguments, format_table, graph_us_in_turns, machine, out_path, progress, write  # noqa: E402
+from qfuse.bench import add_output_arguments, format_table, machine, out_path, progress, write  # noqa: E402
 from qfuse.kernels.cuda import int4_mma, launch  # noqa: E402
-from qfuse.kernels.triton.int4_planes import triton_int4_planes_mm  # noqa: E402
-from qfuse.kernels.triton.scaled_mm import multiprocessors  # noqa: E402
 
 HERE = Path(__file__).parent
 # words, x, pairs, bias, out, partial, counters; M, N, K, split_chunks, row_blocks, has_bias
@@ -205,41 +204,12 @@ def check_numerics() -> list[dict]:
 
 
 def run(ms: list[int], shapes) -> list[dict]:
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    sms = multiprocessors(torch.device("cuda"))
-    rows = []
-    for n, k in shapes:
-        weights = [Int4Weight(n, k, False, generator) for _ in range(stack_size(n * k // 2))]
-        dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(max(2, len(weights) // 4))]
-        for m in ms:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in weights]
-            calls = {
-                "cuda (launch rule)": [lambda w=w: int4_mma.int4_mma(x, *w.mma, None, GROUP, torch.bfloat16)
-                                       for w in weights],
-                "triton planes": [lambda w=w: triton_int4_planes_mm(x, w.words, None, w.scales_nk, w.zeros_packed, None,
-                                                                    GROUP, torch.bfloat16, sms) for w in weights],
-                "bf16 mm": [lambda w=w: x @ w.t() for w in dense],
-            }
-            for variant in ONLY or variants(m, n, k):
-                calls[variant.name()] = [call(x, *w.mma, None, out, GROUP, variant) for w, out in zip(weights, outs)]
-            expected = x.double() @ weights[0].dequantized().double()
-            errors = {}
-            for name, graph in calls.items():
-                if name != "bf16 mm":
-                    result = graph[0]()
-                    result = outs[0] if result is None else result
-                    errors[name] = ((result.double() - expected).norm() / expected.norm()).item()
-            times = graph_us_in_turns(calls)
-            for name, us in sorted(times.items(), key=lambda item: item[1]):
-                rows.append(dict(n=n, k=k, m=m, kernel=name, us=round(us, 2), vs_bf16=round(times["bf16 mm"] / us, 2),
-                                 tb_per_s=round(weights[0].bytes / us / 1e6, 2), rel_error=errors.get(name)))
-            ranked = sorted(times.items(), key=lambda item: item[1])
-            progress(f"N={n} K={k} M={m}: " + ", ".join(f"{name} {us:.2f}" for name, us in ranked[:4])
-                     + f"; rule {times['cuda (launch rule)']:.2f}, planes {times['triton planes']:.2f},"
-                       f" bf16 {times['bf16 mm']:.2f}")
-        del weights, dense
-    return rows
+    def wgmma(x, weights, outs):
+        m, k = x.shape
+        n = weights[0].mma[1].shape[1]
+        return {variant.name(): [call(x, *w.mma, None, out, GROUP, variant) for w, out in zip(weights, outs)]
+                for variant in ONLY or variants(m, n, k)}
+    return timed_against_the_rule(ms, shapes, wgmma, tinygemm=False)
 
 
 def main() -> None:

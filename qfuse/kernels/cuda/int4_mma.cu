@@ -34,17 +34,23 @@
 // ends in steps of 4, 2 and 1), -DGROUP_SHIFT=s.
 
 #ifdef HALF_BF16
+#define HALF "bf16"
+#define HALF_CODE 2  // common.cuh's dtype codes
 #define MAGIC 0x43004300u
 #define ONE 0x3F803F80u
 #define FMA_PAIR "fma.rn.bf16x2"
-#define MMA "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-#define FROM_FLOAT "cvt.rn.bf16.f32"
 #else
+#define HALF "f16"
+#define HALF_CODE 3
 #define MAGIC 0x64006400u
 #define ONE 0x3C003C00u
 #define FMA_PAIR "fma.rn.f16x2"
-#define MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
-#define FROM_FLOAT "cvt.rn.f16.f32"
+#endif
+#define MMA "mma.sync.aligned.m16n8k16.row.col.f32." HALF "." HALF ".f32"
+#ifdef OUT_F32
+#define OUT_CODE 1
+#else
+#define OUT_CODE HALF_CODE
 #endif
 
 #ifndef UNROLL
@@ -70,7 +76,21 @@ __device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// The kernel (above: the dequantize and the MMA, which explorations/gpu_int4_prefill_wgmma.py takes alone)
+// A chunk's A operands: a[4 s + i] is register i of step s's mma.m16n8k16 (or wgmma's) A, from a lane's 16 bytes of
+// words (word s), rows g and g + 8 made with their (scale, -(MAGIC + 8 + z)) pairs
+__device__ __forceinline__ void a_operands(unsigned (&a)[16], const Words& w, unsigned s_g, unsigned z_g, unsigned s_h,
+                                           unsigned z_h) {
+    const unsigned ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        a[4 * s + 0] = pair_value(ws[s], z_g, s_g);
+        a[4 * s + 1] = pair_value(ws[s] >> 4, z_h, s_h);
+        a[4 * s + 2] = pair_value(ws[s] >> 8, z_g, s_g);
+        a[4 * s + 3] = pair_value(ws[s] >> 12, z_h, s_h);
+    }
+}
+
+// The kernel (above: the dequantize and the MMA, which the wgmma explorations take alone)
 
 #if GROUP_SHIFT >= 30
 #define GROUP_CHUNKS (1 << 30)  // one group along K (per channel scales)
@@ -94,21 +114,15 @@ __device__ __forceinline__ void multiply_chunks(float (&acc)[M_TILES][4], const 
             const Pair pair = group_pairs[(long long)(u / GROUP_CHUNKS) * pair_stride];
             s_g = low_pair(pair.x), z_g = high_pair(pair.x), s_h = low_pair(pair.y), z_h = high_pair(pair.y);
         }
-        const unsigned ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
-        unsigned a[4][4];  // the chunk's A operands, step s
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            a[s][0] = pair_value(ws[s], z_g, s_g);
-            a[s][1] = pair_value(ws[s] >> 4, z_h, s_h);
-            a[s][2] = pair_value(ws[s] >> 8, z_g, s_g);
-            a[s][3] = pair_value(ws[s] >> 12, z_h, s_h);
-        }
+        unsigned a[16];  // the chunk's A operands
+        a_operands(a, w[u], s_g, z_g, s_h, z_h);
 #pragma unroll
         for (int i = 0; i < M_TILES; ++i) {  // one tile's x live at a time, whatever M_TILES is
             const Words xv[2] = {x.tile[i][8 * (xc + u)], x.tile[i][8 * (xc + u) + 1]};
             const unsigned* xs = reinterpret_cast<const unsigned*>(xv);  // 8 pairs, k = 16 t + 2 p
 #pragma unroll
-            for (int s = 0; s < 4; ++s) mma(acc[i], a[s][0], a[s][1], a[s][2], a[s][3], xs[2 * s], xs[2 * s + 1]);
+            for (int s = 0; s < 4; ++s)
+                mma(acc[i], a[4 * s], a[4 * s + 1], a[4 * s + 2], a[4 * s + 3], xs[2 * s], xs[2 * s + 1]);
         }
     }
 }
@@ -147,22 +161,8 @@ __device__ __forceinline__ void add_up_and_store(const Partials* partial, int fi
             // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
             const int n = row + 8 * (j >> 1), m = 8 * i + 2 * t + (j & 1);
             if (m >= M) continue;
-            if (has_bias) {
-#ifdef HALF_BF16
-                sum += bits_as_float(((unsigned)bias[n]) << 16);
-#else
-                float b;
-                asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(bias[n]));
-                sum += b;
-#endif
-            }
-#ifdef OUT_F32
-            reinterpret_cast<float*>(out)[(long long)m * N + n] = sum;
-#else
-            unsigned short h;
-            asm(FROM_FLOAT " %0, %1;" : "=h"(h) : "f"(sum));
-            reinterpret_cast<unsigned short*>(out)[(long long)m * N + n] = h;
-#endif
+            if (has_bias) sum += load_as_float<HALF_CODE>(bias, n);
+            store_from_float<OUT_CODE>(out, (long long)m * N + n, sum);
         }
     }
 }
