@@ -80,6 +80,17 @@ def test_plot_writes_a_png(tmp_path):
         assert path.read_bytes().startswith(PNG_SIGNATURE)
 
 
+def test_heatmap_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'qfuse[bench]')")
+    rows = [{"m": m, "shape": shape, "form": form, "speedup": m / 16 + factor}
+            for m in (1, 16, 256) for shape in ("1024x1024", "4096x4096") for form, factor in (("a", 0.5), ("b", 1.5))]
+    rows.append({"m": 64, "shape": "1024x1024", "form": "a", "speedup": None})  # a cell not measured
+    path = bench.heatmap(tmp_path / "grid.png", rows, x="m", y="shape", value="speedup", panels=("form",))
+    assert path.read_bytes().startswith(PNG_SIGNATURE)
+    with pytest.raises(ValueError, match="no row has a value for 'speedup'"):
+        bench.heatmap(tmp_path / "never.png", rows[-1:], x="m", y="shape", value="speedup")
+
+
 def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'qfuse\[bench\]'"):
