@@ -116,8 +116,10 @@ CPU_RUNS = {  # each CPU script at its smallest settings: seconds, not a measure
     "cpu_peers": ["--quick", "--only", "linear", "--runs", "2"],
     "cpu_weight_only": ["--quick", "--max-busy", "-1"],
     "cpu_int4_zero_points": ["--m", "1", "--shape", "256x64", "--runs", "2"],
+    "cpu_grid": ["--forms", "gptq-int4", "--shapes", "128x256", "--ms", "1", "--dtypes", "fp32", "--runs", "2",
+                 "--repeats", "1"],
 }
-PLOTS = {"cpu_kernel_choice", "cpu_gemm_backends", "cpu_w8a16", "cpu_mlp"}
+PLOTS = {"cpu_kernel_choice", "cpu_gemm_backends", "cpu_w8a16", "cpu_mlp", "cpu_grid"}
 
 
 def test_every_cpu_script_has_a_smoke_run():
