@@ -71,7 +71,7 @@ FORMS = {
 
 def cell(form: str, n: int, k: int, m: int, dtype: str, runs: int, repeats: int) -> dict:
     """One form at one size: Inductor's and qfuse's medians, the speedup, what qfuse fused, the errors."""
-    model = FORMS[form][0](k, n, DTYPES[dtype], m).eval()
+    model = FORMS[form][0](k, n, DTYPES[dtype], m)  # (the builders return eval-mode models; PT2E's refuses .eval())
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(DTYPES[dtype])
     torch._dynamo.reset()
     with torch.no_grad():
@@ -129,6 +129,7 @@ def main() -> None:
         for m in ms:
             rows.append(cell(form, n, k, m, dtype, args.runs, args.repeats))
             progress(" ".join(f"{key}={value}" for key, value in rows[-1].items()))
+            write(out_path(args, "cpu_grid"), rows, machine=machine())  # so far: a long grid keeps what it measured
     header = ["form", "dtype", "n", "k", *[f"M={m}" for m in ms], "kernel"]
     table = []
     for (form, dtype, n, k), group in itertools.groupby(rows, key=lambda r: (r["form"], r["dtype"], r["n"], r["k"])):
