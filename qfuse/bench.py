@@ -334,9 +334,9 @@ def plot(path: str | Path, rows: list[dict], x: str, y: str | Sequence[str], ser
 
 def heatmap(path: str | Path, rows: list[dict], x: str, y: str, value: str, panels: Sequence[str] = (),
             title: str = "", center: float = 1.0) -> Path:
-    """A PNG of `value` in a grid of `x` (columns) by `y` (rows), each cell written with its value, colored
-    diverging around `center` (a speedup of 1: red below, blue above); one grid per distinct value of the `panels`
-    keys. Rows without a value are left blank."""
+    """A PNG of `value` (a positive ratio) in a grid of `x` (columns) by `y` (rows), each cell written with its
+    value, colored on a log scale diverging around `center` (a speedup of 1: red below, blue above); one grid per
+    distinct value of the `panels` keys. Rows without a value are left blank."""
     pyplot = _pyplot()
     from matplotlib.colors import TwoSlopeNorm
 
@@ -346,8 +346,8 @@ def heatmap(path: str | Path, rows: list[dict], x: str, y: str, value: str, pane
             grids.setdefault(tuple(row.get(key) for key in panels), []).append(row)
     if not grids:
         raise ValueError(f"no row has a value for {value!r}")
-    values = [row[value] for grid in grids.values() for row in grid]
-    norm = TwoSlopeNorm(center, min(min(values), center * 0.99), max(max(values), center * 1.01))
+    logs = [math.log(row[value]) for grid in grids.values() for row in grid]
+    norm = TwoSlopeNorm(math.log(center), min(min(logs), math.log(center) - 0.01), max(max(logs), math.log(center) + 0.01))
     columns = min(3, len(grids))
     figure, axes = pyplot.subplots(math.ceil(len(grids) / columns), columns, squeeze=False,
                                    figsize=(4.8 * columns, 3.6 * math.ceil(len(grids) / columns)))
@@ -357,10 +357,11 @@ def heatmap(path: str | Path, rows: list[dict], x: str, y: str, value: str, pane
         cells = [[float("nan")] * len(xs) for _ in ys]
         for row in grid:
             cells[ys.index(row[y])][xs.index(row[x])] = row[value]
-        axis.imshow(cells, cmap="RdBu", norm=norm, aspect="auto")
+        axis.imshow([[math.log(v) if v == v else v for v in line] for line in cells], cmap="RdBu", norm=norm,
+                    aspect="auto")
         for i, j in itertools.product(range(len(ys)), range(len(xs))):
             if not math.isnan(cells[i][j]):  # white on the dark ends of the scale
-                color = "white" if abs(float(norm(cells[i][j])) - 0.5) > 0.3 else "black"
+                color = "white" if abs(float(norm(math.log(cells[i][j]))) - 0.5) > 0.3 else "black"
                 axis.text(j, i, f"{cells[i][j]:.2f}", ha="center", va="center", fontsize=7, color=color)
         axis.set_xticks(range(len(xs)), [str(v) for v in xs])
         axis.set_yticks(range(len(ys)), [str(v) for v in ys], fontsize=7)
@@ -368,7 +369,7 @@ def heatmap(path: str | Path, rows: list[dict], x: str, y: str, value: str, pane
     for axis in list(axes.flat)[len(grids):]:
         axis.set_visible(False)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 0.97))  # the title above the panels' own
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
