@@ -302,6 +302,26 @@ def _draw(axis, lines: dict[str, list]) -> None:
     axis.set_xticks(range(len(categories)), categories, rotation=20, ha="right")
 
 
+def _panels(pyplot, count: int, width: float, height: float):
+    """(figure, axes) of `count` panels, three a row, each `width` x `height` inches."""
+    columns = min(3, count)
+    rows = math.ceil(count / columns)
+    return pyplot.subplots(rows, columns, squeeze=False, figsize=(width * columns, height * rows))
+
+
+def _saved(pyplot, figure, axes, used: int, title: str, path: str | Path, top: float = 1.0) -> Path:
+    """`figure` with its unused panels hidden and `title` above them (the panels below `top`), written to `path`."""
+    for axis in list(axes.flat)[used:]:
+        axis.set_visible(False)
+    figure.suptitle(title)
+    figure.tight_layout(rect=(0, 0, 1, top))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)
+    return path
+
+
 def plot(path: str | Path, rows: list[dict], x: str, y: str | Sequence[str], series: str | None = None,
          panels: Sequence[str] = (), title: str = "") -> Path:
     """A PNG of `y` against `x`: one line (bars, where x is not a number) per value of `series`, or
@@ -312,24 +332,14 @@ def plot(path: str | Path, rows: list[dict], x: str, y: str | Sequence[str], ser
     groups = _series(rows, x, ys, series, tuple(panels))
     if not groups:
         raise ValueError(f"no row has values for both {x!r} and {ys}")
-    columns = min(3, len(groups))
-    figure, axes = pyplot.subplots(math.ceil(len(groups) / columns), columns, squeeze=False,
-                                   figsize=(5.5 * columns, 4.2 * math.ceil(len(groups) / columns)))
+    figure, axes = _panels(pyplot, len(groups), 5.5, 4.2)
     for axis, (panel, lines) in zip(axes.flat, groups.items()):
         _draw(axis, lines)
         axis.set_title(", ".join(f"{key}={value}" for key, value in zip(panels, panel)), fontsize=9)
         axis.set(xlabel=x, ylabel=ys[0] if len(ys) == 1 else "")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
-    for axis in list(axes.flat)[len(groups):]:
-        axis.set_visible(False)
-    figure.suptitle(title)
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    pyplot.close(figure)
-    return path
+    return _saved(pyplot, figure, axes, len(groups), title, path)
 
 
 def heatmap(path: str | Path, rows: list[dict], x: str, y: str, value: str, panels: Sequence[str] = (),
@@ -348,9 +358,7 @@ def heatmap(path: str | Path, rows: list[dict], x: str, y: str, value: str, pane
         raise ValueError(f"no row has a value for {value!r}")
     logs = [math.log(row[value]) for grid in grids.values() for row in grid]
     norm = TwoSlopeNorm(math.log(center), min(min(logs), math.log(center) - 0.01), max(max(logs), math.log(center) + 0.01))
-    columns = min(3, len(grids))
-    figure, axes = pyplot.subplots(math.ceil(len(grids) / columns), columns, squeeze=False,
-                                   figsize=(4.8 * columns, 3.6 * math.ceil(len(grids) / columns)))
+    figure, axes = _panels(pyplot, len(grids), 4.8, 3.6)
     for axis, (panel, grid) in zip(axes.flat, grids.items()):
         xs = sorted({row[x] for row in grid}, key=lambda v: (isinstance(v, str), v))
         ys = list(dict.fromkeys(row[y] for row in grid))
@@ -366,15 +374,7 @@ def heatmap(path: str | Path, rows: list[dict], x: str, y: str, value: str, pane
         axis.set_xticks(range(len(xs)), [str(v) for v in xs])
         axis.set_yticks(range(len(ys)), [str(v) for v in ys], fontsize=7)
         axis.set(xlabel=x, title=", ".join(f"{key}={v}" for key, v in zip(panels, panel)))
-    for axis in list(axes.flat)[len(grids):]:
-        axis.set_visible(False)
-    figure.suptitle(title)
-    figure.tight_layout(rect=(0, 0, 1, 0.97))  # the title above the panels' own
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    pyplot.close(figure)
-    return path
+    return _saved(pyplot, figure, axes, len(grids), title, path, top=0.97)  # the title above the panels' own
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, name: str, plot: bool = False, quick: str = "") -> None:
