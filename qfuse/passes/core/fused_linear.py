@@ -36,6 +36,7 @@ from qfuse.passes.core.graph_utils import (
     insert_call,
     materialize,
     module_path,
+    prims,
     scalar_tensor,
     static_int,
 )
@@ -111,6 +112,7 @@ class FusedLinear:
     per_call_weight: bool = False  # the quantized weight is computed on every call (fake-quantized float weight)
     int4: Int4Weight | None = None  # an int4 weight packed along K (then `b` is its packed tensor)
     fallback: FusedLinear | None = None  # fused instead where no kernel runs this one (W4A8 -> weight-only)
+    row_nan: GraphValue | None = None  # [..., 1] of a's rows: 1, or nan where eager's float activation holds a nan
 
     def noted(self, note: str) -> FusedLinear:
         """A copy with `note` added to its note."""
@@ -140,12 +142,18 @@ def record_near_miss(context: PassContext, anchor: Node, family: str, reason: st
 
 def _as_tensor_node(graph: Graph, operand: Scale, dtype: torch.dtype, device: torch.device) -> Node | None:
     """Python numbers from the graph become 0-dim constants, scale products and pending calls
-    nodes; nodes pass through."""
+    nodes; nodes pass through, moved to the linear's device where they are elsewhere: a Python float
+    that Dynamo leaves unspecialized (dynamic=True) reaches the graph as a 0-dim CPU tensor, which eager's
+    `x * scale` reads from the CPU and a GPU kernel cannot."""
     if isinstance(operand, ScaleProduct):
-        return operand.emit(graph, device)
-    if isinstance(operand, (int, float)):
+        node = operand.emit(graph, device)
+    elif isinstance(operand, (int, float)):
         return scalar_tensor(graph, operand, dtype, device)
-    return materialize(graph, operand)
+    else:
+        node = materialize(graph, operand)
+    if node is not None and fake_value(node).device != device:
+        node = insert_call(graph, prims.device_put.default, (node, device))
+    return node
 
 
 def _fused_op_args(graph: Graph, linear: FusedLinear, kernel: str, device: torch.device):
@@ -230,6 +238,9 @@ def _fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Nod
         call = _fused_op_args(graph, linear, choice.kernel.name, device)
         fused = insert_call(graph, call.op, call.as_args())
         fused.meta[RECORD_KEY] = record  # later passes (activation_quant) add to the record
+        if linear.row_nan is not None:  # x 1 or nan: every finite, infinite or signed-zero value kept
+            row_nan = insert_call(graph, prims.convert_element_type.default, (materialize(graph, linear.row_nan), linear.out_dtype))
+            fused = insert_call(graph, aten.mul.Tensor, (fused, row_nan))
         if linear.output_shape is not None:
             fused = insert_call(graph, aten.reshape.default, (fused, linear.output_shape))
         if any(linear.output_padding):

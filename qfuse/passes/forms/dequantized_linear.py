@@ -215,7 +215,21 @@ def analyze_dequantized_linear(
         azp_a=None if _is_zero(activation_zero_point) else activation_zero_point,
         azp_b=None if _is_zero(weight_dq.zero_point) else weight_dq.zero_point,
         per_call_weight=weight_dq.computed_per_call,
+        row_nan=None if scheme.dynamic else rows_with_nan(activation_dq, view_shape),
     )
+
+
+def rows_with_nan(dq: Dequantized, view_shape: list | None) -> PendingCall | None:
+    """For a float activation of integers (a fake quant: a round and clamp chain), [..., 1]: 1, or nan in the
+    rows that hold a nan. Clamped, q is an integer in range or nan (never inf); eager's float linear keeps a nan,
+    the integer operand cannot, so the fused op's rows are multiplied by this (q - q is 0 or nan; their sum + 1 is
+    1 or nan). A scale computed from the activation (dynamic) is nan in those rows already; None then, and for a
+    q stored or cast to an integer type by the model."""
+    if dq.cast_to not in (torch.int8, torch.uint8):
+        return None
+    q = dq.q if view_shape is None else PendingCall(aten.reshape.default, (dq.q, view_shape))
+    zeros_or_nan = PendingCall(aten.sub.Tensor, (q, q))
+    return PendingCall(aten.add.Tensor, (PendingCall(aten.sum.dim_IntList, (zeros_or_nan, [-1], True)), 1))
 
 
 def _check_linear(anchor: Node, bias: Node | None, activation: Node, weight: Node) -> torch.dtype:
