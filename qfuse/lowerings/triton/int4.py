@@ -70,7 +70,7 @@ from qfuse.kernels.prepared import Packing
 from qfuse.lowerings.frozen import constant_weight, prepared_now
 from qfuse.lowerings.ir import (IR_OPS, append_to_lowering, as_matrix, convert, extern_call, lower, record_lowering,
                                 rows_and_k, rows_at_most, rows_bucket, tensor_constant)
-from qfuse.lowerings.triton.template import max_autotune, split_k_linear
+from qfuse.lowerings.triton.template import max_autotune, split_k_linear, why_not_one_element
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, apply_zero_convention
 from qfuse.schemes import INT4_OFFSET
 
@@ -153,7 +153,7 @@ def why_not(call: Int4WeightOnlyMmArgs) -> str:
         return "M is 0"
     if call.x.get_device().type != "cuda" and _is_decode(call, rows):
         return "the Triton template runs on CUDA"
-    return ""
+    return why_not_one_element(rows, call.scales.get_size()[0])
 
 
 def lower_call(call: Int4WeightOnlyMmArgs):

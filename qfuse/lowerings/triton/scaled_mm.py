@@ -83,7 +83,7 @@ def _template_linear(a2d, b, scale_a, scale_b, bias, rows, k, out_dtype):
 
 def why_not(call: ScaledMmArgs) -> str:
     rows, k = rows_and_k(call.a)
-    return (template.why_not_template(call.a.get_device(), rows, k)
+    return (template.why_not_template(call.a.get_device(), rows, k, call.b.get_size()[1])
             or _why_not_scales(call.scale_a, call.scale_b, rows, call.b))
 
 

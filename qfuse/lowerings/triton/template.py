@@ -236,7 +236,7 @@ def _known(condition) -> bool:
     return V.graph.sizevars.statically_known_true(condition)
 
 
-def why_not_template(device: torch.device, rows, k) -> str:
+def why_not_template(device: torch.device, rows, k, n) -> str:
     """'' if the template can run an [M = rows, K] x [K, N] call on `device`, else why not."""
     if device.type != "cuda":
         return "the Triton template runs on CUDA"
@@ -244,6 +244,14 @@ def why_not_template(device: torch.device, rows, k) -> str:
         return f"K is not a multiple of {K_ALIGNMENT}: the op pads the weight once (a template would read unaligned rows)"
     if _known(sympy.Eq(rows, 0)):
         return "M is 0"
+    return why_not_one_element(rows, n)
+
+
+def why_not_one_element(rows, n) -> str:
+    """Why an output of one element (static M = N = 1) is no template's: Inductor's store of a template tile
+    at a constant index drops the tile's mask, and every lane of the tile stores into that one element."""
+    if _known(sympy.Eq(rows * n, 1)):
+        return "one output element (M = N = 1): Inductor's template store would drop the tile's mask"
     return ""
 
 

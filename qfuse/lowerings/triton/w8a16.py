@@ -35,7 +35,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from qfuse.kernels.base import DECODE_ROWS
 from qfuse.lowerings.ir import convert, known_equal, lower, numel, record_lowering, rows_at_most, rows_bucket
-from qfuse.lowerings.triton.template import max_autotune, split_k_linear
+from qfuse.lowerings.triton.template import max_autotune, split_k_linear, why_not_one_element
 from qfuse.ops.weight_only import WeightOnlyScaledMmArgs
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -87,7 +87,7 @@ def why_not(call: WeightOnlyScaledMmArgs) -> str:
         return "the weight's K and N are dynamic: the template's tiles and the block scales need them static"
     if call.x.get_device().type != "cuda" and _is_decode(rows):
         return "the Triton template runs on CUDA"
-    return ""
+    return why_not_one_element(rows, call.b.get_size()[1])
 
 
 def scale_as_matrix(call: WeightOnlyScaledMmArgs, n: int):
