@@ -133,7 +133,8 @@ def scaled_mm(a: Tensor, b: Tensor, scale_a: Tensor | None, scale_b: Tensor | No
     out_shape = _checked_output_shape(a, a.dtype, b, out_dtype, "scaled_mm")
     a2d, scale_a, scale_b, azp_a, azp_b = _flatten_operands(a, b, scale_a, scale_b, bias, azp_a, azp_b, "scaled_mm")
     implementation, weight = prepared_kernel(kernel, b, scale_b, azp_b)
-    return implementation.apply(a2d, weight, scale_a, bias, azp_a, out_dtype).reshape(out_shape)
+    # contiguous, as the fake says: a kernel that pads N returns its columns of a wider buffer (cutlass)
+    return implementation.apply(a2d, weight, scale_a, bias, azp_a, out_dtype).reshape(out_shape).contiguous()
 
 
 @scaled_mm.register_fake
