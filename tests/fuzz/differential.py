@@ -35,6 +35,10 @@ FORCED_KERNEL_REFUSES = "KernelUnavailableError: forced kernel"
 
 #: max |out - eager| allowed, relative to max |eager| over finite values, by output dtype
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+#: the same for an MLP judged against eager on another device (a lifted limit): its hidden activation there is
+#: one rounding away, and re-quantized per token that rounding can move a value by a whole int8 step (1 / 127
+#: of its row's largest): two steps of the output's largest, not the output dtype's rounding
+REQUANTIZED_TOLERANCE = 2 / 127
 
 
 @dataclass
@@ -50,8 +54,9 @@ class Outcome:
         return "\n".join([f"{self.case!r}", *self.problems, f"repro: {self.case.repro()}"])
 
 
-def difference(out, reference) -> str:
-    """'' when `out` agrees with `reference` (rule 2), else what differs."""
+def difference(out, reference, tolerance: float | None = None) -> str:
+    """'' when `out` agrees with `reference` (rule 2; finite values within `tolerance`, by default the
+    output dtype's `TOLERANCE`), else what differs."""
     outs = out if isinstance(out, tuple) else (out,)
     references = reference if isinstance(reference, tuple) else (reference,)
     for index, (value, expected) in enumerate(zip(outs, references, strict=True)):
@@ -72,7 +77,7 @@ def difference(out, reference) -> str:
         if finite.any():
             error = (value[finite] - expected[finite]).abs().max().item()
             size = max(expected[finite].abs().max().item(), 1e-6)
-            if error > TOLERANCE[outs[0].dtype] * size:
+            if error > (tolerance or TOLERANCE[outs[0].dtype]) * size:
                 return f"{where}max error {error:.3g} against max |eager| {size:.3g}"
     return ""
 
@@ -125,7 +130,8 @@ def run_case(case: Case) -> Outcome:
         inner_sizes = (case.k, case.n) if case.form == "mlp" else (case.k,)  # the K of each linear
         if min(inner_sizes) > 1:  # CPU _int_mm is wrong for K == 1, so eager on the CPU is no judge there
             cpu_model, cpu_inputs = build(case, "cpu")
-            if problem := difference(_on_cpu(out), _run(cpu_model, cpu_inputs)[0]):
+            tolerance = REQUANTIZED_TOLERANCE if case.form == "mlp" else None
+            if problem := difference(_on_cpu(out), _run(cpu_model, cpu_inputs)[0], tolerance):
                 outcome.problems.append(f"qfuse (lifting eager's {eager_error}) differs from eager on the CPU: {problem}")
         return outcome
     if error is not None and case.kernel and FORCED_KERNEL_REFUSES in str(error):
