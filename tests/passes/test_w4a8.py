@@ -5,7 +5,7 @@ own q and scale where a kernel runs it, and int4 weight-only (its fallback) else
 No machine here runs W4A8 (the `xpu` kernel needs an Intel GPU): on the CPU the linear falls back,
 and the W4A8 rewrite itself is checked with the `reference` kernel forced. Covered: vLLM's scale
 (amax / 127) and torchao's symmetric one (amax / 127.5), bf16 / fp32, 2D and 3D, M = 0 / 1 / odd, a
-dynamic batch, bias or not; forms that stay weight-only, each with its reason.
+dynamic batch, bias or not, a static scale with a nan row; forms that stay weight-only, each with its reason.
 """
 
 import pytest
@@ -104,3 +104,18 @@ def test_forms_that_stay_weight_only_say_why(model, note):
     assert_close_as_verify_mode(out, eager)
     (record,) = explanation.records
     assert record.fused and record.scheme == "bf16 x int4 per-group (weight-only)" and note in record.note, record
+
+
+def test_a_static_scale_keeps_eagers_nan_rows():
+    """A static activation scale carries no nan: the rows of the fake quant's q that hold one (clamp keeps it)
+    multiply the fused op's output by nan, as eager's float linear of q * s propagates it."""
+    model = w4a8(FP32, static_scale=0.02)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(6))
+    x[2, 17] = float("nan")
+    x[1, 3] = float("inf")  # clamped to 127: a finite row in eager
+    eager, out, explanation = compiled_and_explained(model, x, REFERENCE)
+    (record,) = explanation.records
+    assert record.scheme == "int8 static-tensor x int4 per-group-32", record
+    assert torch.equal(out.isnan(), eager.isnan()) and eager[2].isnan().all() and eager[1].isfinite().all()
+    finite = eager.isfinite()
+    assert_close_as_verify_mode(out[finite].reshape(3, -1), eager[finite].reshape(3, -1))

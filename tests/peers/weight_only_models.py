@@ -336,15 +336,19 @@ class W4A8Linear(nn.Module):
     (symmetric: round(x / s) clamped to int8, times s; `divisor` 127 as vLLM, 127.5 as torchao's
     symmetric mapping; `activation_zero_point` adds torchao's asymmetric form), then `weight`, an
     `IntxInt4Linear` (int4 values in int8 storage, group scales), dequantizes and runs the float
-    linear. Not a weight-only form: qfuse reads it as W4A8 (qfuse/passes/forms/w4a8.py) where a kernel runs
-    that, else as int4 weight-only (tests/passes/test_w4a8.py)."""
+    linear; `static_scale`: one calibrated scale instead of the per-token one. Not a weight-only form: qfuse
+    reads it as W4A8 (qfuse/passes/forms/w4a8.py) where a kernel runs that, else as int4 weight-only
+    (tests/passes/test_w4a8.py)."""
 
-    def __init__(self, weight: nn.Module, divisor: float = 127.0, activation_zero_point: bool = False) -> None:
+    def __init__(self, weight: nn.Module, divisor: float = 127.0, activation_zero_point: bool = False,
+                 static_scale: float | None = None) -> None:
         super().__init__()
         self.weight_linear, self.divisor, self.activation_zero_point = weight, divisor, activation_zero_point
+        self.static_scale = static_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-5) / self.divisor
+        scale = (x.abs().amax(-1, keepdim=True).clamp(min=1e-5) / self.divisor if self.static_scale is None
+                 else self.static_scale)
         if self.activation_zero_point:
             zero_point = torch.round(-x.amin(-1, keepdim=True) / scale) - 128
             q = torch.clamp(torch.round(x / scale) + zero_point, -128, 127)

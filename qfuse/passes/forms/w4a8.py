@@ -29,7 +29,7 @@ from torch.fx import Node
 from qfuse.passes.forms.fake_dequantize import match_fake_dequantize
 from qfuse.passes.core.fused_linear import FusedLinear, NotFusable
 from qfuse.passes.core.graph_utils import PendingCall, aten, shape_of, strip_views
-from qfuse.passes.forms.dequantized_linear import activation_operand, can_fuse_activation
+from qfuse.passes.forms.dequantized_linear import activation_operand, can_fuse_activation, rows_with_nan
 from qfuse.passes.forms.quant_forms import is_dynamic_scale
 from qfuse.schemes import QuantScheme, dtype_name
 
@@ -73,5 +73,5 @@ def with_int8_activation(linear: FusedLinear, x2d: Node, has_weight_zero_point: 
         b=PendingCall(aten.permute.default, (int4.packed, [1, 0])),
         scale_a=_token_scale(activation.scale, view_shape),
         scale_b=PendingCall(aten.permute.default, (int4.scales, [1, 0])),
-        fallback=linear,
+        fallback=linear, row_nan=None if scheme.dynamic else rows_with_nan(activation, view_shape),
     )
