@@ -142,6 +142,18 @@ def test_installs_nest_and_each_uninstall_restores_the_pass_before_it():
         assert torch._inductor.config.post_grad_custom_post_pass is existing
 
 
+def test_the_cache_key_covers_every_source_file_of_the_package():
+    """A change to kernel choice or a lowering changes the code a cache entry holds: the pass's key hashes them all
+    (it once hashed qfuse/passes only, and a changed lowering was served from the cache)."""
+    from pathlib import Path
+
+    from qfuse.passes.core.manager import source_files
+
+    package = Path(qfuse.__file__).resolve().parent
+    assert set(source_files()) == {str(path) for path in package.rglob("*.py")}
+    assert {str(package / "lowerings" / "dispatch.py"), str(package / "kernels" / "registry.py")} <= set(source_files())
+
+
 def test_uuid_follows_the_config():
     assert QfusePass(qfuse.QfuseConfig()).uuid() == QfusePass(qfuse.QfuseConfig()).uuid()
     assert QfusePass(qfuse.QfuseConfig()).uuid() != QfusePass(qfuse.QfuseConfig(), stage="joint").uuid()

@@ -82,9 +82,15 @@ def reports_since(marker: int) -> list[PassReport]:
 
 
 @functools.cache
+def source_files() -> tuple[str, ...]:
+    """Every Python file of the qfuse package: the passes, and the kernel choice and lowerings whose code an FX
+    graph cache entry holds (a change to any of them must miss the cache)."""
+    package = Path(__file__).resolve().parents[2]
+    return tuple(sorted(str(path) for path in package.rglob("*.py")))
+
+
 def _source_hash() -> bytes:
-    package = Path(__file__).resolve().parent.parent
-    return get_hash_for_files(tuple(sorted(str(path) for path in package.rglob("*.py"))))
+    return get_hash_for_files(source_files())
 
 
 def _run_family_or_restore(family: str, graph: torch.fx.Graph, context: PassContext) -> None:
