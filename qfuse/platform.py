@@ -26,6 +26,7 @@ class Platform:
     cuda_capability: tuple[int, int] | None = None  # (major, minor) on NVIDIA and ROCm GPUs
     cpu_has_avx512_vnni: bool = False
     cpu_has_amx: bool = False
+    cpu_has_avx512_bf16: bool = False  # bf16 dot products (AMX has its own)
     cpu_is_amd_zen: bool = False
     gpu_arch: str = ""  # ROCm: the gfx name (gfx942 is MI300); empty elsewhere
     libraries: frozenset[str] = frozenset()  # importable optional libraries, e.g. {"triton", "vllm"}, and "nvrtc"
@@ -106,6 +107,7 @@ def current_platform(device_type: str) -> Platform:
             "cpu",
             cpu_has_avx512_vnni=torch.cpu._is_vnni_supported(),
             cpu_has_amx=torch.cpu._is_amx_tile_supported(),
+            cpu_has_avx512_bf16=torch.cpu._is_avx512_bf16_supported(),
             cpu_is_amd_zen=_cpu_is_amd_zen(),
             libraries=libraries,
         )

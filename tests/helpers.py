@@ -6,6 +6,14 @@ import pytest
 import torch
 
 import qfuse
+from qfuse.platform import current_platform
+
+#: this CPU multiplies int8 on int8 dot instructions (AVX-512 VNNI, AMX). Without them the `torch` kernel leaves an
+#: int8 linear written in float (PT2E, fake quant, a float matmul of upcast integers) to Inductor's float GEMM, as
+#: measured faster (`torch_native.EMULATED_INT8_MAX_ROWS`): tests of those rewrites force it there
+#: (`FLOAT_WRITTEN_INT8`), and tests of kernel choice expect the linear unfused.
+INT8_DOT_HERE = current_platform("cpu").cpu_has_avx512_vnni or current_platform("cpu").cpu_has_amx
+FLOAT_WRITTEN_INT8: dict = {} if INT8_DOT_HERE else {"kernel": "torch"}
 
 
 #: Triton kernels on the CPU run in its interpreter (tests/conftest.py): their larger grids go to the slow tier

@@ -14,6 +14,7 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_
 import torch.nn.functional as F
 
 import qfuse
+from tests.helpers import FLOAT_WRITTEN_INT8
 
 qd = torch.ops.quantized_decomposed
 FP8 = torch.float8_e4m3fn
@@ -76,7 +77,8 @@ def run_all(form, *args):
         inductor = attempt(torch.compile(form))
         torch._dynamo.reset()
         marker = qfuse.graphs_compiled()
-        got = attempt(torch.compile(form, backend="qfuse"))
+        options = FLOAT_WRITTEN_INT8 if form is pt2e else {}  # the rewrite under test, on any CPU
+        got = attempt(torch.compile(form, backend="qfuse", options=options or None))
     return expected, inductor, got, qfuse.reports_since(marker)
 
 

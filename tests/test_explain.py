@@ -10,6 +10,7 @@ import torch
 import qfuse
 from qfuse.kernels import KERNELS
 from qfuse.kernels.torch_native import TorchKernel
+from tests.helpers import FLOAT_WRITTEN_INT8
 from tests.passes.test_pt2e_linear import QDQLinear, WrongAxis
 from tests.passes.test_reference_linear import (
     accumulator_has_another_user,
@@ -94,7 +95,7 @@ def test_headline_is_logged_once_per_graph_at_info(caplog):
 
 def test_verify_mode_records_the_error_of_each_rewrite():
     with torch.no_grad():
-        explanation = qfuse.explain(QDQLinear(), torch.randn(9, 64), options={"verify": True})
+        explanation = qfuse.explain(QDQLinear(), torch.randn(9, 64), options={"verify": True, **FLOAT_WRITTEN_INT8})
     (record,) = explanation.fused
     assert record.max_error is not None and record.max_error < 1e-3
     assert "verified   max abs error" in str(explanation)

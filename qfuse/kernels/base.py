@@ -63,6 +63,9 @@ class GemmKey:
     cuda_graphs: bool = False  # the graph replays as CUDA graphs (mode="reduce-overhead"): an op's Python runs at capture only
     act_order: bool = False  # GPTQ's act order: an int4 weight's input channels grouped by g_idx, not in order
     cpp_wrapper: bool = False  # Inductor's C++ wrapper (or AOT Inductor) writes the calls: no Python function is called
+    #: the linear as written multiplies float operands (dequantized, or integers upcast): Inductor's own code for it
+    #: is a float GEMM, not the integer one a W8A8 kernel runs (PT2E, fake quant; not `_int_mm` forms)
+    float_gemm_as_written: bool = False
 
 
 class Kernel(abc.ABC):

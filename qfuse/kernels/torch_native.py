@@ -18,7 +18,8 @@ on CPU the int8 weight-only linear (W8A16, a float activation):
                  bf16 only (fp32 is slower than Inductor's code at M = 16), K a multiple of 16 (torch
                  2.13's bf16 kernel crashes on others); an all-zero weight zero point is dropped, any
                  other runs in float32, minus rowsum(x) * azp_b * scale_b; above M = 64 rows the
-                 weight is dequantized and a bf16 mm runs (faster there, measured)
+                 weight is dequantized and a bf16 mm runs (faster there, measured; in float32 on a CPU
+                 without bf16 dot products, where bf16 is emulated: the same products and sums)
     int4 weight-only  aten._weight_int4pack_mm_for_cpu on the weight repacked once, group sizes 32 /
                  64 / 128 / 256, N a multiple of 16, up to 128 rows; float32 activations and zero points
                  with bf16 / fp16 ones on qfuse's own C++ kernel, which computes each weight value as
@@ -26,6 +27,10 @@ on CPU the int8 weight-only linear (W8A16, a float activation):
                  on NVIDIA GPUs ATen's tinygemm
                  aten._weight_int4pack_mm, bf16, symmetric weights with bf16 scales, taken at M = 1
                  under CUDA graphs only (`qfuse.kernels.int4_tinygemm`, which says why)
+
+On a CPU without int8 dot instructions (AVX-512 VNNI, AMX) `_int_mm` is emulated: an int8 linear written in
+float (PT2E, fake quant) is left to Inductor's float GEMM there, but at M <= 2 of a large weight (measured,
+`_why_the_float_gemm_is_faster`).
 
 Not here (the registry moves on to another kernel): block scales. On
 ROCm the int8 path is the same torch._int_mm (hipBLASLt); it was not run on ROCm hardware. ROCm
@@ -42,7 +47,7 @@ from qfuse.kernels.array_ops import TORCH_OPS, ArrayOps
 from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import Capability
 from qfuse.kernels.prepared import Packing, PreparedWeight
-from qfuse.platform import CUDA_INT_MM_MIN_ROWS, Platform
+from qfuse.platform import CUDA_INT_MM_MIN_ROWS, Platform, current_platform
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, Granularity, dtype_name
 
 #: torch 2.13's CPU _weight_int8pack_mm crashes (segmentation fault) with bf16 and K not a multiple of this.
@@ -51,6 +56,11 @@ BF16_INT8PACK_K_MULTIPLE = 16
 #: _weight_int8pack_mm is slower than Inductor's own code (measured: docs/benchmarks.md, "Measurements first
 #: quoted in code comments").
 INT8PACK_MAX_ROWS = 64
+#: Where the CPU has no int8 dot instructions (AVX-512 VNNI, AMX), an int8 linear written in float (PT2E, fake
+#: quant) runs `_int_mm` only up to this many rows of a weight of at least this many elements; elsewhere Inductor's
+#: float GEMM of the linear as written is faster (`_why_the_float_gemm_is_faster`).
+EMULATED_INT8_MAX_ROWS = 2
+EMULATED_INT8_MIN_WEIGHT = 4096 * 4096
 _INT8_ACTIVATIONS = (torch.int8, torch.uint8)  # uint8 arrives shifted to int8 (the passes do it)
 _INT8_ROW = dict(activation_dtypes=_INT8_ACTIVATIONS, weight_dtypes=(torch.int8,), activation_zero_point=True,
                  weight_zero_point=True)
@@ -111,9 +121,13 @@ class TorchKernel(Kernel):
         return OK
 
     def why_inductor_is_faster(self, key: GemmKey, platform: Platform) -> str:
-        scheme = key.scheme
-        if scheme.weight_dtype != INT4_DTYPE or key.device_type != "cpu":
+        if key.device_type != "cpu":
             return ""
+        if key.scheme.activation_dtype in _INT8_ACTIVATIONS:
+            return _why_the_float_gemm_is_faster(key, platform)
+        if key.scheme.weight_dtype != INT4_DTYPE:
+            return ""
+        scheme = key.scheme
         if scheme.activation_dtype == torch.float32 and key.m != 1 and (
                 reason := int4_zero_points.why_not_built(torch.float32)):  # ATen's float32 kernel alone
             return ("in float32 _weight_int4pack_mm_for_cpu's time grows by its one-row time with every row, slower "
@@ -171,6 +185,20 @@ class TorchKernel(Kernel):
         return int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype)
 
 
+def _why_the_float_gemm_is_faster(key: GemmKey, platform: Platform) -> str:
+    """Why Inductor's float GEMM of an int8 linear written in float (PT2E, fake quant) is faster than `_int_mm` on
+    this CPU, or '': without int8 dot instructions (AVX-512 VNNI, AMX) `_int_mm` is emulated, and it wins only at
+    a row or two of a large weight (docs/benchmarks.md, "PT2E static on a CPU without int8 dot instructions")."""
+    if not key.float_gemm_as_written or platform.cpu_has_avx512_vnni or platform.cpu_has_amx:
+        return ""
+    if key.m is not None and key.m <= EMULATED_INT8_MAX_ROWS and key.k * key.n >= EMULATED_INT8_MIN_WEIGHT:
+        return ""
+    at = "a dynamic M" if key.m is None else f"M = {key.m}, K x N = {key.k} x {key.n}"
+    return (f"this CPU has no int8 dot instructions (AVX-512 VNNI, AMX): its torch._int_mm is emulated, slower than "
+            f"Inductor's float GEMM of the linear as written except at M <= {EMULATED_INT8_MAX_ROWS} with K x N >= "
+            f"{EMULATED_INT8_MIN_WEIGHT:,} (measured, docs/benchmarks.md), not at {at}")
+
+
 def weight_only_int8_mm(x, b, scale_b, azp_b, bias, out_dtype):
     """aten._weight_int8pack_mm(x, b^T, scale_b): the [N, K] weight contiguous (a `w.t()` view of a stored
     weight is: no copy), the scales one per column in x's dtype, the result in x's dtype.
@@ -184,10 +212,10 @@ def weight_only_int8_mm(x, b, scale_b, azp_b, bias, out_dtype):
                          f"{BF16_INT8PACK_K_MULTIPLE} (torch 2.13's _weight_int8pack_mm crashes otherwise), got K={k}")
     if azp_b is not None and not bool(azp_b.any()):
         azp_b = None
-    if x.shape[0] > INT8PACK_MAX_ROWS:  # prefill: a bf16 GEMM of the weight dequantized here is faster
+    if x.shape[0] > INT8PACK_MAX_ROWS:  # prefill: a GEMM of the weight dequantized here is faster
         weight = b.to(torch.float32) if azp_b is None else b.to(torch.float32) - azp_b.to(torch.float32).reshape(1, -1)
-        weight = weight if scale_b is None else weight * scale_b.to(torch.float32).reshape(1, -1)
-        out = torch.mm(x, weight.to(x.dtype))
+        weight = (weight if scale_b is None else weight * scale_b.to(torch.float32).reshape(1, -1)).to(x.dtype)
+        out = torch.mm(*_operands_of_a_fast_gemm(x, weight))
         return out.to(out_dtype) if bias is None else (out.to(torch.float32) + bias.to(torch.float32)).to(out_dtype)
     compute = x.dtype if azp_b is None else torch.float32
     scale = (torch.ones((), dtype=compute) if scale_b is None else scale_b.to(compute)).reshape(-1).expand(n)
@@ -200,6 +228,20 @@ def weight_only_int8_mm(x, b, scale_b, azp_b, bias, out_dtype):
     if bias is not None:
         out = out + bias.to(torch.float32)
     return out.to(out_dtype)
+
+
+def has_bf16_dot_products(platform: Platform) -> bool:
+    """Whether the CPU multiplies bf16 in hardware (AVX-512 BF16, AMX); without, a bf16 GEMM is emulated, several
+    times slower than the float32 one (docs/benchmarks.md, "int8 weight-only prefill without bf16 arithmetic")."""
+    return platform.cpu_has_avx512_bf16 or platform.cpu_has_amx
+
+
+def _operands_of_a_fast_gemm(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and w as they are, or, for bf16 on a CPU without bf16 dot products, upcast to float32: the same products
+    (exact in float32) and the same float32 sums."""
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or has_bf16_dot_products(current_platform("cpu")):
+        return x, w
+    return x.to(torch.float32), w.to(torch.float32)
 
 
 def nan_where_not_finite(scale_a: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ Stays an extern call (always correct): per-group / block scales, CUDA int8 witho
 
 through Inductor's own lowering of that op (an extern ATen call, or under max-autotune also its C++
 GEMM template). Above M = 64 rows (`INT8PACK_MAX_ROWS`, measured) Inductor's own dequantize + bf16 mm
-instead, the faster there; a dynamic M guarded on that bound. A weight zero point stays an extern call:
+instead, the faster there (in float32 on a CPU without bf16 dot products, where a bf16 mm is emulated: the same
+products and sums); a dynamic M guarded on that bound. A weight zero point stays an extern call:
 the eager kernel drops an all-zero one (PT2E's symmetric weights) at run time, which generated code
 cannot decide at compile time.
 
@@ -44,7 +45,8 @@ import torch
 from torch._inductor import ir
 
 from qfuse.kernels.prepared import Packing
-from qfuse.kernels.torch_native import BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS, TorchKernel, zero_point_correction
+from qfuse.kernels.torch_native import (BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS, TorchKernel, has_bf16_dot_products,
+                                       zero_point_correction)
 from qfuse.lowerings.aten_linear import scale_shape, scaled_epilogue, why_not_aten_gemm
 from qfuse.lowerings.dispatch import KernelLowering
 from qfuse.lowerings.frozen import constant_weight, prepared_now
@@ -151,12 +153,18 @@ def _why_not_weight_only(call: WeightOnlyScaledMmArgs) -> str:
 def _lower_weight_only(call: WeightOnlyScaledMmArgs):
     x2d, lead, rows, _ = as_matrix(call.x)
     n = call.b.get_size()[1]
-    if not rows_at_most(rows, INT8PACK_MAX_ROWS):  # prefill: Inductor's dequantize + bf16 mm is faster
+    if not rows_at_most(rows, INT8PACK_MAX_ROWS):  # prefill: Inductor's dequantize + mm is faster
         weight = convert(call.b, torch.float32)
         if call.scale_b is not None:
             weight = lower(aten.mul.Tensor, weight, lower(aten.reshape.default, convert(call.scale_b, torch.float32), [1, -1]))
-        out = lower(aten.mm.default, x2d, convert(weight, torch.bfloat16))
-        how = "Inductor's own dequantize + bf16 mm (M > 64, where it is faster)"
+        weight = ir.ExternKernel.realize_input(convert(weight, torch.bfloat16))  # rounded to bf16, as the op's math
+        how = "Inductor's own dequantize + mm (M > 64, where it is faster)"
+        if has_bf16_dot_products(current_platform("cpu")):
+            out = lower(aten.mm.default, x2d, weight)
+            how += " in bf16"
+        else:  # the same products, exact in float32, and the same float32 sums
+            out = lower(aten.mm.default, convert(x2d, torch.float32), convert(weight, torch.float32))
+            how += " in float32: this CPU has no bf16 dot products, where a bf16 mm is emulated"
     else:
         weight = lower(aten.permute.default, call.b, [1, 0])  # [N, K]: the stored weight of a w.t() view
         if call.scale_b is None:

@@ -28,6 +28,9 @@ import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
 import torch.nn.functional as F
 
+from qfuse.kernels.torch_native import EMULATED_INT8_MAX_ROWS, EMULATED_INT8_MIN_WEIGHT
+from tests.helpers import INT8_DOT_HERE
+
 qd = torch.ops.quantized_decomposed
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -72,6 +75,13 @@ class Case:
     def repro(self) -> str:
         return f"python -m tests.fuzz.repro \"{self!r}\""
 
+    @property
+    def int8_written_in_float(self) -> bool:
+        """An int8 W8A8 linear whose graph multiplies float operands (PT2E, fake quant, a float matmul of upcast
+        integers): Inductor's own code for it is a float GEMM."""
+        float_matmul = self.form in ("pt2e", "fake_quant") or self.gemm == "float_mm"
+        return float_matmul and self.quant != "fp8" and not (self.form == "fake_quant" and self.dtype != "float32")
+
     def why_it_may_stay_unfused(self) -> str:
         """'' when qfuse must fuse every linear of the case on this CPU, else why it need not."""
         if self.near:
@@ -95,6 +105,10 @@ class Case:
         if self.form == "fake_quant" and self.dtype != "float32" and not weight_only_runs:
             return ("a fake-quantized activation in bf16 / fp16 rounds q * s, so it is no integer GEMM; "
                     "weight-only runs for bf16 with K % 16 == 0 only")
+        if self.int8_written_in_float and not INT8_DOT_HERE and (
+                rows > EMULATED_INT8_MAX_ROWS or min(k * n for k, n in shapes) < EMULATED_INT8_MIN_WEIGHT):
+            return ("this CPU has no int8 dot instructions: the torch kernel leaves an int8 linear written in float "
+                    "to Inductor's float GEMM (tests/helpers.INT8_DOT_HERE)")
         return ""
 
 

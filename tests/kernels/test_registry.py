@@ -452,3 +452,22 @@ def test_fp8_w8a16_needs_an_fp8_capable_gpu_and_int8_does_not():
     with_zero_point = GemmKey(int8.scheme, m=1, n=4096, k=4096, out_dtype=BF16, bias_dtype=None, device_type="cuda",
                               weight_zero_point=True)
     assert choose_kernel(with_zero_point, H100).kernel is None
+
+
+@pytest.mark.parametrize("m, n, k, float_gemm, platform, chosen", [
+    (16, 4096, 4096, True, PLAIN_CPU, None),  # PT2E / fake quant: Inductor's float GEMM is faster
+    (None, 4096, 4096, True, PLAIN_CPU, None),
+    (1, 2048, 2048, True, PLAIN_CPU, None),  # a small weight: faster at one row too
+    (1, 4096, 4096, True, PLAIN_CPU, "torch"),
+    (2, 4096, 4096, True, PLAIN_CPU, "torch"),
+    (16, 4096, 4096, False, PLAIN_CPU, "torch"),  # written with _int_mm: Inductor runs the same emulated GEMM
+    (16, 4096, 4096, True, dataclasses.replace(PLAIN_CPU, cpu_has_avx512_vnni=True), "onednn"),
+])
+def test_an_int8_linear_written_in_float_is_inductors_where_int8_is_emulated(m, n, k, float_gemm, platform, chosen):
+    """Without int8 dot instructions (AVX-512 VNNI, AMX) `_int_mm` is emulated: slower than Inductor's float GEMM
+    of a linear written in float except at M <= 2 on weights of 4096 x 4096 and more (docs/benchmarks.md)."""
+    gemm = dataclasses.replace(key(INT8_STATIC, out_dtype=FP32, n=n, k=k, m=m), float_gemm_as_written=float_gemm)
+    choice = choose_kernel(gemm, platform)
+    assert (choice.kernel and choice.kernel.name) == chosen, choice.rejections()
+    if chosen is None:
+        assert "no int8 dot instructions" in choice.rejected["torch"], choice.rejected

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import compile_and_run
+from tests.helpers import FLOAT_WRITTEN_INT8, compile_and_run
 
 FP8 = torch.float8_e4m3fn
 K, N = 64, 48
@@ -76,7 +76,7 @@ def test_fake_quant_linear_fuses_and_matches_eager(form, shape):
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     w_int, w_scale, bias = stored_weight()
     with torch.no_grad():
-        out, report = compile_and_run(form, x, w_int, w_scale, bias)
+        out, report = compile_and_run(form, x, w_int, w_scale, bias, **FLOAT_WRITTEN_INT8)
         expected = form(x, w_int, w_scale, bias)
     (record,) = report.records
     assert record.fused and record.family == "fake_quant_linear", record.reason
@@ -101,7 +101,7 @@ def test_a_bf16_fake_quant_is_matched_through_inductors_float32_clamp(shape):
         return F.linear(torch.clamp(torch.round(x / s), -128, 127) * s, w_int.to(x.dtype) * w_scale, bias)
 
     with torch.no_grad():
-        out, report = compile_and_run(bf16_dynamic_per_token, x, w_int, w_scale, bias)
+        out, report = compile_and_run(bf16_dynamic_per_token, x, w_int, w_scale, bias, **FLOAT_WRITTEN_INT8)
         expected = bf16_dynamic_per_token(x, w_int, w_scale, bias)
     (record,) = report.records
     assert record.fused and record.family == "fake_quant_linear", record
@@ -132,7 +132,7 @@ def test_a_weight_quantized_each_call_skips_kernels_that_repack():
     x = torch.randn(9, K)
     w_int, w_scale, bias = stored_weight()
     with torch.no_grad():
-        _, report = compile_and_run(weight_fake_quantized_each_call, x, w_int, w_scale, bias)
+        _, report = compile_and_run(weight_fake_quantized_each_call, x, w_int, w_scale, bias, **FLOAT_WRITTEN_INT8)
     (record,) = report.records
     assert record.kernel == "torch"
     from qfuse.kernels import get_kernel

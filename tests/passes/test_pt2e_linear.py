@@ -7,7 +7,7 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_
 from qfuse.kernels import KERNELS
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.passes.families import pt2e_linear
-from tests.helpers import compile_and_run
+from tests.helpers import FLOAT_WRITTEN_INT8, compile_and_run
 from tests.passes.post_grad import run_family
 
 qd = torch.ops.quantized_decomposed
@@ -97,7 +97,7 @@ class TransposedInput(QDQLinear):
 def test_bmm_form_of_a_non_contiguous_3d_input():
     model, x = TransposedInput(), torch.randn(9, 2, 64)
     with torch.no_grad():
-        out, report = compile_and_run(model, x)
+        out, report = compile_and_run(model, x, **FLOAT_WRITTEN_INT8)
         expected = model(x)
     (record,) = report.records
     assert record.fused and record.pattern == "dq_per_tensor x dq_per_channel + bmm"
@@ -109,7 +109,7 @@ def test_dynamic_batch_sizes_compile_once():
     import qfuse
 
     model = QDQLinear()
-    compiled = torch.compile(model, backend="qfuse", dynamic=True)
+    compiled = torch.compile(model, backend="qfuse", dynamic=True, options=FLOAT_WRITTEN_INT8 or None)
     marker = qfuse.graphs_compiled()
     with torch.no_grad():
         for rows in (2, 7, 40):
@@ -179,7 +179,7 @@ class ShapePadded(QDQLinear):
 def test_operands_padded_by_inductor_are_unpadded():
     model, x = ShapePadded(), torch.randn(5, 64)
     with torch.no_grad():
-        out, report = compile_and_run(model, x)
+        out, report = compile_and_run(model, x, **FLOAT_WRITTEN_INT8)
         expected = model(x)
     (record,) = report.records
     assert record.fused, record.reason

@@ -15,8 +15,10 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._inductor.utils import run_and_get_code
 
 import qfuse
+from qfuse.config import pass_skipping_caches_off
 from tests.helpers import compile_and_run, outputs_and_code_per_call
 
 N = 48
@@ -68,7 +70,7 @@ def test_weight_only_linears_fuse_and_match_eager(form, family, shape, dtype):
     if dtype == torch.bfloat16 and shape[-1] % 16 == 0:
         (record,) = records
         assert record.fused and record.scheme == f"bf16 x int8 {kind} (weight-only)", report.table()
-        prefill = "dequantize + bf16 mm (M > 64" in record.lowered  # above 64 rows: faster than int8pack
+        prefill = "dequantize + mm (M > 64" in record.lowered  # above 64 rows: faster than int8pack
         assert record.kernel == "torch" and ("_weight_int8pack_mm" in record.lowered or prefill), report.table()
         assert prefill == (expected.numel() // N > 64)
         assert report.ops_after[WEIGHT_ONLY_OP] == 1
@@ -79,6 +81,27 @@ def test_weight_only_linears_fuse_and_match_eager(form, family, shape, dtype):
     assert out.shape == expected.shape and out.dtype == expected.dtype
     tolerance = TOLERANCE[dtype] * max(1.0, expected.float().abs().max().item() if expected.numel() else 1.0)
     torch.testing.assert_close(out.float(), expected.float(), rtol=TOLERANCE[dtype], atol=tolerance)
+
+
+@pytest.mark.parametrize("bf16_dot_products", [True, False], ids=["bf16-cpu", "no-bf16-cpu"])
+def test_prefill_multiplies_in_float32_where_the_cpu_has_no_bf16_dot_products(monkeypatch, bf16_dot_products):
+    """Above 64 rows the weight is dequantized (rounded to bf16, as the op's math) and multiplied in bf16, or, on a
+    CPU without bf16 dot products (where a bf16 mm is emulated, several times slower), upcast to float32: the same
+    products, exact in float32, and the same float32 sums."""
+    from qfuse.lowerings import torch_native
+
+    monkeypatch.setattr(torch_native, "has_bf16_dot_products", lambda platform: bf16_dot_products)
+    args = operands((100, 64), torch.bfloat16)
+    marker = qfuse.graphs_compiled()
+    with torch.no_grad(), pass_skipping_caches_off():
+        out, (code,) = run_and_get_code(torch.compile(dequantized_weight, backend="qfuse"), *args)
+        expected = dequantized_weight(*args)
+    (record,) = qfuse.reports_since(marker)[-1].records
+    assert record.lowered.endswith(" in bf16" if bf16_dot_products else "where a bf16 mm is emulated"), record.lowered
+    (mm_output,) = re.findall(r"extern_kernels\.mm\(.*out=(buf\d+)\)", code)
+    dtype = re.search(rf"{mm_output} = empty_strided_cpu\(.*?(torch\.\w+)\)", code).group(1)
+    assert dtype == ("torch.bfloat16" if bf16_dot_products else "torch.float32"), code
+    torch.testing.assert_close(out.float(), expected.float(), rtol=3e-2, atol=3e-2 * expected.abs().max().item())
 
 
 def test_dynamic_m_compiles_once_per_m_bucket():

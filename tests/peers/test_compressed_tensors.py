@@ -8,17 +8,18 @@ import pytest
 import torch
 
 import qfuse
+from tests.helpers import FLOAT_WRITTEN_INT8
 from tests.peers import compressed_tensors_models as ct
 
 AVAILABLE, WHY = ct.available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY)
 
 
-def explain_and_run(model, x):
+def explain_and_run(model, x, options=None):
     with torch.no_grad():
         expected = model(x)
-        explanation = qfuse.explain(model, x)
-        out = torch.compile(model, backend="qfuse")(x)
+        explanation = qfuse.explain(model, x, options=options)
+        out = torch.compile(model, backend="qfuse", options=options)(x)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     return explanation
 
@@ -27,7 +28,7 @@ def explain_and_run(model, x):
 @pytest.mark.parametrize("scheme, expected", [("W8A8", "int8 dyn-"), ("W8A8_STATIC", "int8 static-tensor asym")])
 def test_fake_quantized_state_fuses_into_a_real_gemm(scheme, expected, three_d):
     model, x = ct.ct_mlp(scheme, "qdq", compile_friendly=True, three_d=three_d)
-    explanation = explain_and_run(model, x)
+    explanation = explain_and_run(model, x, FLOAT_WRITTEN_INT8 or None)
     assert len(explanation.records) == 2 and all(record.fused for record in explanation.records), explanation
     assert all(record.scheme.startswith(expected) and record.family == "fake_quant_linear"
                for record in explanation.records)

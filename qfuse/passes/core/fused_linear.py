@@ -54,6 +54,10 @@ Operand = GraphValue | float | int | None
 Scale = Operand | ScaleProduct
 
 
+#: the matmuls of float operands a linear can be written with (its anchor, where it is one of them)
+FLOAT_GEMMS = (aten.mm.default, aten.addmm.default, aten.bmm.default)
+
+
 class NotFusable(Exception):
     """A `can_fuse_*` check failed; the message is the near-miss reason."""
 
@@ -131,6 +135,7 @@ class FusedLinear:
             cuda_graphs=bool(inductor_config.triton.cudagraphs),
             act_order=self.int4 is not None and self.int4.g_idx is not None,
             cpp_wrapper=bool(inductor_config.cpp_wrapper or inductor_config.aot_inductor.output_path),
+            float_gemm_as_written=self.anchor.target in FLOAT_GEMMS and fake_value(self.anchor).dtype.is_floating_point,
         )
 
 

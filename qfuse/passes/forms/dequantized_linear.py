@@ -24,7 +24,7 @@ import torch
 from torch.fx import Node
 
 from qfuse.ops.scaled_mm import OUT_DTYPES
-from qfuse.passes.core.fused_linear import FusedLinear, NotFusable
+from qfuse.passes.core.fused_linear import FLOAT_GEMMS, FusedLinear, NotFusable
 from qfuse.passes.core.graph_utils import (
     PendingCall,
     aten,
@@ -276,4 +276,4 @@ def _weight_only_linear(anchor: Node, family: str, activation: Node, weight_dq: 
 
 
 #: the matmuls a linear of dequantized operands is written with
-ANCHORS = (aten.mm.default, aten.addmm.default, aten.bmm.default)
+ANCHORS = FLOAT_GEMMS
