@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import qfuse
+from tests.helpers import FLOAT_WRITTEN_INT8
 from tests.peers import hf_llama
 
 AVAILABLE, WHY = hf_llama.available()
@@ -64,7 +65,7 @@ def test_llama_quantized_by_compressed_tensors_fuses_every_decoder_linear():
     model, input_ids = ct.ct_llama("W8A8", "qdq", compile_friendly=True)
     with torch.no_grad():
         expected = model(input_ids).logits
-        explanation = qfuse.explain(model, input_ids)
-        out = torch.compile(model, backend="qfuse")(input_ids).logits
+        explanation = qfuse.explain(model, input_ids, options=FLOAT_WRITTEN_INT8 or None)
+        out = torch.compile(model, backend="qfuse", options=FLOAT_WRITTEN_INT8 or None)(input_ids).logits
     assert len(explanation.fused) == 14 and len(explanation.records) == 14, explanation
     torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)

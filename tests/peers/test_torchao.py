@@ -7,6 +7,7 @@ import torch
 import qfuse
 from qfuse.kernels import get_kernel
 from qfuse.platform import current_platform
+from tests.helpers import FLOAT_WRITTEN_INT8
 from tests.peers import torchao_models
 
 AVAILABLE, WHY = torchao_models.available()
@@ -17,12 +18,12 @@ def onednn_runs_here() -> bool:
     return get_kernel("onednn").is_supported(current_platform("cpu"))[0]
 
 
-def check(model, x, scheme_prefix, tolerance):
-    """Every linear fuses by default; and oneDNN, the fast CPU kernel for large weights, can run
-    each one (forcing a kernel raises if it cannot)."""
+def check(model, x, scheme_prefix, tolerance, default_options=None):
+    """Every linear fuses by default (with `default_options`); and oneDNN, the fast CPU kernel for large weights,
+    can run each one (forcing a kernel raises if it cannot)."""
     with torch.no_grad():
         expected = model(x)
-        for options in [None] + ([{"kernel": "onednn"}] if onednn_runs_here() else []):
+        for options in [default_options] + ([{"kernel": "onednn"}] if onednn_runs_here() else []):
             explanation = qfuse.explain(model, x, options=options)
             assert len(explanation.records) == 2 and all(record.fused for record in explanation.records), explanation
             assert all(record.scheme.startswith(scheme_prefix) for record in explanation.records), explanation
@@ -34,7 +35,7 @@ def check(model, x, scheme_prefix, tolerance):
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_pt2e_x86_inductor_quantizer(dynamic, batch):
     model, x = torchao_models.pt2e_x86_mlp(dynamic=dynamic, batch=batch)
-    check(model, x, "int8 dyn-tensor" if dynamic else "int8 static-tensor", 1e-4)
+    check(model, x, "int8 dyn-tensor" if dynamic else "int8 static-tensor", 1e-4, FLOAT_WRITTEN_INT8 or None)
 
 
 @pytest.mark.parametrize("batch", [None, 2], ids=["2D", "3D"])
