@@ -35,6 +35,17 @@ class Platform:
         return library in self.libraries
 
     @property
+    def cpu_has_int8_dot_products(self) -> bool:
+        """int8 dot-product instructions (AVX-512 VNNI, AMX); without them an int8 GEMM is emulated."""
+        return self.cpu_has_avx512_vnni or self.cpu_has_amx
+
+    @property
+    def cpu_has_bf16_dot_products(self) -> bool:
+        """bf16 dot-product instructions (AVX-512 BF16, AMX); without them a bf16 GEMM is emulated, several times
+        slower than the float32 one (docs/benchmarks.md, "int8 weight-only prefill without bf16 arithmetic")."""
+        return self.cpu_has_avx512_bf16 or self.cpu_has_amx
+
+    @property
     def capability(self) -> int:
         """Compute capability as one number (sm_90 -> 90); 0 when not a GPU."""
         if self.cuda_capability is None:

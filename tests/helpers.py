@@ -12,7 +12,7 @@ from qfuse.platform import current_platform
 #: int8 linear written in float (PT2E, fake quant, a float matmul of upcast integers) to Inductor's float GEMM, as
 #: measured faster (`torch_native.EMULATED_INT8_MAX_ROWS`): tests of those rewrites force it there
 #: (`FLOAT_WRITTEN_INT8`), and tests of kernel choice expect the linear unfused.
-INT8_DOT_HERE = current_platform("cpu").cpu_has_avx512_vnni or current_platform("cpu").cpu_has_amx
+INT8_DOT_HERE = current_platform("cpu").cpu_has_int8_dot_products
 FLOAT_WRITTEN_INT8: dict = {} if INT8_DOT_HERE else {"kernel": "torch"}
 
 

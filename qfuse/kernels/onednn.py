@@ -130,7 +130,7 @@ class OneDnnKernel(Kernel):
             return False, f"onednn runs on x86 CPUs, not on {platform.describe()}"
         if not torch.backends.mkldnn.is_available():
             return False, "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
-        if not (platform.cpu_has_amx or platform.cpu_has_avx512_vnni):
+        if not platform.cpu_has_int8_dot_products:
             return False, f"oneDNN's int8 GEMM needs AMX or AVX-512 VNNI; this {platform.describe()} has neither"
         return OK
 

@@ -189,7 +189,7 @@ def _why_the_float_gemm_is_faster(key: GemmKey, platform: Platform) -> str:
     """Why Inductor's float GEMM of an int8 linear written in float (PT2E, fake quant) is faster than `_int_mm` on
     this CPU, or '': without int8 dot instructions (AVX-512 VNNI, AMX) `_int_mm` is emulated, and it wins only at
     a row or two of a large weight (docs/benchmarks.md, "PT2E static on a CPU without int8 dot instructions")."""
-    if not key.float_gemm_as_written or platform.cpu_has_avx512_vnni or platform.cpu_has_amx:
+    if not key.float_gemm_as_written or platform.cpu_has_int8_dot_products:
         return ""
     if key.m is not None and key.m <= EMULATED_INT8_MAX_ROWS and key.k * key.n >= EMULATED_INT8_MIN_WEIGHT:
         return ""
@@ -230,16 +230,10 @@ def weight_only_int8_mm(x, b, scale_b, azp_b, bias, out_dtype):
     return out.to(out_dtype)
 
 
-def has_bf16_dot_products(platform: Platform) -> bool:
-    """Whether the CPU multiplies bf16 in hardware (AVX-512 BF16, AMX); without, a bf16 GEMM is emulated, several
-    times slower than the float32 one (docs/benchmarks.md, "int8 weight-only prefill without bf16 arithmetic")."""
-    return platform.cpu_has_avx512_bf16 or platform.cpu_has_amx
-
-
 def _operands_of_a_fast_gemm(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x and w as they are, or, for bf16 on a CPU without bf16 dot products, upcast to float32: the same products
     (exact in float32) and the same float32 sums."""
-    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or has_bf16_dot_products(current_platform("cpu")):
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or current_platform("cpu").cpu_has_bf16_dot_products:
         return x, w
     return x.to(torch.float32), w.to(torch.float32)
 

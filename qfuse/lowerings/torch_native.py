@@ -45,8 +45,7 @@ import torch
 from torch._inductor import ir
 
 from qfuse.kernels.prepared import Packing
-from qfuse.kernels.torch_native import (BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS, TorchKernel, has_bf16_dot_products,
-                                       zero_point_correction)
+from qfuse.kernels.torch_native import BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS, TorchKernel, zero_point_correction
 from qfuse.lowerings.aten_linear import scale_shape, scaled_epilogue, why_not_aten_gemm
 from qfuse.lowerings.dispatch import KernelLowering
 from qfuse.lowerings.frozen import constant_weight, prepared_now
@@ -159,7 +158,7 @@ def _lower_weight_only(call: WeightOnlyScaledMmArgs):
             weight = lower(aten.mul.Tensor, weight, lower(aten.reshape.default, convert(call.scale_b, torch.float32), [1, -1]))
         weight = ir.ExternKernel.realize_input(convert(weight, torch.bfloat16))  # rounded to bf16, as the op's math
         how = "Inductor's own dequantize + mm (M > 64, where it is faster)"
-        if has_bf16_dot_products(current_platform("cpu")):
+        if current_platform("cpu").cpu_has_bf16_dot_products:
             out = lower(aten.mm.default, x2d, weight)
             how += " in bf16"
         else:  # the same products, exact in float32, and the same float32 sums

@@ -10,6 +10,7 @@ recognised and reported with the reason. Checked against eager on odd shapes (M 
 3D), with dynamic M (one compile per side of the 64-row bound), and with forms that must not be rewritten.
 """
 
+import dataclasses
 import re
 
 import pytest
@@ -19,6 +20,7 @@ from torch._inductor.utils import run_and_get_code
 
 import qfuse
 from qfuse.config import pass_skipping_caches_off
+from qfuse.platform import current_platform
 from tests.helpers import compile_and_run, outputs_and_code_per_call
 
 N = 48
@@ -90,7 +92,9 @@ def test_prefill_multiplies_in_float32_where_the_cpu_has_no_bf16_dot_products(mo
     products, exact in float32, and the same float32 sums."""
     from qfuse.lowerings import torch_native
 
-    monkeypatch.setattr(torch_native, "has_bf16_dot_products", lambda platform: bf16_dot_products)
+    cpu = dataclasses.replace(current_platform("cpu"), cpu_has_avx512_bf16=bf16_dot_products, cpu_has_amx=False)
+    monkeypatch.setattr(torch_native, "current_platform", lambda device_type: cpu if device_type == "cpu" else
+                        current_platform(device_type))
     args = operands((100, 64), torch.bfloat16)
     marker = qfuse.graphs_compiled()
     with torch.no_grad(), pass_skipping_caches_off():

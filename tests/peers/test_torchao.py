@@ -86,7 +86,7 @@ def test_freezing_lets_inductor_take_pt2e_linears_and_the_report_says_so():
     (report,) = qfuse.reports_since(marker)
     assert len(report.inductor_quantized) == 2 and "2 taken by Inductor's own quantization passes" in report.headline()
     platform = current_platform("cpu")
-    if not (platform.cpu_has_avx512_vnni or platform.cpu_has_amx):
+    if not platform.cpu_has_int8_dot_products:
         # Inductor's own output, not qfuse's: its oneDNN u8s8 GEMM without VNNI saturates 16-bit sums (plain
         # torch.compile gave 0.18 off on a 0.97-large output on a CPU without AVX2, 2026-11-27)
         pytest.skip("Inductor's oneDNN int8 linear is exact only with AVX-512 VNNI or AMX")

@@ -215,7 +215,7 @@ def analyze_dequantized_linear(
         azp_a=None if _is_zero(activation_zero_point) else activation_zero_point,
         azp_b=None if _is_zero(weight_dq.zero_point) else weight_dq.zero_point,
         per_call_weight=weight_dq.computed_per_call,
-        row_nan=None if scheme.dynamic else rows_with_nan(activation_dq, view_shape),
+        row_nan=rows_with_nan(activation_dq, view_shape),
     )
 
 
@@ -225,7 +225,7 @@ def rows_with_nan(dq: Dequantized, view_shape: list | None) -> PendingCall | Non
     the integer operand cannot, so the fused op's rows are multiplied by this (q - q is 0 or nan; their sum + 1 is
     1 or nan). A scale computed from the activation (dynamic) is nan in those rows already; None then, and for a
     q stored or cast to an integer type by the model."""
-    if dq.cast_to not in (torch.int8, torch.uint8):
+    if dq.cast_to not in (torch.int8, torch.uint8) or is_dynamic_scale(dq.scale):
         return None
     q = dq.q if view_shape is None else PendingCall(aten.reshape.default, (dq.q, view_shape))
     zeros_or_nan = PendingCall(aten.sub.Tensor, (q, q))

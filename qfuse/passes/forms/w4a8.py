@@ -73,5 +73,5 @@ def with_int8_activation(linear: FusedLinear, x2d: Node, has_weight_zero_point: 
         b=PendingCall(aten.permute.default, (int4.packed, [1, 0])),
         scale_a=_token_scale(activation.scale, view_shape),
         scale_b=PendingCall(aten.permute.default, (int4.scales, [1, 0])),
-        fallback=linear, row_nan=None if scheme.dynamic else rows_with_nan(activation, view_shape),
+        fallback=linear, row_nan=rows_with_nan(activation, view_shape),
     )
