@@ -56,6 +56,9 @@ class Capability:
     bias_dtypes: tuple[torch.dtype, ...] | str = FLOAT_ACTIVATION_DTYPES  # or SAME_AS_OUTPUT
     min_capability: int = 0  # NVIDIA compute capability as one number (89 = sm_89); ROCm is not held to it
     rocm: bool = True  # for "cuda" rows: also runs on ROCm GPUs
+    #: the tensor cores sum the products below float32's precision (Hopper's fp8 MMA, measured on an H200: 1.3e-4 to
+    #: 4.5e-4 of the result at K = 64 to 4096, cuBLASLt's default included): not for a linear written as a float32 GEMM
+    sums_below_float32: bool = False
     requires: tuple[str, ...] = ()  # packages that must be importable, or runtime libraries found (`Platform.libraries`)
     declined: str = ""  # not empty: the kernel declines this combination, for this reason
 
@@ -98,6 +101,9 @@ class Capability:
             "" if _multiple(key.k, self.k_multiple) and _multiple(key.n, self.n_multiple) else
             f"needs {self._alignment()} (K={key.k}, N={key.n})",
             "" if key.out_dtype in self.out_dtypes else f"writes {_names(self.out_dtypes)}, not {dtype_name(key.out_dtype)}",
+            "sums the products below float32's precision (the tensor cores' fp8 accumulator), coarser than the float32 "
+            "GEMM the linear is written as" if self.sums_below_float32 and key.out_dtype == torch.float32
+            and key.float_gemm_as_written else "",
             self._bias_reason(key),
         ]
 

@@ -88,7 +88,7 @@ class TorchKernel(Kernel):
         Capability("int8 torch._int_mm (cuBLASLt)", ("cuda",), **_INT8_ROW, k_multiple=8, n_multiple=8),
         Capability("fp8 upcast + torch.mm", ("cpu",), **_FP8_ROW),
         Capability("fp8 torch._scaled_mm (cuBLASLt)", ("cuda",), **_FP8_ROW, k_multiple=16, n_multiple=16,
-                   min_capability=89, rocm=False),
+                   min_capability=89, rocm=False, sums_below_float32=True),
         # bf16 only: fp32 is several times slower than Inductor's own code (docs/benchmarks.md, "qfuse on the
         # hand-written int8 form");
         # K a multiple of 16: torch 2.13's bf16 kernel crashes on other K.

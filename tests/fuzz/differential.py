@@ -3,14 +3,16 @@
 The rules, in order:
 1. qfuse's compile never fails where plain Inductor's does not (but a forced kernel that cannot run a linear
    raises `KernelUnavailableError`, as documented); where eager raises, qfuse raises
-   the same exception type (or, where plain Inductor returns instead, returns what Inductor returns;
-   or, for a kernel limit qfuse lifts on purpose, `LIFTED_LIMITS`, returns what eager on the CPU does).
+   the same exception type (or, where plain Inductor returns instead, returns what Inductor returns).
 2. Wherever plain Inductor agrees with eager, qfuse agrees with eager: the same nan and inf
    positions (signs included) and finite values within the output dtype's rounding (integer GEMMs
    are exact; the float epilogue may sum and round in another order). A form whose compiled code
    plain Inductor already gets different from eager (a rounding tie, nan cast to int8) is judged on
-   rule 1 and 3 only. Eager's CPU `torch._int_mm`, wrong where K == 1, is replaced by the exact
-   product there (`_exact_int_mm`): its garbage could agree with Inductor's and judge qfuse wrong.
+   rule 1 and 3 only. Where plain Inductor raises and qfuse returns, qfuse agrees with eager.
+   Eager's `torch._int_mm` is the exact product wherever the kernel would refuse or err (`_exact_int_mm`):
+   on CUDA, cuBLASLt's limits (M > 16, K and N multiples of 8) are lifted by zero padding, as qfuse's fused
+   op lifts them, so the judge is eager on the same device; on the CPU, where K == 1 gives garbage that
+   could agree with Inductor's and judge qfuse wrong, it is the outer product.
 3. A near form is not fused as W8A8 (a weight-only linear of its float activation is fine); a form
    that must fuse (`Case.why_it_may_stay_unfused` is '') is fused, every linear of it.
 """
@@ -21,24 +23,17 @@ from dataclasses import dataclass, field
 from unittest import mock
 
 import torch
+import torch.nn.functional as F
 
 import qfuse
 from qfuse.config import pass_skipping_caches_off
 from tests.fuzz.cases import DEVICE, Case, build
-
-#: eager errors of kernel limits that qfuse's fused op lifts on purpose (CUDA `_int_mm` needs M > 16
-#: and K, N multiples of 8; the fused op pads): qfuse's result is judged against eager on the CPU
-LIFTED_LIMITS = ("needs to be greater than 16", "needs to be greater than 0 and a multiple of 8")
 
 #: a forced kernel that cannot run a linear raises, as documented (docs/debugging.md): no failure of qfuse's
 FORCED_KERNEL_REFUSES = "KernelUnavailableError: forced kernel"
 
 #: max |out - eager| allowed, relative to max |eager| over finite values, by output dtype
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
-#: the same for an MLP judged against eager on another device (a lifted limit): its hidden activation there is
-#: one rounding away, and re-quantized per token that rounding can move a value by a whole int8 step (1 / 127
-#: of its row's largest): two steps of the output's largest, not the output dtype's rounding
-REQUANTIZED_TOLERANCE = 2 / 127
 
 
 @dataclass
@@ -54,9 +49,9 @@ class Outcome:
         return "\n".join([f"{self.case!r}", *self.problems, f"repro: {self.case.repro()}"])
 
 
-def difference(out, reference, tolerance: float | None = None) -> str:
-    """'' when `out` agrees with `reference` (rule 2; finite values within `tolerance`, by default the
-    output dtype's `TOLERANCE`), else what differs."""
+def difference(out, reference) -> str:
+    """'' when `out` agrees with `reference` (rule 2: integers equal, finite values within the output dtype's
+    `TOLERANCE`), else what differs."""
     outs = out if isinstance(out, tuple) else (out,)
     references = reference if isinstance(reference, tuple) else (reference,)
     for index, (value, expected) in enumerate(zip(outs, references, strict=True)):
@@ -77,25 +72,37 @@ def difference(out, reference, tolerance: float | None = None) -> str:
         if finite.any():
             error = (value[finite] - expected[finite]).abs().max().item()
             size = max(expected[finite].abs().max().item(), 1e-6)
-            if error > (tolerance or TOLERANCE[outs[0].dtype]) * size:
+            if error > TOLERANCE[outs[0].dtype] * size:
                 return f"{where}max error {error:.3g} against max |eager| {size:.3g}"
     return ""
-
-
-def _on_cpu(value):
-    return tuple(part.cpu() for part in value) if isinstance(value, tuple) else value.cpu()
 
 
 _INT_MM = torch._int_mm
 
 
+#: what CUDA `_int_mm` (cuBLASLt) takes: more than 16 rows, K and N multiples of 8
+CUDA_INT_MM_ROWS, CUDA_INT_MM_MULTIPLE = 17, 8
+
+
 def _exact_int_mm(a, b):
-    """torch._int_mm as it should be: on the CPU (torch 2.13) it returns garbage when K == 1, and
-    garbage that two runs may share, so eager and Inductor's own code (which calls it too) can agree
-    on it. Eager runs with this in its place: it is the judge."""
-    if a.device.type == "cpu" and a.shape[1] == 1:
+    """torch._int_mm as it should be, where eager runs it (the judge). On the CPU (torch 2.13) it returns
+    garbage when K == 1, and garbage that two runs may share, so eager and Inductor's own code (which calls it
+    too) can agree on it: the outer product instead. On CUDA it refuses M <= 16 and K, N not multiples of 8:
+    zero rows and columns lift that and leave every integer sum as it is (qfuse's fused op pads the same way)."""
+    (m, k), n = a.shape, b.shape[1]
+    if a.device.type == "cpu" and k == 1:
         return a.to(torch.int32) * b.to(torch.int32)
+    if a.device.type == "cuda":
+        rows, inner, columns = max(m, CUDA_INT_MM_ROWS), _round_up(k, CUDA_INT_MM_MULTIPLE), _round_up(n, CUDA_INT_MM_MULTIPLE)
+        if (rows, inner, columns) != (m, k, n):  # b keeps its layout (a transposed [N, K] weight stays one)
+            padded_b = (F.pad(b.t(), (0, inner - k, 0, columns - n)).t() if b.stride(0) == 1
+                        else F.pad(b, (0, columns - n, 0, inner - k)))
+            return _INT_MM(F.pad(a, (0, inner - k, 0, rows - m)), padded_b)[:m, :n]
     return _INT_MM(a, b)
+
+
+def _round_up(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
 
 
 def _run(function, inputs):
@@ -126,14 +133,6 @@ def run_case(case: Case) -> Outcome:
     outcome.fused = len(outcome.fused_schemes)
     outcome.near_misses = [record.reason for report in reports for record in report.near_misses]
     outcome.problems += [f"qfuse internal error: {e}" for report in reports for e in report.errors]
-    if eager_error is not None and error is None and any(limit in str(eager_error) for limit in LIFTED_LIMITS):
-        inner_sizes = (case.k, case.n) if case.form == "mlp" else (case.k,)  # the K of each linear
-        if min(inner_sizes) > 1:  # CPU _int_mm is wrong for K == 1, so eager on the CPU is no judge there
-            cpu_model, cpu_inputs = build(case, "cpu")
-            tolerance = REQUANTIZED_TOLERANCE if case.form == "mlp" else None
-            if problem := difference(_on_cpu(out), _run(cpu_model, cpu_inputs)[0], tolerance):
-                outcome.problems.append(f"qfuse (lifting eager's {eager_error}) differs from eager on the CPU: {problem}")
-        return outcome
     if error is not None and case.kernel and FORCED_KERNEL_REFUSES in str(error):
         return outcome  # documented: a forced kernel that cannot run a linear raises
     if eager_error is not None:
@@ -153,6 +152,8 @@ def run_case(case: Case) -> Outcome:
         outcome.inductor_agrees = not difference(inductor, eager)
         if outcome.inductor_agrees and (problem := difference(out, eager)):
             outcome.problems.append(f"qfuse differs from eager where Inductor agrees: {problem}")
+    elif problem := difference(out, eager):  # qfuse lifts a limit plain Inductor keeps (CUDA _int_mm's)
+        outcome.problems.append(f"qfuse differs from eager where Inductor raises: {problem}")
     if case.near and any("weight-only" not in scheme for scheme in outcome.fused_schemes):
         outcome.problems.append(f"a near form ({case.form}) was fused as {outcome.fused_schemes}")
     linears = 2 if case.form == "mlp" else 1

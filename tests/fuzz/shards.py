@@ -3,7 +3,8 @@
     QFUSE_FUZZ_DEVICE=cuda python -m tests.fuzz.shards --processes 15 --examples 100 --first-seed 1 \
         --limit 540 --out $OUT/fuzz.txt
 
-Each process runs `pytest tests/fuzz` with QFUSE_FUZZ_SEED = its seed and QFUSE_FUZZ_SHRINK=0 (a failing case
+Each process runs the drawn tests of `pytest tests/fuzz` (not the found-before cases: they are the same in every
+shard; run them once, `pytest tests/fuzz -k found_before`) with QFUSE_FUZZ_SEED = its seed and QFUSE_FUZZ_SHRINK=0 (a failing case
 is reported as drawn, at once), under a time limit that interrupts it (SIGINT: pytest still prints what failed).
 The summary, one file: each shard's last line, then every failing case with its problem and repro command.
 """
@@ -30,7 +31,7 @@ def run_shards(processes: int, examples: int, first_seed: int, limit: int) -> li
     for seed in range(first_seed, first_seed + processes):
         log = (logs / f"shard_{seed}.txt").open("w")
         command = ["timeout", "-k", "5", "-s", "INT", str(limit), sys.executable, "-u", "-m", "pytest", "-q", "-rfE",
-                   "-p", "no:cacheprovider", "tests/fuzz"]
+                   "-p", "no:cacheprovider", "-k", "not found_before", "tests/fuzz"]
         running.append((seed, log, subprocess.Popen(command, env=environment | {"QFUSE_FUZZ_SEED": str(seed)},
                                                     stdout=log, stderr=subprocess.STDOUT)))
     outputs = []

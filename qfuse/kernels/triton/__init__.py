@@ -82,7 +82,7 @@ class TritonKernel(Kernel):
         Capability("int8 W8A8 dot", ("cuda",), (torch.int8,), (torch.int8,), _ALL_ACTIVATION_SCALES,
                    _ALL_WEIGHT_SCALES, min_capability=80),
         Capability("fp8 e4m3fn W8A8 dot", ("cuda",), (FP8_DTYPE,), (FP8_DTYPE,), _ALL_ACTIVATION_SCALES,
-                   _ALL_WEIGHT_SCALES, min_capability=89, rocm=False),
+                   _ALL_WEIGHT_SCALES, min_capability=89, rocm=False, sums_below_float32=True),
         Capability("int4 weight-only dot, dequantized in registers (W4A16)", ("cuda",), FLOAT_ACTIVATION_DTYPES,
                    (INT4_DTYPE,), weight_scales=(Granularity.PER_GROUP,), weight_zero_point=True,
                    weight_group_multiple=16, min_capability=80),

@@ -117,11 +117,15 @@ def match_quantize(node) -> Quantizer | None:
     return Quantizer(x, scale, dtype, low, high, rounds, by_reciprocal)
 
 
+def is_round_or_clamp(node) -> bool:
+    return isinstance(node, Node) and (node.target in _CLAMPS or node.target == aten.round.default)
+
+
 def strip_round_and_clamps(value) -> tuple[object, float | None, float | None, bool]:
     """(what is under a chain of round / clamp nodes, its low and high bounds, whether it rounds);
     the outermost clamp of each side is the one that holds."""
     low, high, rounds = None, None, False
-    while isinstance(value, Node) and (value.target in _CLAMPS or value.target == aten.round.default):
+    while is_round_or_clamp(value):
         if value.target == aten.round.default:
             rounds = True
         else:

@@ -1,0 +1,74 @@
+"""eager_roundings: Inductor's code for a float16 / bfloat16 quantizer rounds where eager does.
+
+Inductor computes a chain of float16 / bfloat16 pointwise ops in float32 and rounds once, where it stores;
+eager rounds after every op. In most code that moves a result by less than its last bit, but a quantizer
+turns it into whole integer steps: its scale amax / 127 and its quotient x / s, left unrounded, can put
+round(x / s) one step from eager's q (session 37's GPU run: a float16 fake quant per token, one q one step
+off, 2.05e-3 of the output's largest against the suite's 2e-3, where plain Inductor's float output happened
+to stay within it).
+
+Inductor rounds each op of a node that asks for it: `low_precision_pointwise_barrier` in the node's meta,
+what its global `emulate_precision_casts` setting marks on every node of a graph. A fused linear marks
+the nodes of its activation's quantizer that way (`round_quantizer_as_eager`): the casts, rounds and clamps
+between q and the division, the division x / s, and the scale's computation from x. The quantizer stays one
+kernel of Inductor's; the roundings cost a few instructions of a memory-bound pass.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import Node
+
+from qfuse.passes.core.graph_utils import VIEW_OPS, aten, converted_dtype, dtype_of, shape_of
+from qfuse.passes.forms.quant_forms import is_round_or_clamp
+
+#: the meta key Inductor's pointwise lowering reads (torch/_inductor/lowering.py, `make_pointwise`)
+BARRIER = "low_precision_pointwise_barrier"
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: between q and its quantizer: views, and the zero rows a shape padding adds (sliced off again)
+PASSED_THROUGH = (*VIEW_OPS, aten.constant_pad_nd.default, aten.slice.Tensor)
+QUOTIENTS = (aten.div.Tensor, aten.mul.Tensor)
+#: how far back from the scale the walk looks for x (amax, abs, eps clamp, divide, casts: a handful)
+SCALE_DEPTH = 8
+
+
+def round_quantizer_as_eager(q) -> None:
+    """Mark the float16 / bfloat16 nodes of the quantizer that produced `q` (the fused op's quantized
+    activation), if the graph computes it."""
+    for node in quantizer_nodes(q):
+        if _in_low_precision(node):
+            node.meta[BARRIER] = True
+
+
+def quantizer_nodes(q) -> list[Node]:
+    """q's casts, rounds and clamps back to the quotient x / s (or x * (1 / s), however the reciprocal is
+    written), the quotient, and the scale's nodes back to x: x is the quotient's operand of its own shape."""
+    nodes = []
+    node = q
+    while isinstance(node, Node) and (node.target in PASSED_THROUGH or converted_dtype(node) is not None
+                                      or is_round_or_clamp(node)):
+        nodes.append(node)
+        node = node.args[0]
+    if not (isinstance(node, Node) and node.target in QUOTIENTS and "rounding_mode" not in node.kwargs):
+        return []
+    activations = [arg for arg in node.all_input_nodes if shape_of(arg) == shape_of(node)]
+    if len(activations) != 1:
+        return []
+    x = activations[0]
+    return nodes + [node] + _ancestors_to([arg for arg in node.all_input_nodes if arg is not x], x)
+
+
+def _ancestors_to(scale: list[Node], x: Node) -> list[Node]:
+    """The call_function nodes computing the scale (its reciprocal, if x is multiplied by it) back to x (x
+    excluded), SCALE_DEPTH levels at most."""
+    found, frontier = [], scale
+    for _ in range(SCALE_DEPTH):
+        frontier = [node for node in frontier if isinstance(node, Node) and node is not x
+                    and node.op == "call_function" and node not in found]
+        found += frontier
+        frontier = [parent for node in frontier for parent in node.all_input_nodes]
+    return found
+
+
+def _in_low_precision(node: Node) -> bool:
+    return any(dtype_of(value) in LOW_PRECISION for value in (node, *node.all_input_nodes))

@@ -1,0 +1,69 @@
+"""eager_roundings: a float16 / bfloat16 quantizer left in Inductor's code rounds its scale and quotient as eager
+does, so the int8 activation of a fused linear is eager's, where float32 arithmetic would put a q one step off."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qfuse.config import pass_skipping_caches_off
+from tests.helpers import compile_and_run
+
+
+def quantize(x, by_reciprocal=False):
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-5) / 127
+    quotient = x * (1 / scale) if by_reciprocal else x / scale
+    return quotient.round().clamp(-128, 127).to(torch.int8), scale
+
+
+def quantize_in_float32(x, by_reciprocal=False):
+    """The same chain in float32, rounded once at the end: what Inductor's fused code computes unless told."""
+    return quantize(x.float(), by_reciprocal)[0]
+
+
+def rows_that_round_apart(dtype, by_reciprocal, rows=4, k=32):
+    """Activation rows whose eager q differs from the float32 chain's in at least one place."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        x = torch.randn(64, k, generator=generator).to(dtype)
+        apart = (quantize(x, by_reciprocal)[0] != quantize_in_float32(x, by_reciprocal)).any(-1)
+        if apart.sum() >= rows:
+            return x[apart][:rows]
+    raise AssertionError("no row rounds apart")
+
+
+def linear_returning_q(x, w, w_scale):
+    q, s = quantize(x)
+    padded = F.pad(q, (0, 0, 0, 17 - q.shape[0]))  # CUDA _int_mm wants more than 16 rows
+    acc = torch._int_mm(padded, w.t())[: q.shape[0]]
+    return acc.to(x.dtype) * s * w_scale, q
+
+
+def fake_quant_linear(x, w, w_scale, by_reciprocal):
+    q, s = quantize(x, by_reciprocal)
+    return (q.to(x.dtype) * s) @ (w.to(x.dtype) * w_scale[:, None]).t()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_int8_activation_is_eagers(dtype):
+    x = rows_that_round_apart(dtype, by_reciprocal=False)
+    w = torch.randint(-127, 128, (16, 32), dtype=torch.int8)
+    w_scale = (torch.rand(16) / 100).to(dtype)
+    with torch.no_grad(), pass_skipping_caches_off():
+        (_, q), report = compile_and_run(linear_returning_q, x, w, w_scale, kernel="torch")
+    assert len(report.fused) == 1
+    assert torch.equal(q, linear_returning_q(x, w, w_scale)[1])
+    assert not torch.equal(q, quantize_in_float32(x))  # the rows tell eager's roundings from float32's
+
+
+@pytest.mark.parametrize("by_reciprocal", [False, True], ids=["divide", "reciprocal"])
+def test_a_float16_fake_quant_is_eagers_to_the_output_rounding(by_reciprocal):
+    """The fake quant's q feeds the int8 GEMM: a q one step off moves its row's outputs by a whole step."""
+    x = rows_that_round_apart(torch.float16, by_reciprocal)
+    generator = torch.Generator().manual_seed(1)
+    w = torch.randint(-127, 128, (16, 32), generator=generator).to(torch.int8)
+    w_scale = (torch.rand(16, generator=generator) / 100).to(torch.float16)
+    with torch.no_grad(), pass_skipping_caches_off():
+        out, report = compile_and_run(fake_quant_linear, x, w, w_scale, by_reciprocal, kernel="torch")
+    assert len(report.fused) == 1
+    expected = fake_quant_linear(x, w, w_scale, by_reciprocal)
+    torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())
