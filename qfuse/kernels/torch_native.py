@@ -56,6 +56,13 @@ BF16_INT8PACK_K_MULTIPLE = 16
 #: _weight_int8pack_mm is slower than Inductor's own code (measured: docs/benchmarks.md, "Measurements first
 #: quoted in code comments").
 INT8PACK_MAX_ROWS = 64
+#: M from which a CPU without int8 dot instructions runs an int8 GEMM as float32 GEMMs (`int8_matmul_in_float32`):
+#: its torch._int_mm is emulated. Measured on a 2-core AVX2 EPYC (torch 2.13), _int_mm's time / the float32
+#: GEMMs': 1.1-3.0x at M = 8, 2.6-5.6x at 16, 6.9-22x from 64 rows, over K x N of 1024 x 1024 to 14336 x 4096;
+#: below, the weight converted on every call costs more (0.19-0.77x at M = 1) (docs/benchmarks.md)
+FLOAT32_INT8_MIN_ROWS = 8
+#: the K of one exact float32 GEMM of int8 values: 1024 x 2^14 = 2^24
+FLOAT32_EXACT_K = 1024
 #: Where the CPU has no int8 dot instructions (AVX-512 VNNI, AMX), an int8 linear written in float (PT2E, fake
 #: quant) runs `_int_mm` only up to this many rows of a weight of at least this many elements; elsewhere Inductor's
 #: float GEMM of the linear as written is faster (`_why_the_float_gemm_is_faster`).
@@ -277,12 +284,28 @@ def dense_unit_strides(x: torch.Tensor) -> torch.Tensor:
 
 def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """torch._int_mm, except where it is wrong (torch 2.13, CPU): with K == 1 it returns garbage, so
-    there the int32 outer product, which is exact, stands in; a size-1 dim gets its dense stride."""
+    there the int32 outer product, which is exact, stands in; a size-1 dim gets its dense stride. On a CPU
+    without int8 dot products, from FLOAT32_INT8_MIN_ROWS rows, exact float32 GEMMs (`int8_matmul_in_float32`)."""
     if a.is_cuda:
         return torch._int_mm(a, b)
     if a.shape[1] == 1:
         return a.to(torch.int32) * b.to(torch.int32)
+    if a.shape[0] >= FLOAT32_INT8_MIN_ROWS and not current_platform("cpu").cpu_has_int8_dot_products:
+        return int8_matmul_in_float32(a, b, a.shape[1], TORCH_OPS)
     return torch._int_mm(dense_unit_strides(a), dense_unit_strides(b))
+
+
+def int8_matmul_in_float32(a, b, k: int, ops: ArrayOps):
+    """a @ b of int8 [M, K] and [K, N] matrices as float32 GEMMs, exactly: each product is at most 128 x 128 =
+    2^14 in size, so over FLOAT32_EXACT_K = 1024 terms every partial sum is an integer below 2^24, exact in
+    float32 in any order; a longer K is summed in such chunks, each converted to int32 and added in int32 (the
+    sum eager's int32 accumulator holds). Written once for the eager kernel and its lowering (`ops`)."""
+    acc = None
+    for start in range(0, k, FLOAT32_EXACT_K):
+        length = min(FLOAT32_EXACT_K, k - start)
+        part = ops.float32_mm_as_int32(ops.narrow(a, 1, start, length), ops.narrow(b, 0, start, length))
+        acc = part if acc is None else ops.add(acc, part)
+    return acc
 
 
 def int8_scaled_mm(a, b, scale_a, scale_b, bias, azp_a, azp_b, out_dtype):

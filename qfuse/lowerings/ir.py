@@ -61,6 +61,9 @@ IR_OPS = ArrayOps(
     mul=lambda left, right: lower(aten.mul.Tensor, left, right),
     bitwise_and=lambda value, mask: lower(aten.bitwise_and.Scalar, value, mask),
     int32_sum=lambda value, dim: lower(aten.sum.dim_IntList, convert(value, torch.int32), [dim], True),
+    narrow=lambda value, dim, start, length: lower(aten.slice.Tensor, value, dim, start, start + length),
+    float32_mm_as_int32=lambda left, right: convert(
+        lower(aten.mm.default, convert(left, torch.float32), convert(right, torch.float32)), torch.int32),
 )
 
 

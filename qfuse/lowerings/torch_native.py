@@ -4,7 +4,9 @@ pointwise IR in Inductor's generated code (no Python op per call, the epilogue f
 `qfuse::scaled_mm` (an opaque call would hide the epilogue from Inductor and pay Python dispatch):
 
     int8      acc = aten._int_mm(a, b)                    (Inductor's tuned int8 GEMM lowering;
-                                                           CPU K == 1: the int32 outer product)
+                                                           CPU K == 1: the int32 outer product; a CPU
+                                                           without int8 dot instructions, M >= 8: exact
+                                                           float32 GEMMs of K <= 1024 chunks, summed in int32)
               acc -= azp_a * colsum(b) + rowsum(a) * azp_b - K * azp_a * azp_b   (zero points)
     fp8 CUDA  out = aten._scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)  when ATen takes the
               scales itself (both per-tensor, or per-row x per-column with a bf16 output, above 128
@@ -45,7 +47,8 @@ import torch
 from torch._inductor import ir
 
 from qfuse.kernels.prepared import Packing
-from qfuse.kernels.torch_native import BF16_INT8PACK_K_MULTIPLE, INT8PACK_MAX_ROWS, TorchKernel, zero_point_correction
+from qfuse.kernels.torch_native import (BF16_INT8PACK_K_MULTIPLE, FLOAT32_INT8_MIN_ROWS, INT8PACK_MAX_ROWS, TorchKernel,
+                                       int8_matmul_in_float32, zero_point_correction)
 from qfuse.lowerings.aten_linear import scale_shape, scaled_epilogue, why_not_aten_gemm
 from qfuse.lowerings.dispatch import KernelLowering
 from qfuse.lowerings.frozen import constant_weight, prepared_now
@@ -68,6 +71,8 @@ def _why_not_scaled_mm(call: ScaledMmArgs) -> str:
 
 
 def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
+    """(the float32 accumulator of (a - azp_a) @ (b - azp_b), how its GEMM runs if not as `aten._int_mm`)."""
+    how = ""
     on_cpu = a2d.get_device().type == "cpu"
     if on_cpu and known_equal(k, 1):  # _int_mm is wrong there (torch_native.int8_matmul)
         # The activation gets a buffer of its own: inlined into this pointwise product, the chain that
@@ -80,12 +85,24 @@ def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
             a2d = ir.ExternKernel.require_exact_strides(a2d, [k, 1])
         if on_cpu and known_equal(b.get_size()[1], 1):
             b = ir.ExternKernel.require_exact_strides(b, [1, k])
-        acc = lower(aten._int_mm.default, a2d, b)
+        if on_cpu and _int8_sums_in_float32(rows, k):
+            acc = int8_matmul_in_float32(a2d, b, int(k), IR_OPS)
+            how = ("; the int8 GEMM as exact float32 GEMMs of K <= 1024, summed in int32 (this CPU has no int8 dot "
+                   "instructions: torch._int_mm is emulated, slower from 8 rows)")
+        else:
+            acc = lower(aten._int_mm.default, a2d, b)
     zero_a = None if azp_a is None else lower(aten.reshape.default, convert(azp_a, torch.int32),
                                                scale_shape(azp_a, rows, [rows, 1]))
     zero_b = None if azp_b is None else lower(aten.reshape.default, convert(azp_b, torch.int32), [1, -1])
     acc = zero_point_correction(acc, a2d, b, zero_a, zero_b, k, IR_OPS)
-    return convert(acc, torch.float32)
+    return convert(acc, torch.float32), how
+
+
+def _int8_sums_in_float32(rows, k) -> bool:
+    """Whether the CPU int8 GEMM runs as exact float32 GEMMs (`torch_native.int8_matmul_in_float32`): on a CPU
+    without int8 dot instructions, a static K, and M from FLOAT32_INT8_MIN_ROWS (a dynamic M guarded)."""
+    return (not current_platform("cpu").cpu_has_int8_dot_products and isinstance(k, (int, sympy.Integer))
+            and not rows_at_most(rows, FLOAT32_INT8_MIN_ROWS - 1))
 
 
 def _fp8_accumulator(a2d, b):
@@ -123,11 +140,12 @@ def _lower_scaled_mm(call: ScaledMmArgs):
         record_lowering("ATen _scaled_mm (cuBLAS), scales and bias inside the GEMM")
         out = fused
     else:
+        how = ""
         if a2d.get_dtype() == torch.int8:
-            acc = _int8_accumulator(a2d, b, call.azp_a, call.azp_b, rows, k)
+            acc, how = _int8_accumulator(a2d, b, call.azp_a, call.azp_b, rows, k)
         else:
             acc = _fp8_accumulator(a2d, b)
-        record_lowering("Inductor's own GEMM lowering; scales, bias and cast in its fused pointwise code")
+        record_lowering("Inductor's own GEMM lowering; scales, bias and cast in its fused pointwise code" + how)
         out = scaled_epilogue(acc, scale_a, scale_b, bias, rows, out_dtype)
     return lower(aten.reshape.default, out, [*lead, b.get_size()[1]])
 

@@ -1,12 +1,17 @@
-"""eager_roundings: a float16 / bfloat16 quantizer left in Inductor's code rounds its scale and quotient as eager
-does, so the int8 activation of a fused linear is eager's, where float32 arithmetic would put a q one step off."""
+"""eager_roundings: on a GPU, a float16 / bfloat16 quantizer left in Inductor's code rounds its scale and quotient
+as eager does, so the int8 activation of a fused linear is eager's, where float32 arithmetic would put a q one step
+off. The walk from q to the quantizer's nodes is checked on any machine; the numerics need CUDA."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from qfuse.config import pass_skipping_caches_off
+from qfuse.passes.forms.eager_roundings import quantizer_nodes
 from tests.helpers import compile_and_run
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor's C++ code drops the roundings; Triton's keeps them")
 
 
 def quantize(x, by_reciprocal=False):
@@ -43,27 +48,40 @@ def fake_quant_linear(x, w, w_scale, by_reciprocal):
     return (q.to(x.dtype) * s) @ (w.to(x.dtype) * w_scale[:, None]).t()
 
 
+@pytest.mark.parametrize("by_reciprocal", [False, True], ids=["divide", "reciprocal"])
+def test_the_quantizer_is_the_chain_from_q_back_to_x(by_reciprocal):
+    def model(x):
+        return quantize(torch.relu(x), by_reciprocal)[0]
+    graph = make_fx(model)(torch.randn(4, 32, dtype=torch.float16)).graph
+    q = graph.find_nodes(op="output")[0].args[0]
+    targets = {str(node.target).split(".")[1] for node in quantizer_nodes(q)}
+    assert {"round", "amax", "abs"} <= targets and ("div" in targets or "mul" in targets)
+    assert "relu" not in targets  # x's own producer is not the quantizer's
+
+
+@cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_the_int8_activation_is_eagers(dtype):
-    x = rows_that_round_apart(dtype, by_reciprocal=False)
-    w = torch.randint(-127, 128, (16, 32), dtype=torch.int8)
-    w_scale = (torch.rand(16) / 100).to(dtype)
+    x = rows_that_round_apart(dtype, by_reciprocal=False).cuda()
+    w = torch.randint(-127, 128, (16, 32), dtype=torch.int8, device="cuda")
+    w_scale = (torch.rand(16, device="cuda") / 100).to(dtype)
     with torch.no_grad(), pass_skipping_caches_off():
-        (_, q), report = compile_and_run(linear_returning_q, x, w, w_scale, kernel="torch")
+        (_, q), report = compile_and_run(linear_returning_q, x, w, w_scale, kernel="triton")
     assert len(report.fused) == 1
     assert torch.equal(q, linear_returning_q(x, w, w_scale)[1])
     assert not torch.equal(q, quantize_in_float32(x))  # the rows tell eager's roundings from float32's
 
 
+@cuda
 @pytest.mark.parametrize("by_reciprocal", [False, True], ids=["divide", "reciprocal"])
 def test_a_float16_fake_quant_is_eagers_to_the_output_rounding(by_reciprocal):
     """The fake quant's q feeds the int8 GEMM: a q one step off moves its row's outputs by a whole step."""
-    x = rows_that_round_apart(torch.float16, by_reciprocal)
+    x = rows_that_round_apart(torch.float16, by_reciprocal).cuda()
     generator = torch.Generator().manual_seed(1)
-    w = torch.randint(-127, 128, (16, 32), generator=generator).to(torch.int8)
-    w_scale = (torch.rand(16, generator=generator) / 100).to(torch.float16)
+    w = torch.randint(-127, 128, (16, 32), generator=generator).to(torch.int8).cuda()
+    w_scale = (torch.rand(16, generator=generator) / 100).to(torch.float16).cuda()
     with torch.no_grad(), pass_skipping_caches_off():
-        out, report = compile_and_run(fake_quant_linear, x, w, w_scale, by_reciprocal, kernel="torch")
+        out, report = compile_and_run(fake_quant_linear, x, w, w_scale, by_reciprocal, kernel="triton")
     assert len(report.fused) == 1
     expected = fake_quant_linear(x, w, w_scale, by_reciprocal)
     torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())

@@ -106,13 +106,15 @@ def test_bmm_form_of_a_non_contiguous_3d_input():
 
 
 def test_dynamic_batch_sizes_compile_once():
+    """Once per M bucket: every M here (12 to 120) is in one (the torch kernel on a CPU without int8 dot instructions
+    has two, below and from FLOAT32_INT8_MIN_ROWS = 8 rows)."""
     import qfuse
 
     model = QDQLinear()
     compiled = torch.compile(model, backend="qfuse", dynamic=True, options=FLOAT_WRITTEN_INT8 or None)
     marker = qfuse.graphs_compiled()
     with torch.no_grad():
-        for rows in (2, 7, 40):
+        for rows in (4, 7, 40):
             x = torch.randn(3, rows, 64)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     (report,) = qfuse.reports_since(marker)

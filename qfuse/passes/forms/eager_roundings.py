@@ -8,10 +8,15 @@ off, 2.05e-3 of the output's largest against the suite's 2e-3, where plain Induc
 to stay within it).
 
 Inductor rounds each op of a node that asks for it: `low_precision_pointwise_barrier` in the node's meta,
-what its global `emulate_precision_casts` setting marks on every node of a graph. A fused linear marks
-the nodes of its activation's quantizer that way (`round_quantizer_as_eager`): the casts, rounds and clamps
-between q and the division, the division x / s, and the scale's computation from x. The quantizer stays one
-kernel of Inductor's; the roundings cost a few instructions of a memory-bound pass.
+what its global `emulate_precision_casts` setting marks on every node of a graph. A fused linear on a GPU
+marks the nodes of its activation's quantizer that way (`round_quantizer_as_eager`): the casts, rounds and
+clamps between q and the division, the division x / s, and the scale's computation from x. The quantizer stays
+one kernel of Inductor's; the roundings cost a few instructions of a memory-bound pass.
+
+Not on the CPU: Inductor's C++ code "legalizes" float16 / bfloat16 arithmetic inside a kernel to float32 and
+drops a round trip where it sees one (torch 2.13: the scale, inlined into the fused linear's epilogue, stayed
+unrounded while the quantizer's kernel rounded it), so the marks there gave eager's q with Inductor's scale, a
+result further from both than Inductor's own. There the quantizer keeps Inductor's numerics, as plain Inductor's.
 """
 
 from __future__ import annotations
@@ -32,9 +37,12 @@ QUOTIENTS = (aten.div.Tensor, aten.mul.Tensor)
 SCALE_DEPTH = 8
 
 
-def round_quantizer_as_eager(q) -> None:
+def round_quantizer_as_eager(q, device: torch.device) -> None:
     """Mark the float16 / bfloat16 nodes of the quantizer that produced `q` (the fused op's quantized
-    activation), if the graph computes it."""
+    activation), if the graph computes it, on a GPU (Triton code keeps a round trip; the module says why not
+    on a CPU)."""
+    if device.type == "cpu":
+        return
     for node in quantizer_nodes(q):
         if _in_low_precision(node):
             node.meta[BARRIER] = True
