@@ -8,7 +8,8 @@ a kernel's eager path and the code Inductor generates for it compute the same th
     torch_native.int8_matmul_in_float32  a @ b of int8 matrices as exact float32 GEMMs  (CPUs without int8 dot products)
     ops.int4_weight_only.apply_zero_convention   an int4 zero point read from its stored word
 
-Operands are int32 (the caller converts), broadcasting as torch does; `int32_sum` keeps the summed dim.
+Operands are int32 (the caller converts), broadcasting as torch does; `int32_sum` keeps the summed dim; `narrow`
+and `float32_mm_as_int32` take the int8 matrices themselves.
 """
 
 from __future__ import annotations

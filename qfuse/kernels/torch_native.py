@@ -193,9 +193,11 @@ class TorchKernel(Kernel):
 
 
 def _why_the_float_gemm_is_faster(key: GemmKey, platform: Platform) -> str:
-    """Why Inductor's float GEMM of an int8 linear written in float (PT2E, fake quant) is faster than `_int_mm` on
+    """Why Inductor's float GEMM of an int8 linear written in float (PT2E, fake quant) is faster than this kernel on
     this CPU, or '': without int8 dot instructions (AVX-512 VNNI, AMX) `_int_mm` is emulated, and it wins only at
-    a row or two of a large weight (docs/benchmarks.md, "PT2E static on a CPU without int8 dot instructions")."""
+    a row or two of a large weight (docs/benchmarks.md, "PT2E static on a CPU without int8 dot instructions"); from
+    FLOAT32_INT8_MIN_ROWS rows the kernel's float32 GEMMs (`int8_matmul_in_float32`) do what Inductor's float
+    GEMM does, with no gain to take the linear for."""
     if not key.float_gemm_as_written or platform.cpu_has_int8_dot_products:
         return ""
     if key.m is not None and key.m <= EMULATED_INT8_MAX_ROWS and key.k * key.n >= EMULATED_INT8_MIN_WEIGHT:
@@ -285,7 +287,8 @@ def dense_unit_strides(x: torch.Tensor) -> torch.Tensor:
 def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """torch._int_mm, except where it is wrong (torch 2.13, CPU): with K == 1 it returns garbage, so
     there the int32 outer product, which is exact, stands in; a size-1 dim gets its dense stride. On a CPU
-    without int8 dot products, from FLOAT32_INT8_MIN_ROWS rows, exact float32 GEMMs (`int8_matmul_in_float32`)."""
+    without int8 dot products, from FLOAT32_INT8_MIN_ROWS rows, exact float32 GEMMs (`int8_matmul_in_float32`;
+    the lowering takes them for a static K only: both are exact, only their speed differs)."""
     if a.is_cuda:
         return torch._int_mm(a, b)
     if a.shape[1] == 1:

@@ -71,7 +71,8 @@ def _why_not_scaled_mm(call: ScaledMmArgs) -> str:
 
 
 def _int8_accumulator(a2d, b, azp_a, azp_b, rows, k):
-    """(the float32 accumulator of (a - azp_a) @ (b - azp_b), how its GEMM runs if not as `aten._int_mm`)."""
+    """(the float32 accumulator of (a - azp_a) @ (b - azp_b), what the record adds to the lowering's description:
+    '' for `aten._int_mm` and for the K == 1 outer product, else the float32 GEMMs)."""
     how = ""
     on_cpu = a2d.get_device().type == "cpu"
     if on_cpu and known_equal(k, 1):  # _int_mm is wrong there (torch_native.int8_matmul)

@@ -91,13 +91,16 @@ def test_onednn_per_token_epilogue_is_inductor_ir():
 
 @pytest.mark.parametrize("k", [1024, 1025, 3000])
 def test_int8_products_summed_in_float32_are_exact(k):
-    """Every product at its largest (-128 x -128 = 2^14): a K = 1024 chunk sums to 2^24 exactly in float32;
-    longer K adds chunks in int32, as _int_mm's accumulator does."""
-    a = torch.full((3, k), -128, dtype=torch.int8)
-    b = torch.full((k, 5), -128, dtype=torch.int8)
-    b[::7] = 127
-    expected = a.to(torch.int64) @ b.to(torch.int64)
-    assert torch.equal(int8_matmul_in_float32(a, b, k, TORCH_OPS), expected.to(torch.int32))
+    """Odd products near the largest (-127 x -127 = 16129, some -128 x -127): a K = 1024 chunk stays below 2^24,
+    exact in float32; longer K adds chunks in int32, as _int_mm's accumulator does. One float32 GEMM over all of
+    a K = 3000 is not exact: the test sees a missing chunking."""
+    a = torch.full((3, k), -127, dtype=torch.int8)
+    a[:, ::5] = -128
+    b = torch.full((k, 5), -127, dtype=torch.int8)
+    expected = (a.to(torch.int64) @ b.to(torch.int64)).to(torch.int32)
+    assert torch.equal(int8_matmul_in_float32(a, b, k, TORCH_OPS), expected)
+    if k == 3000:
+        assert not torch.equal(TORCH_OPS.float32_mm_as_int32(a, b), expected)
 
 
 @pytest.mark.parametrize("shape", [(FLOAT32_INT8_MIN_ROWS - 1, 64), (FLOAT32_INT8_MIN_ROWS, 2100), (2, 9, 1500)],

@@ -7,7 +7,7 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_
 from qfuse.kernels import KERNELS
 from qfuse.ops.scaled_mm import ScaledMmArgs
 from qfuse.passes.families import pt2e_linear
-from tests.helpers import FLOAT_WRITTEN_INT8, compile_and_run
+from tests.helpers import FLOAT_WRITTEN_INT8, INT8_DOT_HERE, compile_and_run
 from tests.passes.post_grad import run_family
 
 qd = torch.ops.quantized_decomposed
@@ -105,20 +105,21 @@ def test_bmm_form_of_a_non_contiguous_3d_input():
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_dynamic_batch_sizes_compile_once():
-    """Once per M bucket: every M here (12 to 120) is in one (the torch kernel on a CPU without int8 dot instructions
-    has two, below and from FLOAT32_INT8_MIN_ROWS = 8 rows)."""
+def test_dynamic_batch_sizes_compile_once_per_m_bucket():
+    """One compile, or one per M bucket: the torch kernel on a CPU without int8 dot instructions has two, below and
+    from FLOAT32_INT8_MIN_ROWS = 8 rows (M here: 6, 21, 120)."""
     import qfuse
 
     model = QDQLinear()
     compiled = torch.compile(model, backend="qfuse", dynamic=True, options=FLOAT_WRITTEN_INT8 or None)
     marker = qfuse.graphs_compiled()
     with torch.no_grad():
-        for rows in (4, 7, 40):
+        for rows in (2, 7, 40):
             x = torch.randn(3, rows, 64)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
-    (report,) = qfuse.reports_since(marker)
-    assert [record.fused for record in report.records] == [True]
+    reports = qfuse.reports_since(marker)
+    assert len(reports) == (1 if INT8_DOT_HERE else 2)
+    assert all([record.fused for record in report.records] == [True] for report in reports)
 
 
 class WeightOnly(QDQLinear):

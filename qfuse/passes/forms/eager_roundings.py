@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
-from qfuse.passes.core.graph_utils import VIEW_OPS, aten, converted_dtype, dtype_of, shape_of
+from qfuse.passes.core.graph_utils import VIEW_OPS, aten, converted_dtype, dtype_of, same_shape, shape_of
 from qfuse.passes.forms.quant_forms import is_round_or_clamp
 
 #: the meta key Inductor's pointwise lowering reads (torch/_inductor/lowering.py, `make_pointwise`)
@@ -50,16 +50,17 @@ def round_quantizer_as_eager(q, device: torch.device) -> None:
 
 def quantizer_nodes(q) -> list[Node]:
     """q's casts, rounds and clamps back to the quotient x / s (or x * (1 / s), however the reciprocal is
-    written), the quotient, and the scale's nodes back to x: x is the quotient's operand of its own shape."""
+    written), the quotient, and the scale's nodes back to x: x is the quotient's operand of its own shape.
+    Empty where q comes another way (a uint8 activation shifted to int8 by `bitwise_xor`: float32 in PT2E)."""
     nodes = []
     node = q
     while isinstance(node, Node) and (node.target in PASSED_THROUGH or converted_dtype(node) is not None
                                       or is_round_or_clamp(node)):
         nodes.append(node)
         node = node.args[0]
-    if not (isinstance(node, Node) and node.target in QUOTIENTS and "rounding_mode" not in node.kwargs):
+    if not (isinstance(node, Node) and node.target in QUOTIENTS):
         return []
-    activations = [arg for arg in node.all_input_nodes if shape_of(arg) == shape_of(node)]
+    activations = [arg for arg in node.all_input_nodes if same_shape(shape_of(arg) or (), shape_of(node) or ())]
     if len(activations) != 1:
         return []
     x = activations[0]
