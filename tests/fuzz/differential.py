@@ -29,6 +29,8 @@ import torch.nn.functional as F
 
 import qfuse
 from qfuse.config import pass_skipping_caches_off
+from qfuse.kernels.prepared import round_up
+from qfuse.platform import CUDA_INT_MM_MIN_ROWS
 from tests.fuzz.cases import DEVICE, Case, build
 
 #: a forced kernel that cannot run a linear raises, as documented (docs/debugging.md): no failure of qfuse's
@@ -82,8 +84,8 @@ def difference(out, reference) -> str:
 _INT_MM = torch._int_mm
 
 
-#: what CUDA `_int_mm` (cuBLASLt) takes: more than 16 rows, K and N multiples of 8
-CUDA_INT_MM_ROWS, CUDA_INT_MM_MULTIPLE = 17, 8
+#: what CUDA `_int_mm` (cuBLASLt) takes besides more than 16 rows (`CUDA_INT_MM_MIN_ROWS`): K and N multiples of 8
+CUDA_INT_MM_MULTIPLE = 8
 
 
 def _exact_int_mm(a, b):
@@ -95,16 +97,12 @@ def _exact_int_mm(a, b):
     if a.device.type == "cpu" and k == 1:
         return a.to(torch.int32) * b.to(torch.int32)
     if a.device.type == "cuda":
-        rows, inner, columns = max(m, CUDA_INT_MM_ROWS), _round_up(k, CUDA_INT_MM_MULTIPLE), _round_up(n, CUDA_INT_MM_MULTIPLE)
+        rows, inner, columns = max(m, CUDA_INT_MM_MIN_ROWS), round_up(k, CUDA_INT_MM_MULTIPLE), round_up(n, CUDA_INT_MM_MULTIPLE)
         if (rows, inner, columns) != (m, k, n):  # b keeps its layout (a transposed [N, K] weight stays one)
             padded_b = (F.pad(b.t(), (0, inner - k, 0, columns - n)).t() if b.stride(0) == 1
                         else F.pad(b, (0, columns - n, 0, inner - k)))
             return _INT_MM(F.pad(a, (0, inner - k, 0, rows - m)), padded_b)[:m, :n]
     return _INT_MM(a, b)
-
-
-def _round_up(size: int, multiple: int) -> int:
-    return -(-size // multiple) * multiple
 
 
 def _run(function, inputs):

@@ -9,6 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from qfuse.config import pass_skipping_caches_off
 from qfuse.passes.forms.eager_roundings import quantizer_nodes
+from qfuse.platform import CUDA_INT_MM_MIN_ROWS
 from tests.helpers import compile_and_run
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor's C++ code drops the roundings; Triton's keeps them")
@@ -38,7 +39,7 @@ def rows_that_round_apart(dtype, by_reciprocal, rows=4, k=32):
 
 def linear_returning_q(x, w, w_scale):
     q, s = quantize(x)
-    padded = F.pad(q, (0, 0, 0, 17 - q.shape[0]))  # CUDA _int_mm wants more than 16 rows
+    padded = F.pad(q, (0, 0, 0, CUDA_INT_MM_MIN_ROWS - q.shape[0]))  # CUDA _int_mm wants more than 16 rows
     acc = torch._int_mm(padded, w.t())[: q.shape[0]]
     return acc.to(x.dtype) * s * w_scale, q
 
