@@ -9,13 +9,14 @@ qfuse's outputs, and qfuse's report of the compiled graph.
 from __future__ import annotations
 
 import sys
+from unittest import mock
 
 import torch
 
 import qfuse
 from qfuse.config import pass_skipping_caches_off
 from tests.fuzz.cases import Case, build
-from tests.fuzz.differential import run_case
+from tests.fuzz.differential import _exact_int_mm, run_case
 
 
 def main(text: str) -> None:
@@ -25,13 +26,23 @@ def main(text: str) -> None:
           f"plain Inductor agrees with eager: {outcome.inductor_agrees}")
     model, inputs = build(case)
     with torch.no_grad(), pass_skipping_caches_off():
-        print("eager:", model(*inputs))
-        torch._dynamo.reset()
-        print("inductor:", torch.compile(model, dynamic=case.dynamic)(*inputs))
+        with mock.patch.object(torch, "_int_mm", _exact_int_mm):  # as the judge runs eager (and Inductor, padded)
+            eager = model(*inputs)
+            print("eager:", eager)
+            torch._dynamo.reset()
+            inductor = torch.compile(model, dynamic=case.dynamic)(*inputs)
+            print("inductor:", inductor)
         torch._dynamo.reset()
         explanation = qfuse.explain(model, *inputs, dynamic=case.dynamic)
-        print("qfuse:", torch.compile(model, backend="qfuse", dynamic=case.dynamic)(*inputs))
+        out = torch.compile(model, backend="qfuse", dynamic=case.dynamic)(*inputs)
+        print("qfuse:", out)
     print(explanation)
+    if isinstance(out, torch.Tensor) and isinstance(eager, torch.Tensor) and out.shape == eager.shape:
+        gap = (out.float() - eager.float()).abs()
+        where = divmod(int(gap.argmax()), eager.shape[-1])
+        print(f"largest |qfuse - eager| {gap.max().item():.4g} at (row, column) {where}: eager "
+              f"{eager.reshape(-1, eager.shape[-1])[where].item():.6g}, Inductor "
+              f"{inductor.reshape(-1, eager.shape[-1])[where].item():.6g}, qfuse {out.reshape(-1, eager.shape[-1])[where].item():.6g}")
 
 
 if __name__ == "__main__":

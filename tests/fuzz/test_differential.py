@@ -110,6 +110,15 @@ FOUND_BEFORE = [
     # amax / 127 and x / s in float32 without eager's float16 roundings between: one q one step off. Now the
     # quantizer's nodes ask Inductor for eager's roundings (`qfuse.passes.forms.eager_roundings`)
     Case("fake_quant", weight="tensor", leading=(16,), k=16, n=1, dtype="float16", dynamic=True, seed=10204),
+    # session 39's GPU run (seed 36): a float16 MLP with static scales, K = 3 and N = 3 lifted; its second linear's
+    # quantizer is Inductor's code (fused with the SiLU of the first linear's float16 output, which qfuse's op
+    # stores rounded as eager does), and one q is one step off eager's (3.5e-3 of the output's largest against
+    # 2e-3) where plain Inductor, whose code is one kernel from the first GEMM's sums on, lands on eager's. Open:
+    # marking the SiLU's rounding (`low_precision_pointwise_barrier`) did not bring eager's q on the GPU
+    pytest.param(Case("mlp", activation="static_tensor", weight="tensor", scale_spelling="[N, 1].t()", bias=False,
+                      leading=(1, 33), k=3, n=16, dtype="float16", saturate=True, clamp_low=-127, seed=12475),
+                 marks=pytest.mark.xfail(DEVICE == "cuda", strict=True, reason="one q of Inductor's quantizer code one "
+                                         "step off eager's (session 39)")),
 ]
 
 

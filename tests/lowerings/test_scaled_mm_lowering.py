@@ -93,13 +93,16 @@ def test_onednn_per_token_epilogue_is_inductor_ir():
 def test_int8_products_summed_in_float32_are_exact(k):
     """Odd products near the largest (-127 x -127 = 16129, some -128 x -127): a K = 1024 chunk stays below 2^24,
     exact in float32; longer K adds chunks in int32, as _int_mm's accumulator does. One float32 GEMM over all of
-    a K = 3000 is not exact: the test sees a missing chunking."""
+    a K = 3000 is not exact, however it orders its sums: the exact sum is odd and above 2^24, where float32 holds
+    even numbers only (the test sees a missing chunking)."""
     a = torch.full((3, k), -127, dtype=torch.int8)
     a[:, ::5] = -128
+    a[:, 1] = -126  # an even product: an odd count of odd ones
     b = torch.full((k, 5), -127, dtype=torch.int8)
     expected = (a.to(torch.int64) @ b.to(torch.int64)).to(torch.int32)
     assert torch.equal(int8_matmul_in_float32(a, b, k, TORCH_OPS), expected)
     if k == 3000:
+        assert int(expected[0, 0]) % 2 and abs(int(expected[0, 0])) > 2**24
         assert not torch.equal(TORCH_OPS.float32_mm_as_int32(a, b), expected)
 
 
