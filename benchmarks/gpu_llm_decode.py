@@ -273,6 +273,7 @@ VARIANTS = {  # name -> (linear form, backend[, qfuse options])
     "gptq int4 (qfuse, siblings apart)": ("gptq", "qfuse", SIBLINGS_APART),
     "gptq int4 (qfuse, no cuda kernel)": ("gptq", "qfuse", {"disabled_kernels": ["cuda"]}),
     "gptq int4 (qfuse, cuda kernel forced)": ("gptq", "qfuse", {"kernel": "cuda"}),
+    "gptq int4 (qfuse, int4 in place)": ("gptq", "qfuse", {"int4_in_place": True}),
     "fp8 W8A8 (Inductor)": ("fp8", "inductor"),
     "fp8 W8A8 (qfuse)": ("fp8", "qfuse"),
     "fp8 W8A8 (qfuse, siblings apart)": ("fp8", "qfuse", SIBLINGS_APART),

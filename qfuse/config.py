@@ -59,6 +59,9 @@ class QfuseConfig:
     debug: bool = False
     debug_dir: str = "qfuse_debug"
     verify: bool = False
+    #: int4 checkpoints' words read where they lie by the cuda decode kernel, nothing repacked: the GPU memory of
+    #: Inductor's code, at 14-21% more GPU time a GPTQ linear (docs/kernels.md, "int4 words read in place")
+    int4_in_place: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "patterns", _as_names(self.patterns, "patterns"))
@@ -66,6 +69,7 @@ class QfuseConfig:
         object.__setattr__(self, "disabled_kernels", _as_names(self.disabled_kernels, "disabled_kernels"))
         object.__setattr__(self, "debug", _as_bool(self.debug, "debug"))
         object.__setattr__(self, "verify", _as_bool(self.verify, "verify"))
+        object.__setattr__(self, "int4_in_place", _as_bool(self.int4_in_place, "int4_in_place"))
         unknown = [name for name in self.patterns if name not in PATTERN_FAMILIES]
         if unknown:
             raise ValueError(f"unknown qfuse pattern families {unknown}; known: {list(PATTERN_FAMILIES)}")
@@ -96,7 +100,8 @@ class QfuseConfig:
 
     def cache_key(self) -> str:
         """Everything that changes what the passes emit (debug and debug_dir do not)."""
-        return repr((self.patterns, self.kernel, self.kernel_preference, self.disabled_kernels, self.verify))
+        return repr((self.patterns, self.kernel, self.kernel_preference, self.disabled_kernels, self.verify,
+                     self.int4_in_place))
 
 
 def split_options(options: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -23,8 +23,9 @@ def test_defaults():
     assert config.debug is False
     assert config.debug_dir == "qfuse_debug"
     assert config.verify is False
+    assert config.int4_in_place is False
     assert QfuseConfig.field_names() == ("patterns", "kernel", "kernel_preference", "disabled_kernels", "debug",
-                                         "debug_dir", "verify")
+                                         "debug_dir", "verify", "int4_in_place")
 
 
 def test_config_is_frozen():
@@ -45,6 +46,7 @@ def test_from_env_reads_every_field():
         "QFUSE_DISABLED_KERNELS": "torch",
         "QFUSE_DEBUG": "1",
         "QFUSE_DEBUG_DIR": "/tmp/qfuse-dumps",
+        "QFUSE_INT4_IN_PLACE": "yes",
     })
     assert config == QfuseConfig(
         patterns=("pt2e_linear", "reference_linear"),
@@ -53,6 +55,7 @@ def test_from_env_reads_every_field():
         disabled_kernels=("torch",),
         debug=True,
         debug_dir="/tmp/qfuse-dumps",
+        int4_in_place=True,
     )
 
 
@@ -152,6 +155,7 @@ def test_cache_key_changes_with_what_the_passes_emit():
         base.replace(kernel_preference=("reference",)),
         base.replace(disabled_kernels=("torch",)),
         base.replace(patterns=("pt2e_linear",)),
+        base.replace(int4_in_place=True),
     ]
     keys = {config.cache_key() for config in changed}
     assert base.cache_key() not in keys

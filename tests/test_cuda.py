@@ -281,6 +281,42 @@ def test_int4_cuda_kernel_without_cuda_graphs_is_called_from_inductors_code(sibl
         assert calls == 1 and not op_calls, (op_calls, [record.note for record in report.fused])
 
 
+@pytest.mark.parametrize("siblings", [False, True], ids=["one linear", "siblings"])
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_int4_in_place_reads_the_checkpoints_words_and_prepares_no_copy(siblings, mode):
+    """`int4_in_place`: GPTQ weights (GPTQ v2's [N, K / 8] words; the siblings with zero points) read where they lie, in default mode and under CUDA graphs, with eager's numerics: what qfuse keeps beside them is a table
+    of addresses (bytes), where the default repacks a copy of every int4 byte; a checkpoint copied in afterwards is
+    read at the next replay without `refresh_weights`."""
+    from qfuse.kernels.prepared import prepared_memory
+    from tests.helpers import assert_close_to_eager
+    from tests.peers.weight_only_models import gptq_packed_int4
+
+    widths = (144, 48, 48) if siblings else (144,)
+    linears = [gptq_packed_int4(torch.bfloat16, group_size=128, in_features=512, out_features=n, seed=n,
+                                symmetric=not siblings, bias=False) for n in widths]
+    model = (Siblings(linears) if siblings else linears[0]).cuda().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="qfuse", mode=None if mode == "default" else mode,
+                             options={"kernel": "cuda", "int4_in_place": True})
+    x = torch.randn(5, 512, device="cuda", dtype=torch.bfloat16)
+    marker = qfuse.graphs_compiled()
+    with torch.no_grad():
+        for _ in range(3):
+            out = compiled(x).clone()
+        assert_close_to_eager(out, model, x)
+        (report,) = qfuse.reports_since(marker)
+        assert all(record.int4_in_place for record in report.fused)
+        assert "read where they lie" in report.fused[0].lowered, report.fused[0].lowered
+        memory = prepared_memory(model)
+        assert memory.weights == 1 and memory.prepared_bytes <= 512, memory.describe()
+        fresh = [gptq_packed_int4(torch.bfloat16, group_size=128, in_features=512, out_features=n, seed=n + 1,
+                                  symmetric=not siblings, bias=False).cuda() for n in widths]
+        for old, new in zip(linears, fresh):  # a new checkpoint loaded in place
+            for name, buffer in old.named_buffers():
+                buffer.copy_(dict(new.named_buffers())[name])
+        assert_close_to_eager(compiled(x).clone(), model, x)
+
+
 @pytest.mark.parametrize("config", [
     "int8_weight_only",
     pytest.param("float8_dynamic_rowwise", marks=pytest.mark.xfail(strict=True, reason=(

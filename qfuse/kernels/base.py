@@ -159,6 +159,13 @@ class Kernel(abc.ABC):
         prepared weight goes to `weight_only_apply`."""
         raise NotImplementedError(f"kernel {self.name!r} has no int4 weight-only GEMM (no int4 row in its capability table)")
 
+    def int4_checkpoint_weight(self, members: list[tuple], group_size: int, zero_convention: str) -> PreparedWeight | None:
+        """The int4 weights of `qfuse::int4_weight_only_mm` (one member, or siblings side by side along N) read where
+        the checkpoint holds them, nothing repacked or copied: each member (packed, shifts, scales, packed_zeros) as
+        the op takes them (no act order, packed along K). None where this kernel cannot (the default): the weight is
+        unpacked and prepared (`prepare_int4_weight`)."""
+        return None
+
     def weight_only_apply(
         self, x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype
     ) -> torch.Tensor:

@@ -60,6 +60,10 @@ class Packing(str, enum.Enum):
     INT4_WORDS_NK_ZEROS_MINUS_ONE = "int4_words_nk_zeros_minus_one"  # the same, zero points of up to 16 minus one
     INT4_MMA_BF16 = "int4_mma_bf16"  # the cuda int4 kernel's words and (s, z) pairs, for bf16 activations
     INT4_MMA_FP16 = "int4_mma_fp16"  # the same, for fp16
+    #: the checkpoint's own int4 words, scales and zero points, read where they are by the cuda int4 kernel: `data`
+    #: a table of their addresses (`kernels.cuda.int4_mma.checkpoint_weight`), nothing copied
+    INT4_CHECKPOINT_BF16 = "int4_checkpoint_bf16"
+    INT4_CHECKPOINT_FP16 = "int4_checkpoint_fp16"
     W8_MMA_INT8 = "w8_mma_int8"  # the cuda 8-bit kernel's words of an int8 weight
     W8_MMA_FP8 = "w8_mma_fp8"  # the same, of an fp8 e4m3fn weight
 
@@ -83,6 +87,7 @@ class PreparedWeight:
     n: int
     packing: Packing | None = None  # how `data` is laid out when it is no plain [K, N] matrix (`Packing`)
     input_order: torch.Tensor | None = None  # the activation's K columns in the order of `data`'s rows
+    settings: tuple = ()  # what else a packing's kernel compiles in (the checkpoint words' layout, say)
 
 
 def dense_int4_weight(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, why: str,

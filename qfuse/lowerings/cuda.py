@@ -28,7 +28,7 @@ from torch._inductor.virtualized import V
 from qfuse.kernels import get_kernel
 from qfuse.kernels.cuda import CudaKernel, int4_mma
 from qfuse.lowerings.dispatch import KernelLowering
-from qfuse.lowerings.ir import as_matrix, lower, record_lowering
+from qfuse.lowerings.ir import as_matrix, current_record, lower, record_lowering
 from qfuse.ops import SIBLING_ARGUMENTS
 from qfuse.ops.int4_weight_only import Int4WeightOnlyMmArgs, int4_product, prepared_int4_weight
 from qfuse.ops.siblings import prepared_int4_siblings
@@ -40,21 +40,24 @@ _SOURCES = ("packed", "shifts", "scales", "packed_zeros")  # a member's weight-s
 
 
 def int4_mma_out(x: torch.Tensor, *tensors: torch.Tensor, has_bias: bool, present: tuple, siblings: bool,
-                 group_size: int, zero_convention: str, packed_along_n: bool, out: torch.Tensor) -> torch.Tensor:
+                 group_size: int, zero_convention: str, packed_along_n: bool, out: torch.Tensor,
+                 in_place: bool = False) -> torch.Tensor:
     """out = x [M, K] @ w + bias, w the int4 weight of the sources in `tensors` (after the bias where
-    `has_bias`): each member's `_SOURCES` where `present` says so, the others None."""
+    `has_bias`): each member's `_SOURCES` where `present` says so, the others None; `in_place`: their words read
+    where they lie where the kernel can (`QfuseConfig.int4_in_place`)."""
     remaining = iter(tensors)
     bias = next(remaining) if has_bias else None
     sources = tuple(next(remaining) if here else None for here in present)
     kernel = get_kernel(KERNEL)
     if siblings:
         weight = prepared_int4_siblings(kernel, *(sources[i::len(_SOURCES)] for i in range(len(_SOURCES))),
-                                        group_size, zero_convention, packed_along_n)
+                                        group_size, zero_convention, packed_along_n, in_place)
     else:
-        weight = prepared_int4_weight(KERNEL, *sources, group_size, None, zero_convention, packed_along_n)[1]
-    if weight.packing != int4_mma.PACKINGS[x.dtype]:  # (a weight the kernel could not take: prepared dense)
-        return out.copy_(int4_product(kernel, x, weight, bias, out.dtype))
-    return int4_mma.int4_mma(x, weight.data, weight.scale, bias, group_size, out.dtype, out=out)
+        weight = prepared_int4_weight(KERNEL, *sources, group_size, None, zero_convention, packed_along_n,
+                                      in_place)[1]
+    if weight.packing not in (int4_mma.PACKINGS[x.dtype], int4_mma.CHECKPOINT_PACKINGS[x.dtype]):
+        return out.copy_(int4_product(kernel, x, weight, bias, out.dtype))  # (a weight it could not take: dense)
+    return int4_mma.multiply(x, weight, bias, out.dtype, out=out)
 
 
 if not hasattr(extern_kernels, EXTERN_NAME):
@@ -97,11 +100,14 @@ def _lower(call):
     inputs = [ir.ExternKernel.require_contiguous(x2d),
               *(ir.ExternKernel.realize_input(tensor) for tensor in (bias, *sources) if tensor is not None)]
     layout = ir.FixedLayout(x2d.get_device(), call.out_dtype, [rows, n])
+    in_place = bool((record := current_record()) and record.int4_in_place)
     settings = dict(has_bias=bias is not None, present=tuple(tensor is not None for tensor in sources),
                     siblings=isinstance(call.scales, (list, tuple)), group_size=call.group_size,
-                    zero_convention=call.zero_convention, packed_along_n=call.packed_along_n)
+                    zero_convention=call.zero_convention, packed_along_n=call.packed_along_n, in_place=in_place)
     node = ir.ExternKernelOut(layout, inputs, kwargs=settings, python_kernel_name=f"extern_kernels.{EXTERN_NAME}")
-    record_lowering(f"extern_kernels.{EXTERN_NAME}: the kernel launched from Inductor's code (no op dispatch)")
+    record_lowering(f"extern_kernels.{EXTERN_NAME}: the kernel launched from Inductor's code (no op dispatch)"
+                    + ("; the checkpoint's words read where they lie where the kernel can (int4_in_place)"
+                       if in_place else ""))
     return lower(aten.reshape.default, ir.TensorBox.create(node), [*lead, n])
 
 

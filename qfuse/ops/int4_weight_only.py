@@ -217,8 +217,9 @@ def int4_values(packed, shifts, scales, packed_zeros, group_size: int, g_idx=Non
 
 
 def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, group_size: int, g_idx=None,
-                         zero_convention: str = "stored", packed_along_n: bool = False) -> tuple:
-    """(the kernel named `kernel`, its prepared form of this int4 weight), unpacked and prepared once."""
+                         zero_convention: str = "stored", packed_along_n: bool = False, in_place: bool = False) -> tuple:
+    """(the kernel named `kernel`, its prepared form of this int4 weight), unpacked and prepared once; `in_place`:
+    read where it lies where the kernel can (`Kernel.int4_checkpoint_weight`), nothing copied."""
     implementation = get_kernel(kernel)
     # Inductor inlines a CPU graph constant of at most 8 values (AWQ's shifts) as a new tensor on every call: the
     # shifts are then part of the key by value, or each call would prepare the weight again
@@ -227,6 +228,9 @@ def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, grou
     def build(packed, shifts, scales, packed_zeros, g_idx) -> PreparedWeight:  # of the sources: the entry keeps it
         if shift_values is not None:
             shifts = torch.tensor(shift_values, dtype=torch.int32)
+        if in_place and g_idx is None and not packed_along_n and (as_stored := implementation.int4_checkpoint_weight(
+                [(packed, shifts, scales, packed_zeros)], group_size, zero_convention)):
+            return as_stored
         parts = int4_values(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention, packed_along_n)
         if parts is None:
             return dense_weight(packed, shifts, scales, packed_zeros, group_size, g_idx, zero_convention,
@@ -236,7 +240,7 @@ def prepared_int4_weight(kernel: str, packed, shifts, scales, packed_zeros, grou
                                                       None if zeros is None else zeros.contiguous())
         return prepared if order is None else dataclasses.replace(prepared, input_order=order)
 
-    label = (_OP, implementation.name, group_size, zero_convention, packed_along_n, shift_values)
+    label = (_OP, implementation.name, group_size, zero_convention, packed_along_n, shift_values, in_place)
     sources = (packed, None if shift_values is not None else shifts, scales, packed_zeros, g_idx)
     return implementation, built_once(label, sources, build)
 

@@ -124,15 +124,20 @@ def _int4_why_not(call) -> str:
 
 
 def prepared_int4_siblings(implementation, packed: list, shifts: list, scales: list, packed_zeros: list,
-                           group_size: int, zero_convention: str, packed_along_n: bool) -> PreparedWeight:
+                           group_size: int, zero_convention: str, packed_along_n: bool,
+                           in_place: bool = False) -> PreparedWeight:
     """The members' int4 weights (one entry a member in each list; no act order) concatenated along N and
-    prepared once for `implementation`."""
+    prepared once for `implementation`; `in_place`: read where they lie, side by side, where the kernel can
+    (`Kernel.int4_checkpoint_weight`)."""
     members = list(zip(packed, shifts, scales, packed_zeros))
     count = len(members)
     settings = (group_size, None, zero_convention, packed_along_n)
 
     def build(*sources) -> PreparedWeight:  # (holds no tensor: the cache keeps it)
         tensors = [sources[4 * i: 4 * i + 4] for i in range(count)]  # per member: packed, shifts, scales, zeros
+        if in_place and not packed_along_n and (as_stored := implementation.int4_checkpoint_weight(
+                tensors, group_size, zero_convention)):
+            return as_stored
         parts = [int4_values(packed, shifts, scales, zeros, *settings) for packed, shifts, scales, zeros in tensors]
         if any(part is None for part in parts):  # int8 storage outside int4's range: all of it dense
             dense = [dense_weight(packed, shifts, scales, zeros, *settings) for packed, shifts, scales, zeros in tensors]
@@ -144,7 +149,7 @@ def prepared_int4_siblings(implementation, packed: list, shifts: list, scales: l
         return implementation.prepare_int4_weight(values.contiguous(), scales.contiguous(),
                                                   None if folded else zeros.contiguous())
 
-    label = ("int4 siblings", implementation.name, group_size, zero_convention, packed_along_n)
+    label = ("int4 siblings", implementation.name, group_size, zero_convention, packed_along_n, in_place)
     return built_once(label, tuple(tensor for member in members for tensor in member), build)
 
 

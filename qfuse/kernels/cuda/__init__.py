@@ -22,6 +22,8 @@ CUDA W4A16 decode kernel", and the H200 sections after it).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from qfuse.kernels.base import DECODE_ROWS, OK, GemmKey, Kernel, Verdict
@@ -31,6 +33,7 @@ from qfuse.kernels.prepared import PreparedWeight
 from qfuse.platform import Platform
 from qfuse.schemes import FLOAT_ACTIVATION_DTYPES, FP8_DTYPE, INT4_DTYPE, Granularity, dtype_name
 
+log = logging.getLogger("qfuse")
 _HALVES = (torch.bfloat16, torch.float16)
 #: Up to this many rows the W8A8 GEMM is taken; above, the Triton W8A8 template is as fast or faster
 W8A8_ROWS = 8
@@ -119,6 +122,15 @@ class CudaKernel(Kernel):
         words, pairs = int4_mma.repack(values, scale, zero_point)
         return PreparedWeight(words, pairs, None, *values.shape, packing=int4_mma.PACKINGS[scale.dtype])
 
+    def int4_checkpoint_weight(self, members, group_size, zero_convention) -> PreparedWeight | None:
+        """`int4_mma.checkpoint_weight`: the words, scales and zero points read where they lie (compressed-tensors,
+        GPTQ v2 and AutoGPTQ layouts), where `int4_mma.why_not_checkpoint` finds nothing against it."""
+        if reason := int4_mma.why_not_checkpoint(members, group_size):
+            log.info("qfuse: the cuda int4 kernel repacks a weight [N, K] = [%d, %d] (its own copy): %s",
+                     sum(member[0].shape[0] for member in members), members[0][0].shape[1] * 8, reason)
+            return None
+        return int4_mma.checkpoint_weight(members, group_size, zero_convention)
+
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
         """`w8_mma.repack`'s layout of the int8 / fp8 [K, N] weight, `packing` naming its dtype, and the scale as
         given: the epilogue reads it as it is, so `prepare_once` prepares the weight alone and attaches each call's
@@ -137,14 +149,13 @@ class CudaKernel(Kernel):
             if x.dtype not in _HALVES:
                 raise ValueError(f"the cuda kernel's W8A16 GEMM takes a bf16 or fp16 activation, not {dtype_name(x.dtype)}")
             return self._w8_mma(x, weight, None, bias, out_dtype)
-        if weight.packing != int4_mma.PACKINGS.get(x.dtype):
+        if weight.packing not in (int4_mma.PACKINGS.get(x.dtype), int4_mma.CHECKPOINT_PACKINGS.get(x.dtype)):
             raise ValueError(f"the cuda kernel's weight was prepared for {weight.packing}, and x is {x.dtype}: it "
                              "rounds (q - z) * s in the activation's dtype, which must be the scales'")
-        group_size = weight.k // weight.scale.shape[0]
         inner_bias = bias if bias is not None and bias.dtype == x.dtype else None
         exact = out_dtype in (x.dtype, torch.float32) and (bias is None or inner_bias is not None)
         kernel_dtype = out_dtype if exact else torch.float32
-        out = int4_mma.int4_mma(x, weight.data, weight.scale, inner_bias, group_size, kernel_dtype)
+        out = int4_mma.multiply(x, weight, inner_bias, kernel_dtype)
         if bias is not None and inner_bias is None:
             out = out + bias.to(torch.float32)
         return out.to(out_dtype)

@@ -100,52 +100,172 @@ __device__ __forceinline__ void a_operands(unsigned (&a)[16], const Words& w, un
 
 struct XRows { const Words* tile[M_TILES]; };  // a lane's x rows, one a tile of B: g + 8 i, or M - 1 past M
 
-// U chunks from chunk c on (c a multiple of min(U, GROUP_CHUNKS), so a group's pairs are read once), their words in
-// registers: each chunk's 16 A registers made once, from its group's pairs of rows g and g + 8, and used for every
-// tile of x (x's chunk c + u is chunk xc + u of `x`: xc = c here, a stage's own index in a kernel that stages x)
+#ifndef CHECKPOINT
+// Where a lane reads the repacked weight: its 16 bytes of chunk c at words[32 c] (a tile's chunks in a row), its
+// group's pairs of rows g and g + 8 at pairs[q * pair_stride]. A-row g of the MMA is weight row 16 T + g, g + 8 is
+// 16 T + g + 8.
+struct WeightLane {
+    const Words* words;
+    const Pair* pairs;
+    int pair_stride;
+
+    __device__ __forceinline__ Words chunk(int c) const { return load_streaming(words + (long long)c * 32); }
+
+    // (scale, -(MAGIC + 8 + z)) of rows g and g + 8 in group q
+    __device__ __forceinline__ void group(int q, unsigned& s_g, unsigned& z_g, unsigned& s_h, unsigned& z_h) const {
+        const Pair pair = pairs[(long long)q * pair_stride];
+        s_g = low_pair(pair.x), z_g = high_pair(pair.x), s_h = low_pair(pair.y), z_h = high_pair(pair.y);
+    }
+};
+#define A_OPERANDS a_operands
+#define ROW_G 1   // weight rows of A-rows g and g + 8 in a tile: 16 T + ROW_G g and + ROW_H
+#define ROW_H 8
+
+// step s's B operand: k = 16 t + 4 s + {0, 1 | 2, 3} (the repacked order)
+__device__ __forceinline__ void b_operands(const unsigned* xs, int s, unsigned& b0, unsigned& b1) {
+    b0 = xs[2 * s], b1 = xs[2 * s + 1];
+}
+#else
+// The checkpoint's own words, nothing repacked: CHECKPOINT 1 is [N, K / 8] with a row's words along K
+// (compressed-tensors, GPTQ v2), 2 is [K / 8, N] with a word row's words along N (AutoGPTQ's qweight); word
+// (n, i) holds k = 8 i + e at bits 4 e. Lane t of a chunk reads the two words of k = 16 t .. + 16 of two weight
+// rows with two 8-byte loads: rows 16 T + g and + 8 (CHECKPOINT 1: one row's two words a load) or 16 T + 2 g and
+// + 1 (2: one word row's two rows a load). Step s's MMA k slots 2t, 2t+1 | 2t+8, 2t+9 hold k = 16 t + s, + 4 |
+// + 8 + s, + 12 + s: the pairs the dequantize makes of a word, (w >> 4 s) & 0x000F000F; x's B operands are
+// put in that order by `prmt`. Scales [N, K / G] and zero points [N / 8, K / G] (packed along N, nibble n % 8)
+// in the words' orientation; ZERO_CONVENTION 0: none (the uint4 offset 8), 1: stored, 2: plus one, 3: plus one
+// mod 16.
+#if CHECKPOINT == 1
+#define ROW_G 1
+#define ROW_H 8
+#else
+#define ROW_G 2
+#define ROW_H 1
+#endif
+#ifdef HALF_BF16
+#define MINUS_MAGIC 0xC300u  // -(MAGIC + z) is MINUS_MAGIC | z for z in [0, 16]
+#else
+#define MINUS_MAGIC 0xE400u
+#endif
+#ifndef ZERO_CONVENTION
+#define ZERO_CONVENTION 0
+#endif
+
+__device__ __forceinline__ Pair load_streaming_pair(const Pair* p) {  // read once: not kept in L1
+    Pair v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ unsigned both_halves(unsigned h) { return h | (h << 16); }
+
+__device__ __forceinline__ unsigned minus_magic_zero(unsigned word, int shift) {  // -(MAGIC + z), both halves
+#if ZERO_CONVENTION == 0
+    return both_halves(MINUS_MAGIC | 8u);
+#elif ZERO_CONVENTION == 1
+    return both_halves(MINUS_MAGIC | ((word >> shift) & 0xFu));
+#elif ZERO_CONVENTION == 2
+    return both_halves(MINUS_MAGIC | (((word >> shift) & 0xFu) + 1u));
+#else
+    return both_halves(MINUS_MAGIC | (((word >> shift) + 1u) & 0xFu));
+#endif
+}
+
+struct WeightLane {
+    const Pair* first;        // chunk 0's first 8-byte load (CHECKPOINT 1: row g's words; 2: word 2t of both rows)
+    const Pair* second;       // and its second (row g + 8's; word 2t + 1)
+    long long chunk_stride;   // Pairs from chunk c to c + 1
+    const unsigned short* scales;  // row g's scale of group 0
+    int scale_group_stride, scale_row_step;  // to group q + 1; to row g + 8's
+    const unsigned* zeros;    // row g's zero point word of group 0 (ZERO_CONVENTION > 0)
+    int zero_group_stride, zero_row_step, zero_shift_g, zero_shift_h;
+
+    // a[] order of the repacked words: x, y the words of k = 16 t .. + 8 of rows g, g + 8; z, w of k + 8 .. + 16
+    __device__ __forceinline__ Words chunk(int c) const {
+        const Pair p = load_streaming_pair(first + c * chunk_stride), q = load_streaming_pair(second + c * chunk_stride);
+#if CHECKPOINT == 1
+        return Words{p.x, q.x, p.y, q.y};
+#else
+        return Words{p.x, p.y, q.x, q.y};
+#endif
+    }
+
+    __device__ __forceinline__ void group(int q, unsigned& s_g, unsigned& z_g, unsigned& s_h, unsigned& z_h) const {
+        const unsigned short* s = scales + (long long)q * scale_group_stride;
+        s_g = both_halves(s[0]), s_h = both_halves(s[scale_row_step]);
+#if ZERO_CONVENTION > 0
+        const unsigned* z = zeros + (long long)q * zero_group_stride;
+        z_g = minus_magic_zero(z[0], zero_shift_g), z_h = minus_magic_zero(z[zero_row_step], zero_shift_h);
+#else
+        z_g = z_h = minus_magic_zero(0u, 0);
+#endif
+    }
+};
+
+// A chunk's A operands from its words (`WeightLane::chunk`): step s takes pair s of each word
+__device__ __forceinline__ void checkpoint_a_operands(unsigned (&a)[16], const Words& w, unsigned s_g, unsigned z_g,
+                                                      unsigned s_h, unsigned z_h) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        a[4 * s + 0] = pair_value(w.x >> (4 * s), z_g, s_g);
+        a[4 * s + 1] = pair_value(w.y >> (4 * s), z_h, s_h);
+        a[4 * s + 2] = pair_value(w.z >> (4 * s), z_g, s_g);
+        a[4 * s + 3] = pair_value(w.w >> (4 * s), z_h, s_h);
+    }
+}
+#define A_OPERANDS checkpoint_a_operands
+
+// step s's B operand: (x[16 t + s], x[16 t + s + 4]) and (x[16 t + 8 + s], x[16 t + 12 + s]) from the pairs
+// xs[i] = (x[16 t + 2 i], x[16 t + 2 i + 1])
+__device__ __forceinline__ void b_operands(const unsigned* xs, int s, unsigned& b0, unsigned& b1) {
+    const unsigned selector = (s & 1) ? 0x7632u : 0x5410u;  // both high halves : both low halves
+    b0 = select_bytes(xs[s >> 1], xs[(s >> 1) + 2], selector);
+    b1 = select_bytes(xs[4 + (s >> 1)], xs[6 + (s >> 1)], selector);
+}
+#endif
+
+// U chunks from chunk c on (c a multiple of min(U, GROUP_CHUNKS), so a group's scales are read once), their words in
+// registers: each chunk's 16 A registers made once, from its group's scales and zero points of rows g and g + 8, and
+// used for every tile of x (x's chunk c + u is chunk xc + u of `x`: xc = c here, a stage's own index in a kernel that
+// stages x)
 template <int U>
-__device__ __forceinline__ void multiply_chunks(float (&acc)[M_TILES][4], const Words (&w)[U], const Pair* pairs_lane,
-                                                const XRows& x, int c, int xc, int pair_stride) {
-    const Pair* group_pairs = pairs_lane + (long long)(c >> GROUP_SHIFT) * pair_stride;
+__device__ __forceinline__ void multiply_chunks(float (&acc)[M_TILES][4], const Words (&w)[U], const WeightLane& lane,
+                                                const XRows& x, int c, int xc) {
     unsigned s_g, z_g, s_h, z_h;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-        if (u % GROUP_CHUNKS == 0) {  // (rows g, g + 8)
-            const Pair pair = group_pairs[(long long)(u / GROUP_CHUNKS) * pair_stride];
-            s_g = low_pair(pair.x), z_g = high_pair(pair.x), s_h = low_pair(pair.y), z_h = high_pair(pair.y);
-        }
+        if (u % GROUP_CHUNKS == 0) lane.group((c >> GROUP_SHIFT) + u / GROUP_CHUNKS, s_g, z_g, s_h, z_h);
         unsigned a[16];  // the chunk's A operands
-        a_operands(a, w[u], s_g, z_g, s_h, z_h);
+        A_OPERANDS(a, w[u], s_g, z_g, s_h, z_h);
 #pragma unroll
         for (int i = 0; i < M_TILES; ++i) {  // one tile's x live at a time, whatever M_TILES is
             const Words xv[2] = {x.tile[i][8 * (xc + u)], x.tile[i][8 * (xc + u) + 1]};
             const unsigned* xs = reinterpret_cast<const unsigned*>(xv);  // 8 pairs, k = 16 t + 2 p
 #pragma unroll
-            for (int s = 0; s < 4; ++s)
-                mma(acc[i], a[4 * s], a[4 * s + 1], a[4 * s + 2], a[4 * s + 3], xs[2 * s], xs[2 * s + 1]);
+            for (int s = 0; s < 4; ++s) {
+                unsigned b0, b1;
+                b_operands(xs, s, b0, b1);
+                mma(acc[i], a[4 * s], a[4 * s + 1], a[4 * s + 2], a[4 * s + 3], b0, b1);
+            }
         }
     }
 }
 
-template <int U>
-__device__ __forceinline__ void load_chunks(Words (&w)[U], const Words* w_lane, int c) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) w[u] = load_streaming(w_lane + (long long)(c + u) * 32);
-}
-
 // U chunks from chunk c on loaded (U * 512 bytes in flight a warp), then multiplied; x's chunk c is chunk xc of `x`
 template <int U>
-__device__ __forceinline__ void load_and_multiply(float (&acc)[M_TILES][4], const Words* w_lane, const Pair* pairs_lane,
-                                                  const XRows& x, int c, int xc, int pair_stride) {
+__device__ __forceinline__ void load_and_multiply(float (&acc)[M_TILES][4], const WeightLane& lane, const XRows& x,
+                                                  int c, int xc) {
     Words w[U];
-    load_chunks<U>(w, w_lane, c);
-    multiply_chunks<U>(acc, w, pairs_lane, x, c, xc, pair_stride);
+#pragma unroll
+    for (int u = 0; u < U; ++u) w[u] = lane.chunk(c + u);
+    multiply_chunks<U>(acc, w, lane, x, c, xc);
 }
 
 typedef float Partials[32][4 * M_TILES];  // a warp's sums: 4 a lane for each tile of B
 
 // Warps [first, first + COUNT) of the block, each with the sums of one part of K of the same 16-row tile, added up
-// in a fixed order by the calling warp and written once: bias added, rounded to the output's dtype
+// in a fixed order by the calling warp and written once: bias added, rounded to the output's dtype. `row` is the
+// weight row of A-row g (ROW_H more: of A-row g + 8)
 template <int COUNT>
 __device__ __forceinline__ void add_up_and_store(const Partials* partial, int first, int lane, int row,
                                                  const unsigned short* __restrict__ bias, void* __restrict__ out,
@@ -158,8 +278,8 @@ __device__ __forceinline__ void add_up_and_store(const Partials* partial, int fi
             float sum = 0.0f;
 #pragma unroll
             for (int other = 0; other < COUNT; ++other) sum += partial[first + other][lane][4 * i + j];
-            // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
-            const int n = row + 8 * (j >> 1), m = 8 * i + 2 * t + (j & 1);
+            // c0, c1: A-row g, columns 2t, 2t + 1; c2, c3: A-row g + 8
+            const int n = row + ROW_H * (j >> 1), m = 8 * i + 2 * t + (j & 1);
             if (m >= M) continue;
             if (has_bias) sum += load_as_float<HALF_CODE>(bias, n);
             store_from_float<OUT_CODE>(out, (long long)m * N + n, sum);
@@ -179,18 +299,13 @@ __device__ __forceinline__ void keep(Partials* partial, int warp, int lane, cons
         for (int j = 0; j < 4; ++j) partial[warp][lane][4 * i + j] = acc[i][j];
 }
 
-// Blocks a multiprocessor holds at least: up to 16 rows 32 warps (64 registers a thread: faster at M = 1 and 16 than
-// more registers and fewer warps, docs/benchmarks.md, "The int4 decode kernel's stream"); 24 warps (80) for 4 tiles of
-// B, 16 (128) for 8, about what the kernel took before the compiler was free to dequantize every chunk ahead
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS MIN_BLOCKS_FOR(M_TILES <= 2 ? 32 : M_TILES == 4 ? 24 : 16)
-#endif
-extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
-qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, const Pair* __restrict__ pairs,
-               const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K, int has_bias) {
+// The block's 16-row tile on `lane`'s weight: its warps split K, add their sums up and store them
+__device__ __forceinline__ void multiply_tile(const WeightLane& lane, const Words* __restrict__ x,
+                                              const unsigned short* __restrict__ bias, void* __restrict__ out, int M,
+                                              int N, int K, int has_bias) {
     __shared__ Partials partial[WARPS];
-    const int tile = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, warp = threadIdx.x >> 5, lane_index = threadIdx.x & 31;
+    const int g = lane_index >> 2, t = lane_index & 3;
     const int chunks = K >> 6;
     const int aligned = imin(UNROLL, GROUP_CHUNKS);  // a warp's first chunk a multiple of it
     const int per_warp = ((chunks + WARPS - 1) / WARPS + aligned - 1) / aligned * aligned;
@@ -200,17 +315,69 @@ qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, con
     XRows x_rows;
 #pragma unroll
     for (int i = 0; i < M_TILES; ++i) x_rows.tile[i] = x + (long long)imin(g + 8 * i, M - 1) * row_words + 2 * t;
-    const Pair* pairs_lane = pairs + tile * 8 + g;  // group q's pairs of rows g, g + 8: pairs_lane[q * N / 2]
     float acc[M_TILES][4];
     zero(acc);
     int c = begin;
-    const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
-    for (; c + UNROLL <= end; c += UNROLL) load_and_multiply<UNROLL>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1);
-    if (UNROLL > 4 && c + 4 <= end) load_and_multiply<4>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1), c += 4;
-    if (UNROLL > 2 && c + 2 <= end) load_and_multiply<2>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1), c += 2;
-    if (c < end) load_and_multiply<1>(acc, w_lane, pairs_lane, x_rows, c, c, N >> 1);
+    for (; c + UNROLL <= end; c += UNROLL) load_and_multiply<UNROLL>(acc, lane, x_rows, c, c);
+    if (UNROLL > 4 && c + 4 <= end) load_and_multiply<4>(acc, lane, x_rows, c, c), c += 4;
+    if (UNROLL > 2 && c + 2 <= end) load_and_multiply<2>(acc, lane, x_rows, c, c), c += 2;
+    if (c < end) load_and_multiply<1>(acc, lane, x_rows, c, c);
 
-    keep(partial, warp, lane, acc);
+    keep(partial, warp, lane_index, acc);
     __syncthreads();
-    if (warp == 0) add_up_and_store<WARPS>(partial, 0, lane, tile * 16 + g, bias, out, M, N, has_bias);
+    if (warp == 0) add_up_and_store<WARPS>(partial, 0, lane_index, tile * 16 + ROW_G * g, bias, out, M, N, has_bias);
 }
+
+// Blocks a multiprocessor holds at least: up to 16 rows 32 warps (64 registers a thread: faster at M = 1 and 16 than
+// more registers and fewer warps, docs/benchmarks.md, "The int4 decode kernel's stream"); 24 warps (80) for 4 tiles of
+// B, 16 (128) for 8, about what the kernel took before the compiler was free to dequantize every chunk ahead
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS MIN_BLOCKS_FOR(M_TILES <= 2 ? 32 : M_TILES == 4 ? 24 : 16)
+#endif
+
+#ifndef CHECKPOINT
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
+qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, const Pair* __restrict__ pairs,
+               const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K, int has_bias) {
+    const int lane = threadIdx.x & 31;
+    const WeightLane weight{words + (long long)blockIdx.x * (K >> 6) * 32 + lane,
+                            pairs + blockIdx.x * 8 + (lane >> 2),  // group q's pairs of rows g, g + 8: [q * N / 2]
+                            N >> 1};
+    multiply_tile(weight, x, bias, out, M, N, K, has_bias);
+}
+#else
+// `members` int64 [count, 4]: a member's words, scales and zero points (their addresses: 0 for none) and the end of
+// its tiles (the first tile of the next member): siblings (q / k / v, gate / up) in one launch, each read where the
+// checkpoint holds it
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
+qfuse_int4_mma_checkpoint(const long long* __restrict__ members, const Words* __restrict__ x,
+                          const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K,
+                          int has_bias) {
+    int member = 0, first_tile = 0;
+    while ((long long)blockIdx.x >= members[4 * member + 3]) first_tile = (int)members[4 * member + 3], ++member;
+    const int rows = ((int)members[4 * member + 3] - first_tile) * 16;  // the member's N
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int groups = GROUP_SHIFT >= 30 ? 1 : K >> (6 + GROUP_SHIFT);
+    const int row = ((int)blockIdx.x - first_tile) * 16 + ROW_G * g;  // the member's weight row of A-row g
+    const unsigned* words = reinterpret_cast<const unsigned*>(members[4 * member]);
+    const unsigned short* scales = reinterpret_cast<const unsigned short*>(members[4 * member + 1]);
+    const unsigned* zeros = reinterpret_cast<const unsigned*>(members[4 * member + 2]);
+    WeightLane weight;
+#if CHECKPOINT == 1  // [N, K / 8]; scales [N, K / G]; zero points [N / 8, K / G]
+    weight.first = reinterpret_cast<const Pair*>(words + (long long)row * (K >> 3) + 2 * t);
+    weight.second = weight.first + 8 * (K >> 4);  // row g + 8
+    weight.chunk_stride = 4;
+    weight.scales = scales + (long long)row * groups, weight.scale_group_stride = 1, weight.scale_row_step = 8 * groups;
+    weight.zeros = zeros + (long long)(row >> 3) * groups, weight.zero_group_stride = 1, weight.zero_row_step = groups;
+    weight.zero_shift_g = weight.zero_shift_h = 4 * (row & 7);
+#else  // [K / 8, N]; scales [K / G, N]; zero points [K / G, N / 8]
+    weight.first = reinterpret_cast<const Pair*>(words + (long long)(2 * t) * rows + row);
+    weight.second = weight.first + (rows >> 1);  // word 2t + 1
+    weight.chunk_stride = 4LL * rows;
+    weight.scales = scales + row, weight.scale_group_stride = rows, weight.scale_row_step = 1;
+    weight.zeros = zeros + (row >> 3), weight.zero_group_stride = rows >> 3, weight.zero_row_step = 0;
+    weight.zero_shift_g = 4 * (row & 7), weight.zero_shift_h = 4 * (row & 7) + 4;
+#endif
+    multiply_tile(weight, x, bias, out, M, N, K, has_bias);
+}
+#endif

@@ -10,6 +10,12 @@ holding the A operand of four mma.m16n8k16 (the .cu file's header gives the orde
 into the MMA's registers, and uses it for every row of x (8 a tile of the MMA's B); a block's warps split K
 and add their sums in shared memory, so one launch writes the output with its bias and cast.
 
+The same kernel also reads a checkpoint's own words where they lie (`checkpoint_weight`: compressed-tensors' and
+GPTQ v2's [N, K / 8], AutoGPTQ's [K / 8, N], their scales and packed zero points, nothing repacked or copied; a
+table of the tensors' addresses is all it keeps, one row a sibling): a lane's two 8-byte loads a chunk instead of
+one of 16, and x's B operands put in the words' k order by `prmt`. A quantized model then takes the GPU memory
+Inductor's code takes for it (issue #41), and a weight loaded again in place is read as it is, under CUDA graphs too.
+
 Compiled and launched by `launch` (NVRTC, the static CUDA launcher on the current stream, so a CUDA graph
 captures it): a few µs of host time a call, none in a graph's replay.
 """
@@ -22,10 +28,11 @@ from pathlib import Path
 import torch
 
 from qfuse.kernels.cuda import launch
-from qfuse.kernels.prepared import Packing
+from qfuse.kernels.prepared import Packing, PreparedWeight
 
 SOURCE = Path(__file__).with_name("int4_mma.cu")
 ARGUMENT_TYPES = "OOOOOiiii"  # words, x, pairs, bias, out; M, N, K, has_bias
+CHECKPOINT_ARGUMENT_TYPES = "OOOOiiii"  # members, x, bias, out; M, N, K, has_bias
 ROWS_PER_TILE = 16
 K_PER_CHUNK = 64
 MAX_ROWS = 64
@@ -36,6 +43,13 @@ _MAGIC = {torch.bfloat16: 128, torch.float16: 1024}  # the half float whose ulp 
 # holds k offset e = _BYTE_OFFSETS[b], row g in its low nibble and row g + 8 in its high one
 _BYTE_OFFSETS = [0, 2, 1, 3]
 PACKINGS = {torch.bfloat16: Packing.INT4_MMA_BF16, torch.float16: Packing.INT4_MMA_FP16}  # by the scales' (and x's) dtype
+CHECKPOINT_PACKINGS = {torch.bfloat16: Packing.INT4_CHECKPOINT_BF16, torch.float16: Packing.INT4_CHECKPOINT_FP16}
+#: the .cu file's CHECKPOINT layouts of the canonical [N, K / 8] words: a row's words along K (compressed-tensors,
+#: GPTQ v2: contiguous), or a word row's words along N (AutoGPTQ's [K / 8, N] qweight, transposed)
+WORDS_ALONG_K, WORDS_ALONG_N = 1, 2
+#: the .cu file's ZERO_CONVENTION of the op's zero conventions (0: no zero points, the uint4 offset 8)
+ZERO_CONVENTION_CODES = {"stored": 1, "plus_one": 2, "plus_one_mod_16": 3}
+STANDARD_SHIFTS = tuple(range(0, 32, 4))  # nibble e at bits 4 e, what the kernel's dequantize reads
 
 
 def why_not_shape(n: int, k: int, group_size: int) -> str:
@@ -78,6 +92,69 @@ def repack(values: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor |
     return words.contiguous(), pairs.contiguous()
 
 
+def _strides_are(tensor: torch.Tensor, strides: tuple[int, int]) -> bool:
+    """Whether a 2-D tensor has these strides on its dimensions longer than one (any stride fits a size of one)."""
+    return all(size == 1 or stride == want for size, stride, want in zip(tensor.shape, tensor.stride(), strides))
+
+
+def _words_layout(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None) -> int:
+    """The CHECKPOINT layout of one member's canonical views (words [N, K / 8], scales [N, K / G], zero points
+    [N / 8, K / G]), all in the same orientation, or 0."""
+    n, words = packed.shape
+    groups = scales.shape[1]
+    for layout, strides in ((WORDS_ALONG_K, ((words, 1), (groups, 1), (groups, 1))),
+                            (WORDS_ALONG_N, ((1, n), (1, n), (1, n // 8)))):
+        if all(tensor is None or _strides_are(tensor, want) for tensor, want in zip((packed, scales, zeros), strides)):
+            return layout
+    return 0
+
+
+def why_not_checkpoint(members: list[tuple], group_size: int) -> str:
+    """Why the kernel cannot read these members' int4 words where they lie (each (packed, shifts, scales, zeros),
+    the op's canonical views; shifts None for the standard ones), or ''. Reads a shifts tensor's values (once a
+    weight: the caller prepares it once)."""
+    packed, _, scales, _ = members[0]
+    k = packed.shape[1] * 8
+    if packed.device.type != "cuda":
+        return "not on a CUDA device"
+    if any(member[0].dtype != torch.int32 for member in members):
+        return "int8 storage (one value a byte): the words are the kernel's int4 only once their range is checked"
+    if shifts := next((tuple(shifts.tolist()) for _, shifts, _, _ in members if shifts is not None
+                       and tuple(shifts.tolist()) != STANDARD_SHIFTS), None):
+        return f"nibbles at shifts {list(shifts)}: the kernel reads nibble e at bits 4 e"
+    if scales.dtype not in CHECKPOINT_PACKINGS or any(member[2].dtype != scales.dtype for member in members):
+        return f"scales of {scales.dtype}: the kernel rounds (q - z) * s in bf16 or fp16"
+    if len({member[3] is None for member in members}) > 1:
+        return "members with and without zero points (one zero convention a launch)"
+    if reason := why_not_shape(ROWS_PER_TILE, k, group_size):
+        return reason
+    if any(member[0].shape[0] % ROWS_PER_TILE for member in members):
+        return f"a member's N is not a multiple of {ROWS_PER_TILE} (a block's rows are one member's)"
+    layouts = {_words_layout(packed, scales, zeros) for packed, _, scales, zeros in members}
+    if layouts not in ({WORDS_ALONG_K}, {WORDS_ALONG_N}):
+        return "words, scales and zero points not all [N, K / 8]-contiguous or all [K / 8, N]-contiguous"
+    if any(p.data_ptr() % 8 or s.data_ptr() % 2 or z is not None and z.data_ptr() % 4 for p, _, s, z in members):
+        return "a tensor not aligned for the kernel's 8-byte loads"
+    return ""
+
+
+def checkpoint_weight(members: list[tuple], group_size: int, zero_convention: str) -> PreparedWeight:
+    """The members' int4 weights (each (packed, shifts, scales, zeros): the op's canonical views; `why_not_checkpoint`
+    is '')
+    read where they lie, side by side along N: `data` int64 [members, 4] holds each member's addresses (0: no zero
+    points) and the end of its 16-row tiles; `settings` (layout, zero convention code, group size)."""
+    rows, end = [], 0
+    for packed, _, scales, zeros in members:
+        end += packed.shape[0] // ROWS_PER_TILE
+        rows.append([packed.data_ptr(), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(), end])
+    packed, _, scales, zeros = members[0]
+    settings = (_words_layout(packed, scales, zeros), 0 if zeros is None else ZERO_CONVENTION_CODES[zero_convention],
+                group_size)
+    table = torch.tensor(rows, dtype=torch.int64, device=packed.device)
+    return PreparedWeight(table, None, None, packed.shape[1] * 8, end * ROWS_PER_TILE,
+                          packing=CHECKPOINT_PACKINGS[scales.dtype], settings=settings)
+
+
 def row_launches(m: int, most: int = MAX_ROWS) -> list[tuple[int, int]]:
     """(first row, rows) of each launch of a decode kernel on `m` rows, `most` rows a launch."""
     return [(0, m)] if 0 < m <= most else [(start, min(most, m - start)) for start in range(0, m, most)]
@@ -97,11 +174,15 @@ def why_not_launch(m: int, warps: int, row_tiles: int = 1) -> str:
 
 
 def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, shift: int, out_f32: bool,
-              device_index: int) -> launch.CompiledKernel:
+              device_index: int, checkpoint: tuple[int, int] | None = None) -> launch.CompiledKernel:
+    """`checkpoint` (layout, zero convention code): the kernel reading a checkpoint's words."""
     options = [f"-DM_TILES={m_tiles}", f"-DWARPS={warps}", f"-DUNROLL={unroll}", f"-DGROUP_SHIFT={shift}"]
     options += ["-DHALF_BF16"] if dtype == torch.bfloat16 else []
     options += ["-DOUT_F32"] if out_f32 else []
-    return launch.compiled(SOURCE, "qfuse_int4_mma", tuple(options), ARGUMENT_TYPES, device_index)
+    if checkpoint is None:
+        return launch.compiled(SOURCE, "qfuse_int4_mma", tuple(options), ARGUMENT_TYPES, device_index)
+    options += [f"-DCHECKPOINT={checkpoint[0]}", f"-DZERO_CONVENTION={checkpoint[1]}"]
+    return launch.compiled(SOURCE, "qfuse_int4_mma_checkpoint", tuple(options), CHECKPOINT_ARGUMENT_TYPES, device_index)
 
 
 #: Warps a launch aims for, all blocks together: 27-31 a multiprocessor of an H100 were the fastest
@@ -132,17 +213,42 @@ def launch_shape(m: int, n: int, k: int) -> tuple[int, int]:
     return warps, 8 if k // K_PER_CHUNK // warps >= 8 else 4
 
 
+def multiply(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w + bias on a weight prepared for this kernel: repacked (`repack`) or read in place (`checkpoint_weight`)."""
+    if weight.packing in CHECKPOINT_PACKINGS.values():
+        return int4_mma_checkpoint(x, weight, bias, out_dtype, out=out)
+    return int4_mma(x, weight.data, weight.scale, bias, weight.k // weight.scale.shape[0], out_dtype, out=out)
+
+
 def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: torch.Tensor | None,
              group_size: int, out_dtype: torch.dtype, shape: tuple[int, int] | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (bf16 / fp16) @ w^T + bias, w from `repack`, as `out_dtype` (x's dtype or float32), into `out`
     (contiguous [M, N]) where given: one launch a MAX_ROWS rows; `shape` (warps, unroll) by `launch_shape` unless
     given (then for every launch)."""
+    return _run(x, pairs.shape[1], group_size, bias, out_dtype, shape, out, None,
+                lambda x, bias, out, rows: (words, x, pairs, pairs if bias is None else bias, out))
+
+
+def int4_mma_checkpoint(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype,
+                        shape: tuple[int, int] | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`int4_mma` on a `checkpoint_weight`: the checkpoint's words read where they lie."""
+    layout, zero_convention, group_size = weight.settings
+    table = weight.data
+    return _run(x, weight.n, group_size, bias, out_dtype, shape, out, (layout, zero_convention),
+                lambda x, bias, out, rows: (table, x, table if bias is None else bias, out))
+
+
+def _run(x: torch.Tensor, n: int, group_size: int, bias: torch.Tensor | None, out_dtype: torch.dtype,
+         shape: tuple[int, int] | None, out: torch.Tensor | None, checkpoint: tuple[int, int] | None,
+         tensors) -> torch.Tensor:
+    """The launches of `int4_mma` and `int4_mma_checkpoint`: `tensors(x, bias, out, rows)` a launch's tensor
+    arguments."""
     m, k = x.shape
-    n = pairs.shape[1]
     launches = row_launches(m)
     shift = group_shift(k, group_size)
-    plans = [_launch(rows, n, k, shift, x.dtype, out_dtype == torch.float32, x.device.index or 0, shape)
+    plans = [_launch(rows, n, k, shift, x.dtype, out_dtype == torch.float32, x.device.index or 0, shape, checkpoint)
              for _, rows in launches]
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=out_dtype)
@@ -153,18 +259,17 @@ def int4_mma(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, bias: to
         x = x.clone()
     bias = None if bias is None else bias.contiguous()  # read as bias[n]
     for (start, rows), (kernel, warps) in zip(launches, plans):
-        kernel.launch(n // ROWS_PER_TILE, warps, (words, x[start:] if start else x, pairs,
-                                                  pairs if bias is None else bias, out[start:] if start else out, rows,
-                                                  n, k, int(bias is not None)), x.device)
+        arguments = tensors(x[start:] if start else x, bias, out[start:] if start else out, rows)
+        kernel.launch(n // ROWS_PER_TILE, warps, (*arguments, rows, n, k, int(bias is not None)), x.device)
     return out
 
 
 @functools.cache
 def _launch(rows: int, n: int, k: int, shift: int, dtype: torch.dtype, out_f32: bool, device_index: int,
-            shape: tuple[int, int] | None) -> tuple[launch.CompiledKernel, int]:
+            shape: tuple[int, int] | None, checkpoint: tuple[int, int] | None = None) -> tuple[launch.CompiledKernel, int]:
     """(compiled kernel, warps) of one launch of `int4_mma` on `rows` (at most MAX_ROWS): the launch rule, its check
     and the kernel's compile once per size (at most MAX_ROWS sizes a weight shape), not on every call."""
     warps, unroll = shape or launch_shape(rows, n, k)
     if reason := why_not_launch(rows, warps):
         raise ValueError(f"int4_mma cannot launch {rows} rows on {warps} warps: {reason}")
-    return _compiled(dtype, column_tiles(rows), warps, unroll, shift, out_f32, device_index), warps
+    return _compiled(dtype, column_tiles(rows), warps, unroll, shift, out_f32, device_index, checkpoint), warps

@@ -47,6 +47,7 @@ class LinearRecord:
     module: str = ""  # the user's module the matmul came from, when Dynamo recorded it
     max_error: float | None = None  # verify mode: max |fused - original| on the first call
     lowered: str = ""  # how the fused op entered Inductor's generated code (written by qfuse.lowerings)
+    int4_in_place: bool = False  # an int4 weight's words to be read where they lie (`QfuseConfig.int4_in_place`)
     #: the question kernel choice was asked (`KernelRequest`): a lowering asks it again per bucket of a
     #: dynamic M; not part of the report's text or JSON
     request: KernelRequest | None = field(default=None, repr=False, compare=False)
