@@ -270,6 +270,8 @@ def _launch(rows: int, n: int, k: int, shift: int, dtype: torch.dtype, out_f32: 
     """(compiled kernel, warps) of one launch of `int4_mma` on `rows` (at most MAX_ROWS): the launch rule, its check
     and the kernel's compile once per size (at most MAX_ROWS sizes a weight shape), not on every call."""
     warps, unroll = shape or launch_shape(rows, n, k)
+    if checkpoint and checkpoint[0] == WORDS_ALONG_K and shape is None:
+        unroll = min(unroll, 4)  # 8 ahead spills on a row's words (H200: 16-38% slower; docs/kernels.md)
     if reason := why_not_launch(rows, warps):
         raise ValueError(f"int4_mma cannot launch {rows} rows on {warps} warps: {reason}")
     return _compiled(dtype, column_tiles(rows), warps, unroll, shift, out_f32, device_index, checkpoint), warps
