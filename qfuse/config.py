@@ -60,7 +60,7 @@ class QfuseConfig:
     debug_dir: str = "qfuse_debug"
     verify: bool = False
     #: int4 checkpoints' words read where they lie by the cuda decode kernel, nothing repacked: the GPU memory of
-    #: Inductor's code, at 14-21% more GPU time a GPTQ linear (docs/kernels.md, "int4 words read in place")
+    #: Inductor's code, at 12-42% more GPU time a linear on an H200 (docs/kernels.md, "int4 words read in place")
     int4_in_place: bool = False
 
     def __post_init__(self) -> None:

@@ -14,7 +14,8 @@ The same kernel also reads a checkpoint's own words where they lie (`checkpoint_
 GPTQ v2's [N, K / 8], AutoGPTQ's [K / 8, N], their scales and packed zero points, nothing repacked or copied; a
 table of the tensors' addresses is all it keeps, one row a sibling): a lane's two 8-byte loads a chunk instead of
 one of 16, and x's B operands put in the words' k order by `prmt`. A quantized model then takes the GPU memory
-Inductor's code takes for it (issue #41), and a weight loaded again in place is read as it is, under CUDA graphs too.
+Inductor's code takes for it (issue #41), and a weight loaded again in place is read as it is, under CUDA graphs too;
+it is slower (12-42% a linear on an H200), so it runs where `QfuseConfig.int4_in_place` asks for it.
 
 Compiled and launched by `launch` (NVRTC, the static CUDA launcher on the current stream, so a CUDA graph
 captures it): a few µs of host time a call, none in a graph's replay.
