@@ -296,8 +296,8 @@ def test_int4_in_place_reads_the_checkpoints_words_and_prepares_no_copy(siblings
                                 symmetric=not siblings, bias=False) for n in widths]
     model = (Siblings(linears) if siblings else linears[0]).cuda().eval()
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="qfuse", mode=None if mode == "default" else mode,
-                             options={"kernel": "cuda", "int4_in_place": True})
+    mode_settings = {} if mode == "default" else torch._inductor.list_mode_options(mode)  # (a mode or options)
+    compiled = torch.compile(model, backend="qfuse", options={"kernel": "cuda", "int4_in_place": True, **mode_settings})
     x = torch.randn(5, 512, device="cuda", dtype=torch.bfloat16)
     marker = qfuse.graphs_compiled()
     with torch.no_grad():
