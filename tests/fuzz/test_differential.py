@@ -119,6 +119,13 @@ FOUND_BEFORE = [
                       leading=(1, 33), k=3, n=16, dtype="float16", saturate=True, clamp_low=-127, seed=12475),
                  marks=pytest.mark.xfail(DEVICE == "cuda", strict=True, reason="one q of Inductor's quantizer code one "
                                          "step off eager's (session 39)")),
+    # and the same run's second shards (seed 46): a float16 fake quant with a one-element static scale, M = 1, N = 5
+    # (lifted), 5.7e-3 of the output's largest against 2e-3 where plain Inductor agrees on the GPU (not on the CPU,
+    # where it passes as plain Inductor differs there); not looked into: the session's device time was spent
+    pytest.param(Case("fake_quant", activation="static_tensor", weight="tensor", scale_spelling="one_element",
+                      bias=False, leading=(1,), k=64, n=5, dtype="float16", seed=25480),
+                 marks=pytest.mark.xfail(DEVICE == "cuda", strict=True, reason="differs from eager on the GPU where "
+                                         "plain Inductor agrees (session 39, open)")),
 ]
 
 
