@@ -59,8 +59,9 @@ class QfuseConfig:
     debug: bool = False
     debug_dir: str = "qfuse_debug"
     verify: bool = False
-    #: int4 checkpoints' words read where they lie by the cuda decode kernel, nothing repacked: the GPU memory of
-    #: Inductor's code, at 12-42% more GPU time a linear on an H200 (docs/kernels.md, "int4 words read in place")
+    #: int4 checkpoints' words read where they lie by the cuda decode kernel's lowering, nothing repacked (other
+    #: kernels and the op's own extern call keep their layouts): 1.14-1.73x the GPU time a linear on an H200
+    #: (docs/kernels.md, "int4 words read in place")
     int4_in_place: bool = False
 
     def __post_init__(self) -> None:

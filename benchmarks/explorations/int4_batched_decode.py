@@ -46,8 +46,8 @@ def stage_bytes(m_tiles: int, warps: int, row_tiles: int, unroll: int) -> int:
 
 @functools.cache
 def rows_source() -> Path:
-    """int4_mma.cu's helpers (its text up to its kernel's launch bounds) followed by int4_mma_rows.cu, in one file."""
-    helpers = int4_mma.SOURCE.read_text().split("// Blocks a multiprocessor holds at least")[0]
+    """int4_mma.cu's helpers (its text up to `multiply_tile`) followed by int4_mma_rows.cu, in one file."""
+    helpers = int4_mma.SOURCE.read_text().split("// The block's 16-row tile on `lane`'s weight")[0]
     path = Path(tempfile.mkdtemp()) / "int4_mma_rows_full.cu"
     path.write_text(helpers + ROWS_SOURCE.read_text())
     return path

@@ -44,8 +44,7 @@ qfuse_int4_mma_rows(const Words* __restrict__ words, const Words* __restrict__ x
     const int chunks = K >> 6, row_words = K >> 3;
     const int steps = (chunks + STEP_CHUNKS - 1) / STEP_CHUNKS;
     const Words* lane_x = stages + g * STAGE_ROW_WORDS + 8 * UNROLL * k_warp + 2 * t;  // from its first chunk a step
-    const Pair* pairs_lane = pairs + tile * 8 + g;
-    const Words* w_lane = words + (long long)tile * chunks * 32 + lane;
+    const WeightLane weight{words + (long long)tile * chunks * 32 + lane, pairs + tile * 8 + g, N >> 1};
     float acc[M_TILES][4];
     zero(acc);
     copy_step(stages, x, 0, M, row_words);
@@ -53,7 +52,9 @@ qfuse_int4_mma_rows(const Words* __restrict__ words, const Words* __restrict__ x
         const int c = step * STEP_CHUNKS + UNROLL * k_warp;  // this warp's first chunk of the step
         const int here = imin(UNROLL, chunks - c);           // its chunks (the last step may hold fewer)
         Words w[UNROLL];
-        if (here == UNROLL) load_chunks<UNROLL>(w, w_lane, c);
+        if (here == UNROLL)
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) w[u] = weight.chunk(c + u);
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();  // the step's x in its stage; every warp done with the other stage
         if (step + 1 < steps) copy_step(stages, x, step + 1, M, row_words);
@@ -61,12 +62,12 @@ qfuse_int4_mma_rows(const Words* __restrict__ words, const Words* __restrict__ x
 #pragma unroll
         for (int i = 0; i < M_TILES; ++i) xs.tile[i] = lane_x + (step & 1) * STAGE_WORDS + 8 * i * STAGE_ROW_WORDS;
         if (here == UNROLL) {
-            multiply_chunks<UNROLL>(acc, w, pairs_lane, xs, c, 0, N >> 1);
+            multiply_chunks<UNROLL>(acc, w, weight, xs, c, 0);
         } else if (here > 0) {  // a step's end in steps of 4, 2, 1 (c a multiple of UNROLL)
             int d = 0;
-            if (UNROLL > 4 && d + 4 <= here) load_and_multiply<4>(acc, w_lane, pairs_lane, xs, c + d, d, N >> 1), d += 4;
-            if (UNROLL > 2 && d + 2 <= here) load_and_multiply<2>(acc, w_lane, pairs_lane, xs, c + d, d, N >> 1), d += 2;
-            if (d < here) load_and_multiply<1>(acc, w_lane, pairs_lane, xs, c + d, d, N >> 1);
+            if (UNROLL > 4 && d + 4 <= here) load_and_multiply<4>(acc, weight, xs, c + d, d), d += 4;
+            if (UNROLL > 2 && d + 2 <= here) load_and_multiply<2>(acc, weight, xs, c + d, d), d += 2;
+            if (d < here) load_and_multiply<1>(acc, weight, xs, c + d, d);
         }
     }
     __syncthreads();  // the stages are free: they hold the sums now

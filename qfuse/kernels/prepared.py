@@ -7,7 +7,8 @@ so the work runs on the first call only: in eager, under torch.compile, with or 
 
 Cache key, per input tensor (weight, its scale, its zero point): a weak reference to the storage
 (`StorageWeakRef`: the address cannot be reused while the reference lives), the view's offset,
-shape, strides and dtype. Each entry records the inputs' version counters: where the op sees the
+shape, strides and dtype. Each entry records the inputs' version counters and data addresses (a storage
+resized in place, as FSDP does, moves its data under the same counter): where the op sees the
 weight's own counter, an in-place update (`load_state_dict`, `copy_`) prepares it again at the next
 call, into the same memory where the layout is the same (no second copy per reload). Where it
 cannot (a view Inductor makes for an extern call has a counter of its own; a CUDA graph replay
@@ -131,7 +132,10 @@ class _SourceKey(NamedTuple):
 
 
 def _versions(tensors) -> tuple:
-    return tuple(None if tensor is None else tensor._version for tensor in tensors)
+    """Each tensor's version counter and data address: a storage resized in place (FSDP's reshard and unshard)
+    moves the data under the same storage and version, and a prepared weight that reads it where it lies
+    (`Packing.INT4_CHECKPOINT_*`: a table of addresses) must be made again."""
+    return tuple(None if tensor is None else (tensor._version, tensor.data_ptr()) for tensor in tensors)
 
 
 def _cacheable(*tensors: torch.Tensor | None) -> bool:

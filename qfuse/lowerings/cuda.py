@@ -55,7 +55,7 @@ def int4_mma_out(x: torch.Tensor, *tensors: torch.Tensor, has_bias: bool, presen
     else:
         weight = prepared_int4_weight(KERNEL, *sources, group_size, None, zero_convention, packed_along_n,
                                       in_place)[1]
-    if weight.packing not in (int4_mma.PACKINGS[x.dtype], int4_mma.CHECKPOINT_PACKINGS[x.dtype]):
+    if not int4_mma.takes(weight, x.dtype):
         return out.copy_(int4_product(kernel, x, weight, bias, out.dtype))  # (a weight it could not take: dense)
     return int4_mma.multiply(x, weight, bias, out.dtype, out=out)
 

@@ -2,7 +2,8 @@
 
 The rules, in order:
 1. qfuse's compile never fails where plain Inductor's does not (but a forced kernel that cannot run a linear
-   raises `KernelUnavailableError`, as documented); where eager raises, qfuse raises
+   raises `KernelUnavailableError`, as documented), nor where the fused op lifts the limits of a CUDA `_int_mm`
+   that fails plain Inductor on the user's own call (`_lifts_int_mm_limits`); where eager raises, qfuse raises
    the same exception type (or, where plain Inductor returns instead, returns what Inductor returns).
 2. Wherever plain Inductor agrees with eager, qfuse agrees with eager: the same nan and inf
    positions (signs included) and finite values within the output dtype's rounding (integer GEMMs
@@ -105,6 +106,12 @@ def _exact_int_mm(a, b):
     return _INT_MM(a, b)
 
 
+def _lifts_int_mm_limits(case: Case) -> bool:
+    """Whether qfuse fuses the case's `_int_mm` (no second user of its sums, no near form, no forced kernel that
+    may decline), so that the fused op's padding lifts cuBLASLt's limits the user's own call fails on."""
+    return case.second_user != "accumulator" and not case.near and case.kernel in ("", "reference")
+
+
 def _run(function, inputs):
     try:
         return function(*inputs), None
@@ -155,6 +162,8 @@ def run_case(case: Case) -> Outcome:
     if error is not None:
         if inductor_error is None:
             outcome.problems.append(f"qfuse's compile fails where Inductor's does not: {error!r}")
+        elif padded_inductor_error is None and _lifts_int_mm_limits(case):
+            outcome.problems.append(f"qfuse's compile fails where its fused op lifts _int_mm's limits: {error!r}")
         return outcome
     if padded_inductor_error is None:
         outcome.inductor_agrees = not difference(padded_inductor, eager)

@@ -26,7 +26,7 @@ def main(text: str) -> None:
           f"plain Inductor agrees with eager: {outcome.inductor_agrees}")
     model, inputs = build(case)
     with torch.no_grad(), pass_skipping_caches_off():
-        with mock.patch.object(torch, "_int_mm", _exact_int_mm):  # as the judge runs eager (and Inductor, padded)
+        with mock.patch.object(torch, "_int_mm", _exact_int_mm):  # eager as the judge runs it; Inductor padded too
             eager = model(*inputs)
             print("eager:", eager)
             torch._dynamo.reset()
@@ -37,7 +37,7 @@ def main(text: str) -> None:
         out = torch.compile(model, backend="qfuse", dynamic=case.dynamic)(*inputs)
         print("qfuse:", out)
     print(explanation)
-    if isinstance(out, torch.Tensor) and isinstance(eager, torch.Tensor) and out.shape == eager.shape:
+    if all(isinstance(value, torch.Tensor) for value in (out, eager, inductor)) and out.shape == eager.shape:
         gap = (out.float() - eager.float()).abs()
         where = divmod(int(gap.argmax()), eager.shape[-1])
         print(f"largest |qfuse - eager| {gap.max().item():.4g} at (row, column) {where}: eager "

@@ -369,23 +369,27 @@ def test_on_the_gpu_the_checkpoints_words_give_eagers_linear(layout, zero_conven
 @GPU
 @pytest.mark.parametrize("layout", [1, 2], ids=["compressed-tensors", "autogptq"])
 def test_on_the_gpu_a_checkpoint_weight_takes_no_memory_and_a_reload_in_place_is_read(layout):
-    """The op prepares a table of addresses, not a copy: a few hundred bytes; a new checkpoint copied into the
-    weight's tensors is what the next call multiplies."""
-    from qfuse.ops.int4_weight_only import prepared_int4_weight
+    """Prepared in place, the weight is a table of addresses, not a copy: a few hundred bytes; a new checkpoint
+    copied into the weight's tensors is what the next call multiplies."""
+    from qfuse.ops.int4_weight_only import int4_product, prepared_int4_weight
 
     generator = torch.Generator().manual_seed(0)
     n, k = 4096, 4096
     packed, scales, _ = checkpoint_tensors(n, k, 128, layout, False, generator, "cuda")
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+
+    def product():
+        kernel, prepared = prepared_int4_weight("cuda", packed, None, scales, None, 128, in_place=True)
+        return prepared, int4_product(kernel, x, prepared, None, torch.bfloat16)
+
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    out = torch.ops.qfuse.int4_weight_only_mm(x, packed, None, scales, None, None, 128, torch.bfloat16, "cuda")
+    prepared, out = product()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() - before <= 4096 + out.numel() * 2
-    _, prepared = prepared_int4_weight("cuda", packed, None, scales, None, 128)
     assert prepared.packing == "int4_checkpoint_bf16" and prepared.data.numel() == 4
     new_packed, new_scales, _ = checkpoint_tensors(n, k, 128, layout, False, generator, "cuda")
     packed.copy_(new_packed), scales.copy_(new_scales)
-    out = torch.ops.qfuse.int4_weight_only_mm(x, packed, None, scales, None, None, 128, torch.bfloat16, "cuda")
+    _, out = product()
     expected = x.double() @ eager_int4(new_packed, new_scales, None, 128, None).double().t()
     assert (out.double() - expected).abs().max().item() <= 2 * ROUNDING[torch.bfloat16] * expected.abs().max().item()

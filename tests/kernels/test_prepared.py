@@ -62,6 +62,24 @@ def test_prepared_once_per_weight_and_again_after_an_update_into_the_same_memory
     assert kernel.calls == 5
 
 
+def test_a_weight_whose_storage_moved_is_prepared_again():
+    """A storage resized to nothing and back (FSDP's reshard and unshard) keeps its identity and version counter but
+    moves the data: a prepared form that reads the weight where it lies (a table of addresses) is made again."""
+    kernel, weight = CountingKernel(), torch.ones(8, 4)
+    prepare_once(kernel, weight, None, None)
+    storage = weight.untyped_storage()
+    address, version, nbytes = weight.data_ptr(), weight._version, storage.nbytes()
+    storage.resize_(0)
+    torch.empty(1 << 20)  # (the freed bytes taken, so the data lands elsewhere)
+    storage.resize_(nbytes)
+    if weight.data_ptr() == address:
+        pytest.skip("the allocator gave the storage its old address back")
+    assert weight._version == version
+    weight.untyped_storage().copy_(torch.full((8, 4), 3.0).untyped_storage())
+    again = prepare_once(kernel, weight, None, None)
+    assert kernel.calls == 2 and torch.equal(again.data, torch.full((8, 4), 6.0))
+
+
 def test_a_new_layout_after_an_update_replaces_the_entry():
     kernel, weight = CountingKernel(), torch.ones(8, 4)
     first = prepare_once(kernel, weight, None, None)
@@ -74,6 +92,7 @@ def test_a_new_layout_after_an_update_replaces_the_entry():
 
 def test_entries_die_with_their_weight_at_the_next_full_collection():
     kernel = CountingKernel()
+    gc.collect()  # earlier tests' dead weights leave first (the preparation below would drop them mid-count)
     before = cached_weight_count()
     weight = torch.ones(8, 4)
     prepared = weakref.ref(prepare_once(kernel, weight, None, None).data)

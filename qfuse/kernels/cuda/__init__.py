@@ -126,7 +126,8 @@ class CudaKernel(Kernel):
         """`int4_mma.checkpoint_weight`: the words, scales and zero points read where they lie (compressed-tensors,
         GPTQ v2 and AutoGPTQ layouts), where `int4_mma.why_not_checkpoint` finds nothing against it."""
         if reason := int4_mma.why_not_checkpoint(members, group_size):
-            log.info("qfuse: the cuda int4 kernel repacks a weight [N, K] = [%d, %d] (its own copy): %s",
+            log.info("qfuse: the cuda int4 kernel cannot read a weight [N, K] = [%d, %d] in place (it prepares its "
+                     "own layout): %s",
                      sum(member[0].shape[0] for member in members), members[0][0].shape[1] * 8, reason)
             return None
         return int4_mma.checkpoint_weight(members, group_size, zero_convention)
@@ -149,7 +150,7 @@ class CudaKernel(Kernel):
             if x.dtype not in _HALVES:
                 raise ValueError(f"the cuda kernel's W8A16 GEMM takes a bf16 or fp16 activation, not {dtype_name(x.dtype)}")
             return self._w8_mma(x, weight, None, bias, out_dtype)
-        if weight.packing not in (int4_mma.PACKINGS.get(x.dtype), int4_mma.CHECKPOINT_PACKINGS.get(x.dtype)):
+        if not int4_mma.takes(weight, x.dtype):
             raise ValueError(f"the cuda kernel's weight was prepared for {weight.packing}, and x is {x.dtype}: it "
                              "rounds (q - z) * s in the activation's dtype, which must be the scales'")
         inner_bias = bias if bias is not None and bias.dtype == x.dtype else None

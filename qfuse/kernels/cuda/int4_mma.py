@@ -15,7 +15,8 @@ GPTQ v2's [N, K / 8], AutoGPTQ's [K / 8, N], their scales and packed zero points
 table of the tensors' addresses is all it keeps, one row a sibling): a lane's two 8-byte loads a chunk instead of
 one of 16, and x's B operands put in the words' k order by `prmt`. A quantized model then takes the GPU memory
 Inductor's code takes for it (issue #41), and a weight loaded again in place is read as it is, under CUDA graphs too;
-it is slower (12-42% a linear on an H200), so it runs where `QfuseConfig.int4_in_place` asks for it.
+it takes more GPU time (1.14-1.73x the repacked kernel's a linear on an H200), so it runs where
+`QfuseConfig.int4_in_place` asks for it.
 
 Compiled and launched by `launch` (NVRTC, the static CUDA launcher on the current stream, so a CUDA graph
 captures it): a few µs of host time a call, none in a graph's replay.
@@ -116,12 +117,13 @@ def why_not_checkpoint(members: list[tuple], group_size: int) -> str:
     weight: the caller prepares it once)."""
     packed, _, scales, _ = members[0]
     k = packed.shape[1] * 8
-    if packed.device.type != "cuda":
-        return "not on a CUDA device"
+    if packed.device.type != "cuda" or any(tensor is not None and tensor.device != packed.device
+                                           for member in members for tensor in member if tensor is not packed):
+        return "not all on one CUDA device"
     if any(member[0].dtype != torch.int32 for member in members):
         return "int8 storage (one value a byte): the words are the kernel's int4 only once their range is checked"
-    if shifts := next((tuple(shifts.tolist()) for _, shifts, _, _ in members if shifts is not None
-                       and tuple(shifts.tolist()) != STANDARD_SHIFTS), None):
+    shift_values = {tuple(shifts.tolist()) for _, shifts, _, _ in members if shifts is not None}
+    if shifts := next((values for values in shift_values if values != STANDARD_SHIFTS), None):
         return f"nibbles at shifts {list(shifts)}: the kernel reads nibble e at bits 4 e"
     if scales.dtype not in CHECKPOINT_PACKINGS or any(member[2].dtype != scales.dtype for member in members):
         return f"scales of {scales.dtype}: the kernel rounds (q - z) * s in bf16 or fp16"
@@ -134,15 +136,14 @@ def why_not_checkpoint(members: list[tuple], group_size: int) -> str:
     layouts = {_words_layout(packed, scales, zeros) for packed, _, scales, zeros in members}
     if layouts not in ({WORDS_ALONG_K}, {WORDS_ALONG_N}):
         return "words, scales and zero points not all [N, K / 8]-contiguous or all [K / 8, N]-contiguous"
-    if any(p.data_ptr() % 8 or s.data_ptr() % 2 or z is not None and z.data_ptr() % 4 for p, _, s, z in members):
-        return "a tensor not aligned for the kernel's 8-byte loads"
+    if any(packed.data_ptr() % 8 for packed, _, _, _ in members):
+        return "words not aligned for the kernel's 8-byte loads"
     return ""
 
 
 def checkpoint_weight(members: list[tuple], group_size: int, zero_convention: str) -> PreparedWeight:
     """The members' int4 weights (each (packed, shifts, scales, zeros): the op's canonical views; `why_not_checkpoint`
-    is '')
-    read where they lie, side by side along N: `data` int64 [members, 4] holds each member's addresses (0: no zero
+    is '') read where they lie, side by side along N: `data` int64 [members, 4] holds each member's addresses (0: no zero
     points) and the end of its 16-row tiles; `settings` (layout, zero convention code, group size)."""
     rows, end = [], 0
     for packed, _, scales, zeros in members:
@@ -212,6 +213,11 @@ def launch_shape(m: int, n: int, k: int) -> tuple[int, int]:
         return min(8, warps_for(tiles, TARGET_WARPS // 2)), 2 if tiles > 1024 else 4
     warps = min(16, warps_for(tiles))
     return warps, 8 if k // K_PER_CHUNK // warps >= 8 else 4
+
+
+def takes(weight: PreparedWeight, dtype: torch.dtype) -> bool:
+    """Whether `weight` was prepared for this kernel and activations of `dtype` (repacked or read in place)."""
+    return weight.packing in (PACKINGS.get(dtype), CHECKPOINT_PACKINGS.get(dtype))
 
 
 def multiply(x: torch.Tensor, weight: PreparedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype,

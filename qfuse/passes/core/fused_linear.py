@@ -229,7 +229,7 @@ def _fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Nod
     record = LinearRecord(
         node=linear.anchor.name, module=module_path(linear.anchor), family=linear.family, fused=choice.kernel is not None, pattern=linear.pattern,
         scheme=linear.scheme.describe(), rejected_kernels=choice.rejected, note=linear.note, request=request,
-        int4_in_place=config.int4_in_place and linear.scheme.weight_dtype == INT4_DTYPE,
+        int4_in_place=config.int4_in_place and linear.scheme.weight_dtype == INT4_DTYPE and linear.scheme.is_weight_only,
     )
     if choice.kernel is None and linear.fallback is not None:
         fallback = linear.fallback
