@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sympy
 import torch
+from torch._inductor import ir
 from torch._inductor.virtualized import V
 
 from qfuse.kernels.cutlass import ALIGNMENT
@@ -68,6 +69,10 @@ def why_not_aten_gemm(call, rows) -> str:
 def scaled_epilogue(out, scale_a, scale_b, bias, rows, out_dtype):
     """(float32(out) * scale_a * scale_b + (scale_a - scale_a) + bias).to(out_dtype) on [rows, N], in
     pointwise IR (the scale_a - scale_a term: `torch_native.nan_where_not_finite`)."""
+    if scale_a is not None and scale_a.get_dtype() in (torch.float16, torch.bfloat16) and scale_a.get_device().type == "cpu":
+        # stored in its dtype, so rounded as eager and the quantizer round it: Inductor's C++ code computes a half
+        # scale inlined here in float32 and drops the round trip (`qfuse.passes.forms.eager_roundings`)
+        scale_a = ir.ExternKernel.realize_input(scale_a)
     for scale, shape in ((scale_a, row_scale_shape(scale_a, rows)), (scale_b, [1, -1])):
         if scale is not None:
             shape = shape if not known_equal(numel(scale), 1) else [1, 1]

@@ -1,6 +1,6 @@
-"""eager_roundings: on a GPU, a float16 / bfloat16 quantizer left in Inductor's code rounds its scale and quotient
-as eager does, so the int8 activation of a fused linear is eager's, where float32 arithmetic would put a q one step
-off. The walk from q to the quantizer's nodes is checked on any machine; the numerics need CUDA."""
+"""eager_roundings: a float16 / bfloat16 quantizer left in Inductor's code rounds its scale and quotient as eager
+does, so the int8 activation of a fused linear is eager's, where float32 arithmetic would put a q one step off: on a
+GPU (the triton kernel) and on the CPU (the torch kernel, whose epilogue reads the scale realized in its dtype)."""
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ from qfuse.passes.forms.eager_roundings import quantizer_nodes
 from qfuse.platform import CUDA_INT_MM_MIN_ROWS
 from tests.helpers import compile_and_run
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor's C++ code drops the roundings; Triton's keeps them")
+DEVICE, KERNEL = ("cuda", "triton") if torch.cuda.is_available() else ("cpu", "torch")
 
 
 def quantize(x, by_reciprocal=False):
@@ -60,29 +60,27 @@ def test_the_quantizer_is_the_chain_from_q_back_to_x(by_reciprocal):
     assert "relu" not in targets  # x's own producer is not the quantizer's
 
 
-@cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_the_int8_activation_is_eagers(dtype):
-    x = rows_that_round_apart(dtype, by_reciprocal=False).cuda()
-    w = torch.randint(-127, 128, (16, 32), dtype=torch.int8, device="cuda")
-    w_scale = (torch.rand(16, device="cuda") / 100).to(dtype)
+    x = rows_that_round_apart(dtype, by_reciprocal=False).to(DEVICE)
+    w = torch.randint(-127, 128, (16, 32), dtype=torch.int8, device=DEVICE)
+    w_scale = (torch.rand(16, device=DEVICE) / 100).to(dtype)
     with torch.no_grad(), pass_skipping_caches_off():
-        (_, q), report = compile_and_run(linear_returning_q, x, w, w_scale, kernel="triton")
+        (_, q), report = compile_and_run(linear_returning_q, x, w, w_scale, kernel=KERNEL)
     assert len(report.fused) == 1
     assert torch.equal(q, linear_returning_q(x, w, w_scale)[1])
     assert not torch.equal(q, quantize_in_float32(x))  # the rows tell eager's roundings from float32's
 
 
-@cuda
 @pytest.mark.parametrize("by_reciprocal", [False, True], ids=["divide", "reciprocal"])
 def test_a_float16_fake_quant_is_eagers_to_the_output_rounding(by_reciprocal):
     """The fake quant's q feeds the int8 GEMM: a q one step off moves its row's outputs by a whole step."""
-    x = rows_that_round_apart(torch.float16, by_reciprocal).cuda()
+    x = rows_that_round_apart(torch.float16, by_reciprocal).to(DEVICE)
     generator = torch.Generator().manual_seed(1)
-    w = torch.randint(-127, 128, (16, 32), generator=generator).to(torch.int8).cuda()
-    w_scale = (torch.rand(16, generator=generator) / 100).to(torch.float16).cuda()
+    w = torch.randint(-127, 128, (16, 32), generator=generator).to(torch.int8).to(DEVICE)
+    w_scale = (torch.rand(16, generator=generator) / 100).to(torch.float16).to(DEVICE)
     with torch.no_grad(), pass_skipping_caches_off():
-        out, report = compile_and_run(fake_quant_linear, x, w, w_scale, by_reciprocal, kernel="triton")
+        out, report = compile_and_run(fake_quant_linear, x, w, w_scale, by_reciprocal, kernel=KERNEL)
     assert len(report.fused) == 1
     expected = fake_quant_linear(x, w, w_scale, by_reciprocal)
     torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())

@@ -246,7 +246,7 @@ def _fuse_linear(graph: Graph, linear: FusedLinear, context: PassContext) -> Nod
         fused = insert_call(graph, call.op, call.as_args())
         fused.meta[RECORD_KEY] = record  # later passes (activation_quant) add to the record
         if isinstance(call, (ScaledMmArgs, W4a8ScaledMmArgs)):  # an activation quantized by the graph's own code
-            round_quantizer_as_eager(call.a, device)
+            round_quantizer_as_eager(call.a)
         if linear.row_nan is not None:  # x 1 or nan: every finite, infinite or signed-zero value kept
             row_nan = insert_call(graph, prims.convert_element_type.default, (materialize(graph, linear.row_nan), linear.out_dtype))
             fused = insert_call(graph, aten.mul.Tensor, (fused, row_nan))

@@ -13,10 +13,11 @@ marks the nodes of its activation's quantizer that way (`round_quantizer_as_eage
 clamps between q and the division, the division x / s, and the scale's computation from x. The quantizer stays
 one kernel of Inductor's; the roundings cost a few instructions of a memory-bound pass.
 
-Not on the CPU: Inductor's C++ code "legalizes" float16 / bfloat16 arithmetic inside a kernel to float32 and
-drops a round trip where it sees one (torch 2.13: the scale, inlined into the fused linear's epilogue, stayed
-unrounded while the quantizer's kernel rounded it), so the marks there gave eager's q with Inductor's scale, a
-result further from both than Inductor's own. There the quantizer keeps Inductor's numerics, as plain Inductor's.
+On the CPU, Inductor's C++ code "legalizes" float16 / bfloat16 arithmetic inside a kernel to float32 and drops
+a round trip where it sees one: the scale, inlined into the fused linear's epilogue, stayed unrounded while the
+quantizer's kernel rounded it (torch 2.13), eager's q with Inductor's scale, further from both than Inductor's own
+result. So the CPU lowering's epilogue reads a half activation scale realized in its dtype
+(`qfuse.lowerings.aten_linear.scaled_epilogue`), and the marks hold there too (session 39).
 """
 
 from __future__ import annotations
@@ -37,12 +38,9 @@ QUOTIENTS = (aten.div.Tensor, aten.mul.Tensor)
 SCALE_DEPTH = 8
 
 
-def round_quantizer_as_eager(q, device: torch.device) -> None:
+def round_quantizer_as_eager(q) -> None:
     """Mark the float16 / bfloat16 nodes of the quantizer that produced `q` (the fused op's quantized
-    activation), if the graph computes it, on a GPU (Triton code keeps a round trip; the module says why not
-    on a CPU)."""
-    if device.type == "cpu":
-        return
+    activation), if the graph computes it."""
     for node in quantizer_nodes(q):
         if _in_low_precision(node):
             node.meta[BARRIER] = True
