@@ -149,6 +149,8 @@ class OneDnnKernel(Kernel):
         if a.dtype != torch.int8 or not _packed_as(weight, torch.int8):
             raise ValueError(f"onednn's W8A8 GEMM takes int8 activations and weights, got {a.dtype} x "
                              f"{weight.data.dtype} ({FP8_W8A8_REASON})")
+        if a.shape[0] == 0:  # (a per-token scale of no rows is no one-value scale either)
+            return torch.empty(0, weight.n, dtype=out_dtype)
         shifted = a.view(torch.uint8) ^ ACTIVATION_SHIFT
         zero_point = torch.tensor(ACTIVATION_SHIFT, dtype=torch.int32)
         if azp_a is not None and azp_a.numel() == 1:
