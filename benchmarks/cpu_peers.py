@@ -1,6 +1,7 @@
 """CPU benchmark: qfuse against the recipes torchao users run today, on this CPU.
 
     .venv/bin/python benchmarks/cpu_peers.py [--quick] [--runs 30] [--repeats 3] [--threads N] [--only pt2e|torchao|demo] [--out PATH]
+        [--linear-shapes 1024x1024,... (K x N)] [--linear-ms 16,64,256]
     .venv/bin/python benchmarks/cpu_peers.py --quick     # small sizes, one repeat of 10 rounds, writes $TMPDIR/cpu_peers_quick.json
 
 Groups (one model each; every variant compiled on its own deep copy with its own backend callable):
@@ -11,7 +12,8 @@ Groups (one model each; every variant compiled on its own deep copy with its own
     torchao   `Int8DynamicActivationInt8WeightConfig` MLP, same sizes, fp32 and bf16
               (`torchao_int8_dynamic_mlp`): eager, inductor, qfuse
     linear    one `qfuse.demo_model.W8A8Linear` (dynamic per-token int8), K x N in (1024 x 1024,
-              1024 x 4096, 4096 x 4096), M in (16, 64, 256): inductor, qfuse, each CPU kernel forced
+              1024 x 4096, 4096 x 4096; --linear-shapes), M in (16, 64, 256; --linear-ms): inductor,
+              qfuse, each CPU kernel forced
               (and qfuse without zentorch, what the README's demo install runs): the crossovers
               behind `Kernel.min_weight_elements`
     demo      `TinyTransformer(hidden, layers=2)` quantized with `quantize_linears(model, torch.int8)`,
@@ -135,9 +137,10 @@ def groups(args):
         kernels["qfuse kernel=zentorch"] = variant("qfuse", kernel="zentorch")
         kernels["qfuse without zentorch"] = variant("qfuse", disabled_kernels=["zentorch"])  # README's demo install
     linear = {"inductor": variant("inductor"), "qfuse": variant("qfuse"), **kernels}
-    shapes = [(256, 256)] if args.quick else [(1024, 1024), (1024, 4096), (4096, 4096)]
+    shapes = [(256, 256)] if args.quick else [tuple(int(size) for size in shape.split("x"))
+                                               for shape in args.linear_shapes.split(",")]
     for k, n in shapes:
-        for tokens in (16,) if args.quick else (16, 64, 256):
+        for tokens in (16,) if args.quick else [int(m) for m in args.linear_ms.split(",")]:
             def build_linear(k=k, n=n, tokens=tokens):
                 torch.manual_seed(0)
                 return W8A8Linear(torch.randn(n, k) / k**0.5, None, torch.int8), torch.randn(tokens, k)
@@ -169,6 +172,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="interleaved timing repeats (default 3, quick 1)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--linear-shapes", default="1024x1024,1024x4096,4096x4096", help="linear: K x N, comma-separated")
+    parser.add_argument("--linear-ms", default="16,64,256", help="linear: M values, comma-separated")
     parser.add_argument("--only", default=None, help="run only sections containing this string (pt2e, torchao, linear, demo)")
     add_output_arguments(parser, "cpu_peers", quick="small sizes, few runs (about 2 minutes)")
     args = parser.parse_args()
