@@ -43,6 +43,11 @@ What runs where:
         mkldnn._linear_pointwise(x, packed bf16 weight, fp32 bias); an fp32 output is the bf16 GEMM
         result widened, plus the bias in fp32.
 
+Where it is taken (`why_slower_here`): per int8 engine, `CROSSOVERS` says from which weight, N and M the op was
+measured faster than Inductor's own `_int_mm` code (the `torch` kernel's lowering); elsewhere the registry passes it
+over. On AMX `_int_mm` is itself oneDNN's AMX GEMM, called by Inductor's code with no Python between, so the op
+wins only where its GEMM has many rows to amortize its per-call cost.
+
 What each way costs, on a Zen 4 (AVX-512 VNNI) and an AMX Xeon: docs/benchmarks.md, "The oneDNN tables".
 """
 
@@ -53,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qfuse.kernels.base import OK, Kernel, Verdict
+from qfuse.kernels.base import OK, GemmKey, Kernel, Verdict
 from qfuse.kernels.capabilities import STATIC, Capability
 from qfuse.kernels.prepared import PreparedWeight
 from qfuse.kernels.torch_native import int8_scaled_mm, nan_where_not_finite, times_activation_scale
@@ -82,6 +87,28 @@ FP8_W8A8_REASON = (
 def int8_engine(platform: Platform) -> str:
     """Which oneDNN int8 GEMM this CPU gets: AMX tiles when it has them, else AVX-512 VNNI."""
     return "AMX" if platform.cpu_has_amx else "AVX-512 VNNI"
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where qfuse's oneDNN op was measured faster than Inductor's own `_int_mm` code on one int8 engine: a weight
+    of at least `min_weight_elements` (K x N) and `min_n` columns, at more than `rows_above` rows; `measured` says
+    what the measurement found and where."""
+
+    min_weight_elements: int
+    min_n: int
+    rows_above: int
+    measured: str
+
+
+#: Per int8 engine (`int8_engine`): one W8A8 linear, the op forced against plain Inductor (docs/benchmarks.md,
+#: "The oneDNN tables" and "cpu_peers on an AMX Xeon").
+CROSSOVERS = {
+    "AVX-512 VNNI": Crossover(1 << 23, 0, 0, "a Zen 4, 2 threads: 1.2-2.5x Inductor at 4096 x 4096, a tie at "
+                                             "1024 x 4096, slower at 1024 x 1024"),
+    "AMX": Crossover(1 << 23, 4096, 64, "a 2-core AMX Xeon: 0.4-0.9x Inductor up to 64 rows from 1024 x 1024 to "
+                                        "4096 x 4096; at 256 rows 1.10-1.27x with N >= 4096, 0.92-1.02x with N <= 2048"),
+}
 
 
 @dataclass(frozen=True)
@@ -119,8 +146,6 @@ class OneDnnKernel(Kernel):
         Capability("fp8 W8A16", ("cpu",), W8A16_ACTIVATION_DTYPES, (FP8_DTYPE,), (Granularity.PER_TENSOR,),
                    (Granularity.BLOCK,), activation_scale_kinds=(STATIC,), out_dtypes=W8A16_OUT_DTYPES),
     )
-    #: a tie with Inductor at 1024 x 4096 (docs/benchmarks.md, "Measurements first quoted in code comments")
-    min_weight_elements = 1 << 23
 
     def describe(self, platform: Platform) -> str:
         return f"oneDNN int8 GEMM on {int8_engine(platform)}"
@@ -133,6 +158,26 @@ class OneDnnKernel(Kernel):
         if not platform.cpu_has_int8_dot_products:
             return False, f"oneDNN's int8 GEMM needs AMX or AVX-512 VNNI; this {platform.describe()} has neither"
         return OK
+
+    def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
+        """Outside this engine's `CROSSOVERS` entry Inductor's own GEMM is faster (an unknown size or M: taken, and a
+        dynamic M is chosen for again per bucket, `speed_row_bounds`)."""
+        engine = int8_engine(platform)
+        crossover = CROSSOVERS[engine]
+        small = key.k is not None and key.n is not None and key.k * key.n < crossover.min_weight_elements
+        narrow = key.n is not None and key.n < crossover.min_n
+        few_rows = key.m is not None and key.m <= crossover.rows_above
+        if not (small or narrow or few_rows):
+            return ""
+        where = [f"K x N >= {crossover.min_weight_elements:,}"] + [f"N >= {crossover.min_n}"] * bool(crossover.min_n)
+        where += [f"M > {crossover.rows_above}"] * bool(crossover.rows_above)
+        at = f"{'a dynamic M' if key.m is None else f'M = {key.m}'}, K x N = {key.k} x {key.n}"
+        return (f"on {engine} its per-call cost outweighs its faster GEMM except at {', '.join(where)} ({crossover.measured}; "
+                f"docs/benchmarks.md): Inductor's own GEMM is faster at {at}")
+
+    def speed_row_bounds(self, key: GemmKey, platform: Platform) -> tuple[int, ...]:
+        rows = CROSSOVERS[int8_engine(platform)].rows_above
+        return (rows,) if rows else ()
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
         if azp_b is not None and bool(azp_b.any()):

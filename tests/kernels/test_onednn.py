@@ -21,6 +21,7 @@ import torch
 import qfuse.ops  # noqa: F401  (registers torch.ops.qfuse)
 from qfuse.kernels import (
     GemmKey,
+    KernelRequest,
     KernelUnavailableError,
     choose_kernel,
     get_kernel,
@@ -51,8 +52,8 @@ W8A16 = QuantScheme.weight_only(FP8_DTYPE, G.BLOCK)
 ONE_ROUNDING = {FP32: 1e-5, BF16: 2.0**-7, FP16: 2.0**-10}
 
 
-def key(scheme, n=45, k=77, out_dtype=BF16, bias_dtype=FP32, device_type="cpu"):
-    return GemmKey(scheme, n=n, k=k, out_dtype=out_dtype, bias_dtype=bias_dtype, device_type=device_type)
+def key(scheme, n=45, k=77, out_dtype=BF16, bias_dtype=FP32, device_type="cpu", m=None):
+    return GemmKey(scheme, m=m, n=n, k=k, out_dtype=out_dtype, bias_dtype=bias_dtype, device_type=device_type)
 
 
 def int8_scheme(activation=G.PER_TOKEN, weight=G.PER_CHANNEL, dynamic=True, symmetric=True, dtype=torch.int8):
@@ -174,6 +175,27 @@ def test_small_weights_go_to_inductors_own_gemm(n, k, expected):
     assert choice.kernel.name == expected
     if expected == "torch":
         assert "per-call cost outweighs its faster GEMM" in choice.rejected["onednn"]
+
+
+@pytest.mark.parametrize("m, k, n, expected", [
+    (64, 2048, 8192, "torch"), (64, 4096, 4096, "torch"), (1, 4096, 4096, "torch"),  # the demo's MLP; decode
+    (256, 2048, 8192, "onednn"), (256, 4096, 4096, "onednn"), (256, 8192, 2048, "torch"),
+    (None, 4096, 4096, "onednn"),  # a dynamic M: chosen for again per bucket
+])
+def test_on_amx_onednn_is_taken_only_where_it_was_measured_faster(m, k, n, expected):
+    """On AMX `_int_mm` is oneDNN's AMX GEMM in Inductor's own code: the op wins only above 64 rows with N >= 4096
+    (`CROSSOVERS`, measured on a 2-core AMX Xeon); the AVX-512 VNNI crossover looks at the weight alone."""
+    choice = choose_kernel(key(int8_scheme(), n=n, k=k, m=m), AMX, preference=("onednn", "torch"))
+    assert choice.kernel.name == expected
+    if expected == "torch":
+        assert choice.rejected["onednn"].startswith("on AMX its per-call cost outweighs its faster GEMM")
+    assert choose_kernel(key(int8_scheme(), n=n, k=k, m=m), VNNI, preference=("onednn", "torch")).kernel is ONEDNN
+
+
+def test_a_dynamic_m_on_amx_is_guarded_at_the_crossovers_rows():
+    request = KernelRequest(key(int8_scheme(), n=8192, k=2048), preference=("onednn", "torch"))
+    assert request.row_bounds(AMX) == (64,) and request.row_bounds(VNNI) == ()
+    assert request.choose(AMX, m=64).kernel.name == "torch" and request.choose(AMX, m=65).kernel is ONEDNN
 
 
 def test_a_small_weight_no_other_kernel_takes_still_runs_on_onednn():

@@ -216,8 +216,8 @@ def test_all_zero_weight_zero_points_reach_the_default_cpu_kernel(case):
     supported, reason = get_kernel("onednn").is_supported(current_platform("cpu"))
     if not supported:
         pytest.skip(reason)
-    model = QDQLinear(**CASES[case], k=4096, n=2048)  # large enough for onednn to pay off (min_weight_elements)
-    x = away_from_rounding_ties((9, 4096))
+    model = QDQLinear(**CASES[case], k=4096, n=4096)  # where onednn pays off on every engine (onednn.CROSSOVERS)
+    x = away_from_rounding_ties((65, 4096))
     with torch.no_grad():
         out, report = compile_and_run(model, x)
         expected = model(x)
