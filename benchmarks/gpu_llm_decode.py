@@ -265,26 +265,37 @@ class Decoder(nn.Module):
 #: qfuse's families without `sibling_linears`: q / k / v and gate / up each a launch of their own
 SIBLINGS_APART = {"patterns": [family for family in PATTERN_FAMILIES if family != "sibling_linears"]}
 
+#: Inductor's programmatic dependent launch (off by default): its Triton kernels let the next kernel start before
+#: their stores, and qfuse's CUDA kernels, launched programmatically under CUDA graphs, start before they end
+PDL = {"triton.enable_pdl": True}
+
 VARIANTS = {  # name -> (linear form, backend[, qfuse options])
     "bf16 (Inductor)": ("bf16", "inductor"),
+    "bf16 (Inductor) + PDL": ("bf16", "inductor", PDL),
     "tinygemm int4 (Inductor)": ("tinygemm", "inductor"),
+    "tinygemm int4 (Inductor) + PDL": ("tinygemm", "inductor", PDL),
     "gptq int4 (Inductor)": ("gptq", "inductor"),
     "gptq int4 (qfuse)": ("gptq", "qfuse"),
+    "gptq int4 (qfuse) + PDL": ("gptq", "qfuse", PDL),
     "gptq int4 (qfuse, siblings apart)": ("gptq", "qfuse", SIBLINGS_APART),
     "gptq int4 (qfuse, no cuda kernel)": ("gptq", "qfuse", {"disabled_kernels": ["cuda"]}),
     "gptq int4 (qfuse, cuda kernel forced)": ("gptq", "qfuse", {"kernel": "cuda"}),
     "gptq int4 (qfuse, int4 in place)": ("gptq", "qfuse", {"int4_in_place": True}),
     "fp8 W8A8 (Inductor)": ("fp8", "inductor"),
     "fp8 W8A8 (qfuse)": ("fp8", "qfuse"),
+    "fp8 W8A8 (qfuse) + PDL": ("fp8", "qfuse", PDL),
     "fp8 W8A8 (qfuse, siblings apart)": ("fp8", "qfuse", SIBLINGS_APART),
     "int8 W8A8 (Inductor)": ("int8", "inductor"),
     "int8 W8A8 (qfuse)": ("int8", "qfuse"),
+    "int8 W8A8 (qfuse) + PDL": ("int8", "qfuse", PDL),
     "int8 W8A8 (qfuse, siblings apart)": ("int8", "qfuse", SIBLINGS_APART),
     "int8 weight-only (Inductor)": ("int8wo", "inductor"),
     "int8 weight-only (qfuse)": ("int8wo", "qfuse"),
+    "int8 weight-only (qfuse) + PDL": ("int8wo", "qfuse", PDL),
     "int8 weight-only (qfuse, siblings apart)": ("int8wo", "qfuse", SIBLINGS_APART),
     "fp8 weight-only (Inductor)": ("fp8wo", "inductor"),
     "fp8 weight-only (qfuse)": ("fp8wo", "qfuse"),
+    "fp8 weight-only (qfuse) + PDL": ("fp8wo", "qfuse", PDL),
     "fp8 weight-only (qfuse, siblings apart)": ("fp8wo", "qfuse", SIBLINGS_APART),
     "GemLite A16W4 (Inductor)": ("gemlite_int4", "inductor"),
     "GemLite A16W8 int8 (Inductor)": ("gemlite_int8wo", "inductor"),

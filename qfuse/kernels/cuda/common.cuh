@@ -10,6 +10,21 @@ __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 // registers a thread), at least 1; WARPS is the kernel's warps a block
 #define MIN_BLOCKS_FOR(warps) ((warps) / WARPS > 0 ? (warps) / WARPS : 1)
 
+// Programmatic dependent launch (Hopper on): a kernel launched with it may start while the kernel before it in the
+// stream ends; it waits here before it reads what that kernel wrote or writes what it reads. Without it (or before
+// sm_90) both are no-ops.
+__device__ __forceinline__ void wait_for_the_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void let_the_next_kernel_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 struct __align__(16) Words { unsigned x, y, z, w; };  // 16 bytes: one vector load
 struct __align__(8) Pair { unsigned x, y; };          // 8 bytes
 

@@ -323,6 +323,7 @@ __device__ __forceinline__ void multiply_tile(const WeightLane& lane, const Word
     if (UNROLL > 2 && c + 2 <= end) load_and_multiply<2>(acc, lane, x_rows, c, c), c += 2;
     if (c < end) load_and_multiply<1>(acc, lane, x_rows, c, c);
 
+    let_the_next_kernel_start();  // (its blocks still wait for this kernel's end before they read its output)
     keep(partial, warp, lane_index, acc);
     __syncthreads();
     if (warp == 0) add_up_and_store<WARPS>(partial, 0, lane_index, tile * 16 + ROW_G * g, bias, out, M, N, has_bias);
@@ -339,6 +340,7 @@ __device__ __forceinline__ void multiply_tile(const WeightLane& lane, const Word
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 qfuse_int4_mma(const Words* __restrict__ words, const Words* __restrict__ x, const Pair* __restrict__ pairs,
                const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K, int has_bias) {
+    wait_for_the_previous_kernel();
     const int lane = threadIdx.x & 31;
     const WeightLane weight{words + (long long)blockIdx.x * (K >> 6) * 32 + lane,
                             pairs + blockIdx.x * 8 + (lane >> 2),  // group q's pairs of rows g, g + 8: [q * N / 2]
@@ -353,6 +355,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 qfuse_int4_mma_checkpoint(const long long* __restrict__ members, const Words* __restrict__ x,
                           const unsigned short* __restrict__ bias, void* __restrict__ out, int M, int N, int K,
                           int has_bias) {
+    wait_for_the_previous_kernel();
     int member = 0, first_tile = 0;
     while ((long long)blockIdx.x >= members[4 * member + 3]) first_tile = (int)members[4 * member + 3], ++member;
     const int rows = ((int)members[4 * member + 3] - first_tile) * 16;  // the member's N

@@ -182,9 +182,11 @@ def _compiled(dtype: torch.dtype, m_tiles: int, warps: int, unroll: int, shift: 
     options += ["-DHALF_BF16"] if dtype == torch.bfloat16 else []
     options += ["-DOUT_F32"] if out_f32 else []
     if checkpoint is None:
-        return launch.compiled(SOURCE, "qfuse_int4_mma", tuple(options), ARGUMENT_TYPES, device_index)
+        return launch.compiled(SOURCE, "qfuse_int4_mma", tuple(options), ARGUMENT_TYPES, device_index,
+                               waits_for_the_previous_kernel=True)
     options += [f"-DCHECKPOINT={checkpoint[0]}", f"-DZERO_CONVENTION={checkpoint[1]}"]
-    return launch.compiled(SOURCE, "qfuse_int4_mma_checkpoint", tuple(options), CHECKPOINT_ARGUMENT_TYPES, device_index)
+    return launch.compiled(SOURCE, "qfuse_int4_mma_checkpoint", tuple(options), CHECKPOINT_ARGUMENT_TYPES, device_index,
+                           waits_for_the_previous_kernel=True)
 
 
 #: Warps a launch aims for, all blocks together: 27-31 a multiprocessor of an H100 were the fastest

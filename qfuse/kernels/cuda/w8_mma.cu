@@ -153,6 +153,7 @@ qfuse_w8_mma(const Words* __restrict__ words, const XVec* __restrict__ x, const 
              const void* __restrict__ scale_b, const void* __restrict__ bias, void* __restrict__ out, int M, int N,
              int K, int scale_a_stride, int scale_b_stride) {
     __shared__ Acc partial[WARPS][32][ROW_TILES * M_TILES * 4];
+    wait_for_the_previous_kernel();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int chunks = K >> 5;
@@ -174,6 +175,7 @@ qfuse_w8_mma(const Words* __restrict__ words, const XVec* __restrict__ x, const 
     if (UNROLL > 4 && c + 4 <= end) load_and_multiply<4>(acc, w_lane, x_rows, c, chunks), c += 4;
     if (UNROLL > 2 && c + 2 <= end) load_and_multiply<2>(acc, w_lane, x_rows, c, chunks), c += 2;
     if (c < end) load_and_multiply<1>(acc, w_lane, x_rows, c, chunks);
+    let_the_next_kernel_start();  // (its blocks still wait for this kernel's end before they read its output)
 #pragma unroll
     for (int r = 0; r < ROW_TILES; ++r)
 #pragma unroll

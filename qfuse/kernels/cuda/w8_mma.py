@@ -66,7 +66,8 @@ ARGUMENT_TYPES = "OOOOOOiiiii"  # words, x, scale_a, scale_b, bias, out; M, N, K
 
 
 def _compiled(options: tuple[str, ...], device_index: int) -> launch.CompiledKernel:
-    return launch.compiled(SOURCE, "qfuse_w8_mma", options, ARGUMENT_TYPES, device_index)
+    return launch.compiled(SOURCE, "qfuse_w8_mma", options, ARGUMENT_TYPES, device_index,
+                           waits_for_the_previous_kernel=True)
 
 
 #: Row tiles from which a block takes two (N >= 8192): fewer blocks would leave multiprocessors idle
