@@ -133,6 +133,13 @@ def _packed_as(weight: PreparedWeight, dtype: torch.dtype) -> bool:
     return isinstance(weight, OneDnnWeight) and weight.packed is not None and weight.packed.dtype == dtype
 
 
+
+def _too_small(key: GemmKey, crossover: Crossover) -> bool:
+    """Whether the weight is below the crossover's size or columns, at any M."""
+    small = key.k is not None and key.n is not None and key.k * key.n < crossover.min_weight_elements
+    return small or key.n is not None and key.n < crossover.min_n
+
+
 class OneDnnKernel(Kernel):
     name = "onednn"
     prepares_weight = True
@@ -164,10 +171,8 @@ class OneDnnKernel(Kernel):
         dynamic M is chosen for again per bucket, `speed_row_bounds`)."""
         engine = int8_engine(platform)
         crossover = CROSSOVERS[engine]
-        small = key.k is not None and key.n is not None and key.k * key.n < crossover.min_weight_elements
-        narrow = key.n is not None and key.n < crossover.min_n
         few_rows = key.m is not None and key.m <= crossover.rows_above
-        if not (small or narrow or few_rows):
+        if not (_too_small(key, crossover) or few_rows):
             return ""
         where = [f"K x N >= {crossover.min_weight_elements:,}"] + [f"N >= {crossover.min_n}"] * bool(crossover.min_n)
         where += [f"M > {crossover.rows_above}"] * bool(crossover.rows_above)
@@ -176,8 +181,11 @@ class OneDnnKernel(Kernel):
                 f"docs/benchmarks.md): Inductor's own GEMM is faster at {at}")
 
     def speed_row_bounds(self, key: GemmKey, platform: Platform) -> tuple[int, ...]:
-        rows = CROSSOVERS[int8_engine(platform)].rows_above
-        return (rows,) if rows else ()
+        """The crossover's rows, where the weight's size leaves M to decide (a weight too small for the op at every
+        M needs no compile of its own per bucket)."""
+        crossover = CROSSOVERS[int8_engine(platform)]
+        return (crossover.rows_above,) if crossover.rows_above and not _too_small(key, crossover) else ()
+
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
         if azp_b is not None and bool(azp_b.any()):
