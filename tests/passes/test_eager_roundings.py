@@ -84,3 +84,40 @@ def test_a_float16_fake_quant_is_eagers_to_the_output_rounding(by_reciprocal):
     assert len(report.fused) == 1
     expected = fake_quant_linear(x, w, w_scale, by_reciprocal)
     torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())
+
+
+STATIC_SCALE = 0.05  # a float32 scale of no dimensions, on x's device
+
+
+def static_fake_quant_linear(x, w, w_scale):
+    s = torch.tensor(STATIC_SCALE, device=x.device)
+    q = (x / s).round().clamp(-128, 127).to(torch.int8)
+    return (q.to(x.dtype) * s) @ (w.to(x.dtype) * w_scale[:, None]).t(), q
+
+
+def rows_a_float16_scale_rounds_apart(rows=4, k=64):
+    """float16 rows whose q from x / float16(0.05) (eager's CUDA kernel) differs from x / 0.05 somewhere (both
+    quotients rounded to float16)."""
+    generator = torch.Generator().manual_seed(2)
+    scale16 = float(torch.tensor(STATIC_SCALE).half())
+    for _ in range(100):
+        x = (torch.randn(256, k, generator=generator) * 2).to(torch.float16)
+        apart = ((x.float() / scale16).half().round() != (x.float() / STATIC_SCALE).half().round()).any(-1)
+        if apart.sum() >= rows:
+            return x[apart][:rows]
+    raise AssertionError("no row rounds apart")
+
+
+def test_a_float32_scale_of_no_dimensions_divides_as_eager_does():
+    """Session 39's GPU run (seed 46): eager's CUDA kernel reads the scale converted to the quotient's float16;
+    the CPU's divides by the float32 value. The rows tell the two apart on the GPU."""
+    x = rows_a_float16_scale_rounds_apart().to(DEVICE)
+    generator = torch.Generator().manual_seed(3)
+    w = torch.randint(-127, 128, (16, 64), generator=generator).to(torch.int8).to(DEVICE)
+    w_scale = (torch.rand(16, generator=generator) / 100).to(torch.float16).to(DEVICE)
+    with torch.no_grad(), pass_skipping_caches_off():
+        (out, q), report = compile_and_run(static_fake_quant_linear, x, w, w_scale, kernel=KERNEL)
+    assert len(report.fused) == 1
+    expected, eager_q = static_fake_quant_linear(x, w, w_scale)
+    assert torch.equal(q, eager_q)
+    torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())

@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
-from qfuse.passes.core.graph_utils import VIEW_OPS, aten, converted_dtype, dtype_of, same_shape, shape_of
+from qfuse.passes.core.graph_utils import (VIEW_OPS, aten, converted_dtype, dtype_of, fake_value, prims, same_shape,
+                                          shape_of)
 from qfuse.passes.forms.quant_forms import is_round_or_clamp
 
 #: the meta key Inductor's pointwise lowering reads (torch/_inductor/lowering.py, `make_pointwise`)
@@ -40,10 +41,40 @@ SCALE_DEPTH = 8
 
 def round_quantizer_as_eager(q) -> None:
     """Mark the float16 / bfloat16 nodes of the quantizer that produced `q` (the fused op's quantized
-    activation), if the graph computes it."""
-    for node in quantizer_nodes(q):
+    activation), if the graph computes it; on a GPU its quotient's scale of no dimensions takes the quotient's
+    dtype first (`_scale_in_the_quotients_dtype`)."""
+    nodes = quantizer_nodes(q)
+    for node in nodes:
         if _in_low_precision(node):
             node.meta[BARRIER] = True
+    if quotient := next((node for node in nodes if node.target in QUOTIENTS), None):
+        _scale_in_the_quotients_dtype(quotient)
+
+
+def _scale_in_the_quotients_dtype(quotient: Node) -> None:
+    """A float16 / bfloat16 x / s with s a float32 tensor of no dimensions on the GPU: eager's CUDA kernel reads s
+    converted to the quotient's dtype (x / float16(0.05)); Inductor's code divides by the float32 value, and folds
+    a conversion of a constant into a float32 constant of the unrounded value (session 39's GPU run, seed 46: a q
+    one step off). The quotient reads s rounded to its dtype instead: a constant with the rounded value, or a
+    marked conversion. On the CPU eager divides by the scalar's own value (its reduced-float division reads the
+    original scalar), which Inductor's code already does."""
+    dtype = dtype_of(quotient)
+    value = fake_value(quotient)
+    if dtype not in LOW_PRECISION or value is None or value.device.type != "cuda":
+        return
+    for operand in quotient.all_input_nodes:
+        operand_dtype = dtype_of(operand)
+        if operand_dtype in (None, dtype) or not operand_dtype.is_floating_point or fake_value(operand).dim():
+            continue
+        with quotient.graph.inserting_before(quotient):
+            if operand.target == aten.full.default and isinstance(operand.args[1], (int, float)):
+                rounded = float(torch.tensor(operand.args[1], dtype=operand_dtype).to(dtype))
+                scale = quotient.graph.call_function(aten.full.default, ([], rounded), dict(operand.kwargs))
+            else:
+                scale = quotient.graph.call_function(prims.convert_element_type.default, (operand, dtype))
+                scale.meta[BARRIER] = True
+        scale.meta["val"] = fake_value(operand).to(dtype) if scale.target != aten.full.default else fake_value(operand)
+        quotient.replace_input_with(operand, scale)
 
 
 def quantizer_nodes(q) -> list[Node]:
