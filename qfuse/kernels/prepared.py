@@ -201,26 +201,21 @@ def _prepared_entry(key: tuple, sources: tuple, versions: tuple, build, stale: _
     return entry, prepared
 
 
-#: (label, the sources' ids) -> (weak references to the sources, their addresses, a weak reference to the entry):
-#: a compiled graph hands each call its weights as the same tensors, so a repeated call finds its entry here
-#: without the keys (a storage reference and view a source, the costliest part of a hit). A source gone, or given
-#: new memory (`param.data = ...`, which moves no version) misses; the entry's versions are checked as any.
+#: (label, the sources' ids) -> (weak references to the sources, a weak reference to the entry): a compiled graph
+#: hands each call its weights as the same tensors, so a repeated call finds its entry here without the keys (a
+#: storage reference and view a source, the costliest part of a hit). A source gone misses; the caller checks the
+#: entry's versions, which hold the sources' addresses too (new memory, `param.data = ...`, moves no version).
 _RECENT: dict[tuple, tuple] = {}
 _RECENT_MOST = 4096  # entries of dropped models' tensors are cleared past this many
-
-
-def _addresses(sources: tuple) -> tuple:
-    return tuple(None if source is None else source.data_ptr() for source in sources)
 
 
 def _recent_entry(label: tuple, sources: tuple) -> _Entry | None:
     recent = _RECENT.get((label, *map(id, sources)))
     if recent is None:
         return None
-    references, addresses, entry = recent
-    for reference, address, source in zip(references, addresses, sources):
-        if source is not None and (reference() is not source or source.data_ptr() != address):
-            return None
+    references, entry = recent
+    if any(source is not None and reference() is not source for reference, source in zip(references, sources)):
+        return None
     return entry()
 
 
@@ -228,7 +223,7 @@ def _remember(label: tuple, sources: tuple, entry: _Entry) -> None:
     if len(_RECENT) >= _RECENT_MOST:
         _RECENT.clear()
     references = tuple(None if source is None else weakref.ref(source) for source in sources)
-    _RECENT[(label, *map(id, sources))] = (references, _addresses(sources), weakref.ref(entry))  # (the cache owns it)
+    _RECENT[(label, *map(id, sources))] = (references, weakref.ref(entry))  # (the cache owns the entry)
 
 
 def _rebuilt(old: PreparedWeight | None, build, sources: tuple) -> PreparedWeight:
