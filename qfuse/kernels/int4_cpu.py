@@ -22,9 +22,10 @@ weight's memory).
 
 Against Inductor's own code for the GPTQ form (bf16) the compiled op is far faster at decode, its lead
 shrinking with M until Inductor's dequantize + mm is faster at 256 rows (measured: docs/benchmarks.md,
-"qfuse's int4 weight-only linear"). So a static M above `MAX_ROWS` is left to Inductor
-(`TorchKernel.why_inductor_is_faster`), and a dynamic M is guarded on `MAX_ROWS`: above it, the lowering writes
-Inductor's own dequantize + mm (`TorchKernel.speed_row_bounds`, `lowerings.dispatch`).
+"qfuse's int4 weight-only linear"). So a static M above `max_rows` (`MAX_ROWS`; fewer on an AMX CPU for values
+stored a byte each, whose dequantize is cheap for Inductor's code) is left to Inductor
+(`TorchKernel.why_inductor_is_faster`), and a dynamic M is guarded there: above it, the lowering writes Inductor's
+own dequantize + mm (`TorchKernel.speed_row_bounds`, `lowerings.dispatch`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,19 @@ from qfuse.schemes import INT4_OFFSET
 
 GROUP_SIZES = (32, 64, 128, 256)
 MAX_ROWS = 128
+#: On an AMX CPU Inductor's bf16 GEMM runs on AMX tiles, and an int4 weight stored a byte a value (torchao's intx) is
+#: dequantized by its code at a byte's cost: its dequantize + mm then passes the CPU int4 kernels from these many rows
+#: on, per activation dtype (measured on a 2-core AMX Xeon, 1024^2 to 4096^2: bf16 1.0-9.3x Inductor up to 8 rows,
+#: 0.74-0.86x at 16, 0.33-0.45x at 64; float32 0.83-4.3x up to 16, 0.68x at 64 up to 2048^2; docs/benchmarks.md,
+#: "cpu_grid on an AMX Xeon"). Words packed eight a value stay ahead there (1.1-2.2x at 64 rows).
+BYTE_STORAGE_MAX_ROWS_ON_AMX = {torch.bfloat16: 8, torch.float32: 16}
+
+
+def max_rows(activation_dtype: torch.dtype, stored_a_byte_a_value: bool, amx: bool) -> int:
+    """Up to how many rows the CPU int4 kernels beat Inductor's own dequantize + mm."""
+    if amx and stored_a_byte_a_value:
+        return BYTE_STORAGE_MAX_ROWS_ON_AMX.get(activation_dtype, MAX_ROWS)
+    return MAX_ROWS
 N_MULTIPLE = 16
 _INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)
 #: what `pack` prepares: ATen's layout, or qfuse's C++ kernel's for each activation dtype (`int4pack_mm` runs either)

@@ -74,6 +74,11 @@ _INT8_ROW = dict(activation_dtypes=_INT8_ACTIVATIONS, weight_dtypes=(torch.int8,
 _FP8_ROW = dict(activation_dtypes=(FP8_DTYPE,), weight_dtypes=(FP8_DTYPE,))
 
 
+def _int4_cpu_max_rows(key: GemmKey, platform: Platform) -> int:
+    """`int4_cpu.max_rows` of this CPU linear (`weight_zero_point_foldable`: the int4 values stored as int8)."""
+    return int4_cpu.max_rows(key.scheme.activation_dtype, key.weight_zero_point_foldable, platform.cpu_has_amx)
+
+
 def _tinygemm_can_implement(key: GemmKey) -> Verdict:
     """What the CUDA int4 row's table cannot say (`qfuse.kernels.int4_tinygemm`)."""
     if key.scheme.weight_group_size not in int4_tinygemm.GROUP_SIZES:
@@ -141,10 +146,13 @@ class TorchKernel(Kernel):
                     "than Inductor's own dequantize + mm from a few rows on (docs/benchmarks.md, \"torchao's int4 "
                     f"'intx' form\"), and qfuse's C++ kernel for float32: {reason}: taken at a static M = 1 only, not "
                     f"at {'a dynamic M' if key.m is None else f'M = {key.m}'}")
-        if key.m is not None and key.m > int4_cpu.MAX_ROWS:
+        rows = _int4_cpu_max_rows(key, platform)
+        if key.m is not None and key.m > rows:
+            where = (f"on AMX with the int4 values stored a byte each, in {dtype_name(scheme.activation_dtype)}"
+                     if rows != int4_cpu.MAX_ROWS else "")
             return (f"at M = {key.m} the CPU int4 kernels are slower than Inductor's own dequantize + mm (above "
-                    f"{int4_cpu.MAX_ROWS} rows; docs/benchmarks.md, \"qfuse's int4 weight-only linear\", \"int4 with "
-                    "float32 activations on the CPU\")")
+                    f"{rows} rows{', ' + where if where else ''}; docs/benchmarks.md, \"qfuse's int4 weight-only "
+                    "linear\", \"int4 with float32 activations on the CPU\", \"cpu_grid on an AMX Xeon\")")
         return ""
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:
@@ -157,7 +165,7 @@ class TorchKernel(Kernel):
         if key.scheme.weight_dtype != INT4_DTYPE:
             return ()
         if key.device_type == "cpu":  # `why_inductor_is_faster`'s step: above it a dynamic M runs Inductor's code
-            return (int4_cpu.MAX_ROWS,)
+            return (_int4_cpu_max_rows(key, platform),)
         return int4_tinygemm.row_bounds(key, platform)
 
     def prepare_int4_weight(self, values, scale, zero_point) -> PreparedWeight:

@@ -290,6 +290,25 @@ def test_a_dynamic_m_of_cpu_int4_has_its_bucket_at_the_kernels_rows(activation):
         assert (choice.kernel and choice.kernel.name) == kernel, m
 
 
+@pytest.mark.parametrize("activation, rows", [(BF16, 8), (FP32, 16)])
+def test_on_amx_int4_stored_a_byte_a_value_goes_to_inductor_sooner(activation, rows):
+    """On an AMX CPU Inductor's dequantize of byte-stored int4 (torchao's intx) + its AMX GEMM passes the CPU int4
+    kernels above 8 (bf16) or 16 (float32) rows; words packed eight a value, and other CPUs, keep 128."""
+    scheme = QuantScheme.weight_only(INT4_DTYPE, G.PER_GROUP, activation, weight_group_size=32)
+
+    def key(m, bytes_a_value=True):
+        return GemmKey(scheme, m=m, n=4096, k=4096, out_dtype=activation, bias_dtype=None, device_type="cpu",
+                       weight_zero_point_foldable=bytes_a_value)
+
+    assert choose_kernel(key(rows), XEON_AMX).kernel.name == "torch"
+    above = choose_kernel(key(rows + 1), XEON_AMX)
+    assert above.kernel is None and f"above {rows} rows, on AMX with the int4 values stored a byte each" in \
+        above.rejected["torch"]
+    assert choose_kernel(key(rows + 1), ZEN4).kernel.name == "torch"
+    assert choose_kernel(key(rows + 1, bytes_a_value=False), XEON_AMX).kernel.name == "torch"
+    assert KernelRequest(key(None)).row_bounds(XEON_AMX) == (rows,)
+
+
 @pytest.mark.parametrize("m, reason", [(1, ""), (4, "taken at a static M = 1 only, not at M = 4"),
                                        (None, "taken at a static M = 1 only, not at a dynamic M")])
 def test_float32_int4_without_qfuses_cpu_kernel_is_atens_at_one_row_only(monkeypatch, m, reason):
