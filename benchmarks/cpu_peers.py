@@ -15,7 +15,7 @@ Groups (one model each; every variant compiled on its own deep copy with its own
               1024 x 4096, 4096 x 4096; --linear-shapes), M in (16, 64, 256; --linear-ms): inductor,
               qfuse, each CPU kernel forced
               (and qfuse without zentorch, what the README's demo install runs): the crossovers
-              behind `Kernel.min_weight_elements`
+              behind `Kernel.min_weight_elements` and oneDNN's `CROSSOVERS`
     demo      `TinyTransformer(hidden, layers=2)` quantized with `quantize_linears(model, torch.int8)`,
               fp32 and bf16 activations, hidden in (256, 2048), 64 tokens: eager, inductor, qfuse,
               each CPU kernel forced

@@ -269,7 +269,7 @@ SIBLINGS_APART = {"patterns": [family for family in PATTERN_FAMILIES if family !
 #: their stores, and qfuse's CUDA kernels, launched programmatically under CUDA graphs, start before they end
 PDL = {"triton.enable_pdl": True}
 
-VARIANTS = {  # name -> (linear form, backend[, qfuse options])
+VARIANTS = {  # name -> (linear form, backend[, options: qfuse's and Inductor's])
     "bf16 (Inductor)": ("bf16", "inductor"),
     "bf16 (Inductor) + PDL": ("bf16", "inductor", PDL),
     "tinygemm int4 (Inductor)": ("tinygemm", "inductor"),

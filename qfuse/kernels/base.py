@@ -54,8 +54,9 @@ class GemmKey:
     bias_dtype: torch.dtype | None  # None: no bias
     device_type: str
     weight_zero_point: bool = False  # the weight carries a zero point (asymmetric PT2E weights)
-    #: int4 zero points stored one per int8 (torchao's intx), looked at when the weight is prepared:
-    #: folded into the values where they fit (all zero for a symmetric weight), else the kernel's exact fallback
+    #: int4 values and zero points stored one per int8 (torchao's intx), the zero points looked at when the weight
+    #: is prepared: folded into the values where they fit (all zero for a symmetric weight), else the kernel's exact
+    #: fallback; kernel choice reads it as "stored a byte a value" too (`int4_cpu.max_rows`)
     weight_zero_point_foldable: bool = False
     per_call_weight: bool = False  # the weight is quantized anew on every call (a fake-quantized float weight)
     m: int | None = None  # rows of the activation (M, all leading dims), None when symbolic

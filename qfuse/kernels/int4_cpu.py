@@ -39,11 +39,15 @@ from qfuse.schemes import INT4_OFFSET
 GROUP_SIZES = (32, 64, 128, 256)
 MAX_ROWS = 128
 #: On an AMX CPU Inductor's bf16 GEMM runs on AMX tiles, and an int4 weight stored a byte a value (torchao's intx) is
-#: dequantized by its code at a byte's cost: its dequantize + mm then passes the CPU int4 kernels from these many rows
-#: on, per activation dtype (measured on a 2-core AMX Xeon, 1024^2 to 4096^2: bf16 1.0-9.3x Inductor up to 8 rows,
+#: dequantized by its code at a byte's cost: its dequantize + mm then passes the CPU int4 kernels above these many rows,
+#: per activation dtype (measured on a 2-core AMX Xeon, 1024^2 to 4096^2: bf16 1.0-9.3x Inductor up to 8 rows,
 #: 0.74-0.86x at 16, 0.33-0.45x at 64; float32 0.83-4.3x up to 16, 0.68x at 64 up to 2048^2; docs/benchmarks.md,
 #: "cpu_grid on an AMX Xeon"). Words packed eight a value stay ahead there (1.1-2.2x at 64 rows).
 BYTE_STORAGE_MAX_ROWS_ON_AMX = {torch.bfloat16: 8, torch.float32: 16}
+N_MULTIPLE = 16
+_INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)
+#: what `pack` prepares: ATen's layout, or qfuse's C++ kernel's for each activation dtype (`int4pack_mm` runs either)
+PACKINGS = (Packing.INT4PACK_CPU, *int4_zero_points.PACKINGS.values())
 
 
 def max_rows(activation_dtype: torch.dtype, stored_a_byte_a_value: bool, amx: bool) -> int:
@@ -51,10 +55,6 @@ def max_rows(activation_dtype: torch.dtype, stored_a_byte_a_value: bool, amx: bo
     if amx and stored_a_byte_a_value:
         return BYTE_STORAGE_MAX_ROWS_ON_AMX.get(activation_dtype, MAX_ROWS)
     return MAX_ROWS
-N_MULTIPLE = 16
-_INNER_K_TILES = 1  # what the CPU kernel's repack takes (it ignores other values)
-#: what `pack` prepares: ATen's layout, or qfuse's C++ kernel's for each activation dtype (`int4pack_mm` runs either)
-PACKINGS = (Packing.INT4PACK_CPU, *int4_zero_points.PACKINGS.values())
 
 
 def holds_zero_points(activation_dtype: torch.dtype) -> bool:

@@ -133,7 +133,6 @@ def _packed_as(weight: PreparedWeight, dtype: torch.dtype) -> bool:
     return isinstance(weight, OneDnnWeight) and weight.packed is not None and weight.packed.dtype == dtype
 
 
-
 def _too_small(key: GemmKey, crossover: Crossover) -> bool:
     """Whether the weight is below the crossover's size or columns, at any M."""
     small = key.k is not None and key.n is not None and key.k * key.n < crossover.min_weight_elements
@@ -185,7 +184,6 @@ class OneDnnKernel(Kernel):
         M needs no compile of its own per bucket)."""
         crossover = CROSSOVERS[int8_engine(platform)]
         return (crossover.rows_above,) if crossover.rows_above and not _too_small(key, crossover) else ()
-
 
     def prepare_weight(self, b, scale_b, azp_b) -> PreparedWeight:
         if azp_b is not None and bool(azp_b.any()):

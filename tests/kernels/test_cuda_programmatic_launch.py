@@ -7,6 +7,7 @@ only after a long spin: a kernel that did not wait would read the x of before. T
 structures is checked everywhere; the rest runs on the GPU machine (Hopper on)."""
 
 import ctypes
+import functools
 
 import pytest
 import torch
@@ -26,9 +27,9 @@ def test_the_launch_structures_have_the_drivers_layout():
             launch._LaunchConfig.attribute_count.offset] == [32, 40, 48]
 
 
-def _late_writer(x: torch.Tensor, values: torch.Tensor):
-    """x = values, written by a Triton kernel launched with PDL that lets its dependents start first thing and spins
-    before it stores."""
+@functools.cache
+def _write_late():
+    """A Triton kernel that lets its dependents start first thing and stores x = values only after a long spin."""
     import triton
     import triton.language as tl
 
@@ -43,8 +44,13 @@ def _late_writer(x: torch.Tensor, values: torch.Tensor):
             spun = spun * 0.999 + v * 0.001
         tl.store(x_ptr + offsets, (spun - spun + v).to(x_ptr.dtype.element_ty), mask=mask)
 
+    return write_late
+
+
+def _late_writer(x: torch.Tensor, values: torch.Tensor):
+    """x = values, written by `_write_late` launched with PDL."""
     block = 1024
-    write_late[(triton.cdiv(x.numel(), block),)](x, values, x.numel(), SPIN=20000, BLOCK=block, launch_pdl=True)
+    _write_late()[(-(-x.numel() // block),)](x, values, x.numel(), SPIN=20000, BLOCK=block, launch_pdl=True)
 
 
 def _replayed(compute, x: torch.Tensor, values: torch.Tensor, monkeypatch) -> tuple[torch.Tensor, int]:
@@ -53,7 +59,7 @@ def _replayed(compute, x: torch.Tensor, values: torch.Tensor, monkeypatch) -> tu
     launched = []
     programmatic = launch.launch_programmatic
     monkeypatch.setattr(launch, "launch_programmatic", lambda *args: launched.append(args) or programmatic(*args))
-    compute(x)  # compiled before the capture
+    _late_writer(x, values), compute(x)  # both compiled and loaded before the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -169,8 +169,8 @@ def test_registry_runs_onednn_when_preferred_and_raises_its_reason_when_forced()
 @pytest.mark.parametrize("n, k, expected", [(1024, 1024, "torch"), (4096, 1024, "torch"), (2048, 4096, "onednn"),
                                              (4096, 4096, "onednn"), (None, 4096, "onednn")])
 def test_small_weights_go_to_inductors_own_gemm(n, k, expected):
-    """Below min_weight_elements the opaque op's per-call cost outweighs oneDNN's faster GEMM
-    (measured); an unknown size keeps the platform's order."""
+    """Below its engine's crossover (`CROSSOVERS`: a weight's elements) the opaque op's per-call cost outweighs
+    oneDNN's faster GEMM (measured); an unknown size keeps the platform's order."""
     choice = choose_kernel(key(int8_scheme(), n=n, k=k), VNNI, preference=("onednn", "torch"))
     assert choice.kernel.name == expected
     if expected == "torch":

@@ -112,11 +112,11 @@ def test_compressed_tensors_unpack_has_no_shifts_tensor():
     assert Int4WeightOnlyMmArgs.of(fused).shifts is None
 
 
-def assert_a_dynamic_batch_compiles_once_and_fuses(model, dtype):
+def assert_a_dynamic_batch_compiles_once_and_fuses(model, dtype, batches=(2, 7, 33)):
     compiled = torch.compile(model, backend="qfuse", dynamic=True)
     marker = qfuse.graphs_compiled()
     with torch.no_grad():
-        for rows in (2, 7, 33):
+        for rows in batches:
             x = torch.randn(rows, 256).to(dtype)
             assert_close_relative(compiled(x), model(x))
     reports = qfuse.reports_since(marker)

@@ -118,5 +118,13 @@ def compiled(source: Path, name: str, options: tuple[str, ...], argument_types: 
         finally:
             os.unlink(path)
     # (function, registers, spills), or (module, function, registers, spills) in later torch
-    programmatic = waits_for_the_previous_kernel and torch.cuda.get_device_capability(device_index)[0] >= 9
+    major = int(architecture.rstrip("af")) // 10 if architecture else torch.cuda.get_device_capability(device_index)[0]
+    programmatic = waits_for_the_previous_kernel and major >= 9 and _driver_captures_programmatic_launches()
     return CompiledKernel(int(loaded[-3]), argument_types, shared_bytes, programmatic)
+
+
+@functools.cache
+def _driver_captures_programmatic_launches() -> bool:
+    """Whether the driver keeps programmatic launches in a captured graph (CUDA 12.3 on)."""
+    version = ctypes.c_int()
+    return _driver().cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value >= 12030

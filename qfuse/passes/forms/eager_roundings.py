@@ -64,11 +64,14 @@ def _scale_in_the_quotients_dtype(quotient: Node) -> None:
         return
     for operand in quotient.all_input_nodes:
         operand_dtype = dtype_of(operand)
-        if operand_dtype in (None, dtype) or not operand_dtype.is_floating_point or fake_value(operand).dim():
+        if operand_dtype in (None, dtype) or not operand_dtype.is_floating_point or fake_value(operand).dim() \
+                or fake_value(operand).device.type != "cuda":  # (a CPU scalar: eager multiplies by its reciprocal)
             continue
+        constant = operand.target == aten.full.default and isinstance(operand.args[1], (int, float))
+        if constant and (rounded := float(torch.tensor(operand.args[1], dtype=operand_dtype).to(dtype))) == operand.args[1]:
+            continue  # (already its dtype's value: a sibling's quantizer, shared, was given it)
         with quotient.graph.inserting_before(quotient):
-            if operand.target == aten.full.default and isinstance(operand.args[1], (int, float)):
-                rounded = float(torch.tensor(operand.args[1], dtype=operand_dtype).to(dtype))
+            if constant:
                 scale = quotient.graph.call_function(aten.full.default, ([], rounded), dict(operand.kwargs))
             else:
                 scale = quotient.graph.call_function(prims.convert_element_type.default, (operand, dtype))
