@@ -136,17 +136,23 @@ def run(ms: list[int], shapes) -> list[dict]:
     return timed_against_the_rule(ms, shapes, staged)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ms", default="16,32,64", help="rows of x, comma-separated")
+def command_line(doc: str, run, default_ms: str, results_name: str) -> None:
+    """The command line of this script and of the explorations built on `timed_against_the_rule`: --ms, --shapes and
+    the output arguments, `run(ms, shapes)`'s rows printed as a table and written under `results_name`."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ms", default=default_ms, help="rows of x, comma-separated")
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in DECODER_SHAPES), help="N x K, comma-separated")
-    add_output_arguments(parser, "gpu_int4_batched_decode")
+    add_output_arguments(parser, results_name)
     args = parser.parse_args()
     shapes = [tuple(int(size) for size in shape.split("x")) for shape in args.shapes.split(",")]
     rows = run([int(m) for m in args.ms.split(",")], shapes)
     header = ["n", "k", "m", "kernel", "us", "vs_bf16", "tb_per_s", "rel_error"]
     print(format_table([[row.get(column, "") for column in header] for row in rows], header))
-    write(out_path(args, "gpu_int4_batched_decode"), rows, machine=machine())
+    write(out_path(args, results_name), rows, machine=machine())
+
+
+def main() -> None:
+    command_line(__doc__, run, "16,32,64", "gpu_int4_batched_decode")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ float product, beside the launch rule, the nibble-plane template, tinygemm and t
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import math
@@ -26,10 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from int4_batched_decode import timed_against_the_rule  # noqa: E402
+from int4_batched_decode import command_line, timed_against_the_rule  # noqa: E402
 
-from gpu_int4_mma import DECODER_SHAPES, GROUP  # noqa: E402
-from qfuse.bench import add_output_arguments, format_table, machine, out_path, write  # noqa: E402
+from gpu_int4_mma import GROUP  # noqa: E402
 from qfuse.kernels.cuda import int4_mma, launch  # noqa: E402
 from qfuse.kernels.triton.scaled_mm import multiprocessors  # noqa: E402
 
@@ -119,16 +117,7 @@ def run(ms: list[int], shapes) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ms", default="1,16,32", help="rows of x, comma-separated")
-    parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in DECODER_SHAPES), help="N x K, comma-separated")
-    add_output_arguments(parser, "gpu_int4_persistent_decode")
-    args = parser.parse_args()
-    shapes = [tuple(int(size) for size in shape.split("x")) for shape in args.shapes.split(",")]
-    rows = run([int(m) for m in args.ms.split(",")], shapes)
-    header = ["n", "k", "m", "kernel", "us", "vs_bf16", "tb_per_s", "rel_error"]
-    print(format_table([[row.get(column, "") for column in header] for row in rows], header))
-    write(out_path(args, "gpu_int4_persistent_decode"), rows, machine=machine())
+    command_line(__doc__, run, "1,16,32", "gpu_int4_persistent_decode")
 
 
 if __name__ == "__main__":

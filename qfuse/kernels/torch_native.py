@@ -148,11 +148,11 @@ class TorchKernel(Kernel):
                     f"at {'a dynamic M' if key.m is None else f'M = {key.m}'}")
         rows = _int4_cpu_max_rows(key, platform)
         if key.m is not None and key.m > rows:
-            where = (f"on AMX with the int4 values stored a byte each, in {dtype_name(scheme.activation_dtype)}"
+            where = (f", on AMX with the int4 values stored a byte each, in {dtype_name(scheme.activation_dtype)}"
                      if rows != int4_cpu.MAX_ROWS else "")
             return (f"at M = {key.m} the CPU int4 kernels are slower than Inductor's own dequantize + mm (above "
-                    f"{rows} rows{', ' + where if where else ''}; docs/benchmarks.md, \"qfuse's int4 weight-only "
-                    "linear\", \"int4 with float32 activations on the CPU\", \"cpu_grid on an AMX Xeon\")")
+                    f"{rows} rows{where}; docs/benchmarks.md, \"qfuse's int4 weight-only linear\", \"int4 with "
+                    "float32 activations on the CPU\", \"cpu_grid on an AMX Xeon\")")
         return ""
 
     def why_slower_here(self, key: GemmKey, platform: Platform) -> str:

@@ -63,20 +63,20 @@ def _scale_in_the_quotients_dtype(quotient: Node) -> None:
     if dtype not in LOW_PRECISION or value is None or value.device.type != "cuda":
         return
     for operand in quotient.all_input_nodes:
-        operand_dtype = dtype_of(operand)
-        if operand_dtype in (None, dtype) or not operand_dtype.is_floating_point or fake_value(operand).dim() \
-                or fake_value(operand).device.type != "cuda":  # (a CPU scalar: eager multiplies by its reciprocal)
+        scalar = fake_value(operand)
+        if scalar is None or scalar.dtype == dtype or not scalar.dtype.is_floating_point or scalar.dim() \
+                or scalar.device.type != "cuda":  # (a CPU scalar: eager multiplies by its reciprocal)
             continue
         constant = operand.target == aten.full.default and isinstance(operand.args[1], (int, float))
-        if constant and (rounded := float(torch.tensor(operand.args[1], dtype=operand_dtype).to(dtype))) == operand.args[1]:
+        if constant and (rounded := float(torch.tensor(operand.args[1], dtype=scalar.dtype).to(dtype))) == operand.args[1]:
             continue  # (already its dtype's value: a sibling's quantizer, shared, was given it)
         with quotient.graph.inserting_before(quotient):
-            if constant:
+            if constant:  # (the same float32 constant, of the rounded value)
                 scale = quotient.graph.call_function(aten.full.default, ([], rounded), dict(operand.kwargs))
+                scale.meta["val"] = scalar
             else:
                 scale = quotient.graph.call_function(prims.convert_element_type.default, (operand, dtype))
-                scale.meta[BARRIER] = True
-        scale.meta["val"] = fake_value(operand).to(dtype) if scale.target != aten.full.default else fake_value(operand)
+                scale.meta.update(val=scalar.to(dtype), **{BARRIER: True})
         quotient.replace_input_with(operand, scale)
 
 
